@@ -1,0 +1,90 @@
+"""The closed set of messages that cross between clients (front-ends, embedded clients) and the GPU process.
+
+Owns: every message type, as msgspec structs tagged by kind, so a frame decodes to exactly one known type or is
+refused. Does not own: encoding (ignis.ipc.codec) or transport (ignis.ipc.queues). The engine consumes
+`EngineRequest` and produces `RequestDelta` whether it runs in-process or behind a socket.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from ignis.params import SamplingParams
+
+
+class RequestStats(msgspec.Struct, kw_only=True):
+    """Timings and speculation counts of one request, filled in as it runs and sent with its last delta."""
+
+    prompt_tokens: int = 0
+    prompt_ms: float = 0.0
+    decode_tokens: int = 0
+    decode_ms: float = 0.0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    position_drafted: list[int] = msgspec.field(default_factory=list)
+    position_accepted: list[int] = msgspec.field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return 1000.0 * self.decode_tokens / self.decode_ms if self.decode_ms > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        out = msgspec.structs.asdict(self)
+        out["tokens_per_s"] = self.tokens_per_s
+        return out
+
+
+class EngineRequest(msgspec.Struct, tag="add", kw_only=True):
+    """Add one generation. `stop_token_ids` is final: the client has merged EOS in unless `ignore_eos`."""
+
+    id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    stop_token_ids: list[int] = msgspec.field(default_factory=list)
+    client: int = 0  # which front-end or client receives the deltas
+
+
+class Abort(msgspec.Struct, tag="abort", kw_only=True):
+    ids: list[str]
+
+
+class RequestDelta(msgspec.Struct, tag="delta", kw_only=True):
+    """New tokens of one request since its last delta. The last delta has `finished` and `stats` set."""
+
+    id: str
+    token_ids: list[int]
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    stop_token_id: int | None = None
+    stats: RequestStats | None = None
+    error: str | None = None
+    logprobs: list[dict[int, float]] | None = None  # per token: {token_id: logprob} (chosen + top-N)
+
+
+class EngineInfo(msgspec.Struct, kw_only=True):
+    """What a client needs to know about the engine it talks to (sent in the ready handshake)."""
+
+    model_name: str
+    context: int
+    lanes: int
+    backend: str
+    draft_tokens: int
+    vocab_size: int
+    eos_token_ids: list[int]
+
+
+class EngineStats(msgspec.Struct, kw_only=True):
+    """Engine-wide counters as plain data; only the server edge turns them into Prometheus metrics."""
+
+    running: int = 0
+    waiting: int = 0
+    requests_total: int = 0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    speculative_requests: int = 0  # requests that ran with a drafting backend; metrics appear after the first
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    position_drafted: list[int] = msgspec.field(default_factory=list)
+    position_accepted: list[int] = msgspec.field(default_factory=list)
