@@ -7,6 +7,8 @@ refused. Does not own: encoding (ignis.ipc.codec) or transport (ignis.ipc.queues
 
 from __future__ import annotations
 
+from typing import Literal, Union
+
 import msgspec
 
 from ignis.params import SamplingParams
@@ -88,3 +90,69 @@ class EngineStats(msgspec.Struct, kw_only=True):
     accepted: int = 0
     position_drafted: list[int] = msgspec.field(default_factory=list)
     position_accepted: list[int] = msgspec.field(default_factory=list)
+
+
+# --- transport: what crosses the socket besides requests and deltas -------------------------------------------
+# A client (front-end or embedded) sends ClientMessage frames; the GPU process sends EngineMessage frames. Each
+# direction is its own closed union, so a frame of the wrong direction is refused like any unknown frame.
+
+
+class Hello(msgspec.Struct, tag="hello", kw_only=True):
+    """A client announces itself (on every (re)connect); the engine answers with Ready once it can serve."""
+
+    client: int
+    pid: int = 0
+
+
+class UtilityCall(msgspec.Struct, tag="call", kw_only=True):
+    """A request/reply call beside the request stream. `method` is a closed set, checked when the frame decodes."""
+
+    call_id: int
+    method: Literal["stats"]
+
+
+class Ready(msgspec.Struct, tag="ready", kw_only=True):
+    """The engine serves; `info` is what clients need (model name, context, lanes, backend, draft width)."""
+
+    info: EngineInfo
+    pid: int = 0
+    heartbeat_s: float = 1.0
+
+
+class Heartbeat(msgspec.Struct, tag="beat", kw_only=True):
+    """Sent to every client each `server.heartbeat_s`; its absence for `server.engine_timeout_s` means stuck."""
+
+    seq: int
+
+
+class Deltas(msgspec.Struct, tag="deltas", kw_only=True):
+    """Every delta one round produced for one client, in one frame."""
+
+    deltas: list[RequestDelta]
+
+
+class Rejected(msgspec.Struct, tag="rejected", kw_only=True):
+    """An EngineRequest the engine refused before any work; `kind` picks the HTTP status (400 vs 503)."""
+
+    id: str
+    kind: Literal["input", "queue_full"]
+    message: str
+    field: str | None = None
+
+
+class UtilityReply(msgspec.Struct, tag="reply", kw_only=True):
+    call_id: int
+    stats: EngineStats | None = None
+    error: str | None = None
+
+
+class EngineDead(msgspec.Struct, tag="dead", kw_only=True):
+    """The last frame of a GPU process that hit an unrecoverable error (or failed to start); every request fails."""
+
+    reason: str
+    kind: Literal["artifact", "config", "internal"] = "internal"  # clients raise ArtifactError / ConfigError / ...
+    key: str | None = None  # the config key at fault, for kind "config"
+
+
+ClientMessage = Union[Hello, EngineRequest, Abort, UtilityCall]
+EngineMessage = Union[Ready, Heartbeat, Deltas, Rejected, UtilityReply, EngineDead]

@@ -1,0 +1,226 @@
+"""ZeroMQ queues between clients and the GPU process, behind three small classes.
+
+Owns: the sockets, their options, the monitor that reports connects and disconnects, and turning frames into
+typed messages (via ignis.ipc.codec). Does not own: what a message means (ignis.engine.process on the engine
+side, ignis.client.link on the client side) or the choice of address (ignis.ipc.addresses).
+
+Why ROUTER/DEALER rather than PUSH/PULL: the GPU process binds one ROUTER and every client connects one DEALER
+whose routing id is its client number, so one address carries both directions. The ROUTER names the sender of
+every frame, so the engine routes deltas to the client that added the request and a client cannot act for
+another. With ROUTER_MANDATORY a send to a client whose connection is gone fails at once; the engine uses that
+to notice a dead front-end quickly: a disconnect event from the socket monitor makes it probe every known
+client with heartbeats for a short window, and whichever is unreachable is gone (the monitor reports a file
+descriptor, not a routing id, so the probe is what names the peer). PUSH/PULL would need an address per client
+and reports no per-peer failure. High-water marks are off: a frame is never dropped silently for being queued.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+
+import msgspec
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from ignis.ipc.codec import client_decoder, encode, engine_decoder
+from ignis.ipc.messages import ClientMessage, EngineMessage, Heartbeat
+from ignis.logging import get_logger
+
+log = get_logger(__name__)
+
+PROBE_WINDOW_S = 0.5  # how long after a disconnect event the engine keeps probing its clients
+PROBE_EVERY_S = 0.02
+MAX_FRAMES_PER_RECV = 4096  # a flood of frames cannot keep the engine loop from its next round
+
+
+def routing_id(client: int) -> bytes:
+    return client.to_bytes(4, "big")
+
+
+class Link(enum.Enum):
+    """What a client's socket monitor saw: the engine's connection came up or went down."""
+
+    CONNECTED = "connected"
+    DISCONNECTED = "disconnected"
+
+
+class EngineSocket:
+    """The GPU process's end: one bound ROUTER, the set of clients heard from, and the probe for dead ones."""
+
+    def __init__(self, address: str) -> None:
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._sock.setsockopt(zmq.SNDHWM, 0)
+        self._sock.setsockopt(zmq.RCVHWM, 0)
+        self._sock.setsockopt(zmq.LINGER, 2000)  # long enough for the engine-dead frame to leave
+        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._sock.bind(address)
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
+        self._decoder = client_decoder()
+        self.address = address
+        self.clients: set[int] = set()
+        self._gone: list[int] = []
+        self._probe_until = 0.0
+        self._last_probe = 0.0
+        self._beats = 0
+
+    @property
+    def dropped(self) -> int:
+        return self._decoder.dropped
+
+    def recv(self, timeout_s: float) -> list[tuple[int, ClientMessage]]:
+        """Wait up to `timeout_s` for a frame, then take every frame that is ready, with its sender."""
+        now = time.monotonic()
+        if now < self._probe_until:
+            timeout_s = min(timeout_s, PROBE_EVERY_S)
+        ready = dict(self._poller.poll(max(0.0, timeout_s) * 1000))
+        if self._monitor in ready:
+            while self._monitor.poll(0):
+                self._monitor.recv_multipart()
+            self._probe_until = time.monotonic() + PROBE_WINDOW_S
+        out: list[tuple[int, ClientMessage]] = []
+        for _ in range(MAX_FRAMES_PER_RECV):
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if len(frames) != 2 or len(frames[0]) != 4:
+                self._decoder.dropped += 1
+                log.warning("ignis.ipc.dropped_frame", direction="client->engine", error="not [routing id, payload]")
+                continue
+            msg = self._decoder.decode(frames[1])
+            if msg is None:
+                continue
+            client = int.from_bytes(frames[0], "big")
+            self.clients.add(client)
+            out.append((client, msg))
+        now = time.monotonic()
+        if now < self._probe_until and now - self._last_probe >= PROBE_EVERY_S:
+            self._last_probe = now
+            self.beat()
+        return out
+
+    def send(self, client: int, msg: msgspec.Struct) -> bool:
+        """Send to one client; False (and the client is marked gone) when its connection no longer exists."""
+        return self.send_bytes(client, encode(msg))
+
+    def send_bytes(self, client: int, payload: bytes) -> bool:
+        try:
+            self._sock.send_multipart([routing_id(client), payload], zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError as e:
+            if e.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
+                raise
+            if client in self.clients:
+                self.clients.discard(client)
+                self._gone.append(client)
+            return False
+
+    def broadcast(self, msg: msgspec.Struct) -> None:
+        payload = encode(msg)
+        for client in list(self.clients):
+            self.send_bytes(client, payload)
+
+    def beat(self) -> None:
+        self._beats += 1
+        self.broadcast(Heartbeat(seq=self._beats))
+
+    def take_gone(self) -> list[int]:
+        """Clients found unreachable since the last call."""
+        gone, self._gone = self._gone, []
+        return gone
+
+    def close(self, linger_s: float = 2.0) -> None:
+        if self._sock.closed:
+            return
+        self._sock.disable_monitor()
+        self._monitor.close(linger=0)
+        self._sock.close(linger=int(linger_s * 1000))
+        self._ctx.term()
+
+
+class _ClientEnd:
+    """What the sync and async client sockets share: options, the monitor, and draining ready frames."""
+
+    def __init__(self, ctx: zmq.Context, address: str, client: int) -> None:
+        self._ctx = ctx
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.ROUTING_ID, routing_id(client))
+        self.sock.setsockopt(zmq.SNDHWM, 0)
+        self.sock.setsockopt(zmq.RCVHWM, 0)
+        self.sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self.sock.connect(address)
+        # Non-blocking reads and sends go through plain sockets even when the owner is asyncio.
+        self._sync = zmq.Socket.shadow(self.sock.underlying)
+        self._sync_monitor = zmq.Socket.shadow(self.monitor.underlying)
+        self._decoder = engine_decoder()
+        self.address = address
+        self.client = client
+
+    @property
+    def dropped(self) -> int:
+        return self._decoder.dropped
+
+    def send(self, msg: msgspec.Struct) -> None:
+        self._sync.send(encode(msg), zmq.NOBLOCK)
+
+    def drain(self) -> list[EngineMessage | Link]:
+        out: list[EngineMessage | Link] = []
+        while True:
+            try:
+                event = parse_monitor_message(self._sync_monitor.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                break
+            out.append(Link.CONNECTED if event["event"] == zmq.EVENT_CONNECTED else Link.DISCONNECTED)
+        for _ in range(MAX_FRAMES_PER_RECV):
+            try:
+                frame = self._sync.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            msg = self._decoder.decode(frame)
+            if msg is not None:
+                out.append(msg)
+        return out
+
+    def close(self, linger_s: float) -> None:
+        if self.sock.closed:
+            return
+        self.sock.disable_monitor()
+        self.monitor.close(linger=0)
+        self.sock.close(linger=int(linger_s * 1000))
+        self._ctx.term()
+
+
+class ClientSocket(_ClientEnd):
+    """A client's end for blocking callers (ignis.LLM): one DEALER plus its monitor."""
+
+    def __init__(self, address: str, client: int) -> None:
+        super().__init__(zmq.Context(), address, client)
+        self._poller = zmq.Poller()
+        self._poller.register(self.sock, zmq.POLLIN)
+        self._poller.register(self.monitor, zmq.POLLIN)
+
+    def recv(self, timeout_s: float) -> list[EngineMessage | Link]:
+        """Wait up to `timeout_s` for a frame or a link event, then take all that are ready."""
+        self._poller.poll(max(0.0, timeout_s) * 1000)
+        return self.drain()
+
+
+class AsyncClientSocket(_ClientEnd):
+    """A client's end for asyncio callers (front-ends, ignis.AsyncLLM)."""
+
+    def __init__(self, address: str, client: int) -> None:
+        super().__init__(zmq.asyncio.Context(), address, client)
+        self._poller = zmq.asyncio.Poller()
+        self._poller.register(self.sock, zmq.POLLIN)
+        self._poller.register(self.monitor, zmq.POLLIN)
+
+    async def recv(self, timeout_s: float) -> list[EngineMessage | Link]:
+        await self._poller.poll(max(0.0, timeout_s) * 1000)
+        return self.drain()
