@@ -53,3 +53,18 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def check_prompt(token_ids: list[int], *, context: int, vocab_size: int) -> None:
+    """Refuse a prompt the engine could not run: empty, not shorter than the context, or ids outside the vocabulary."""
+    if not token_ids:
+        raise InputError("prompt", "is empty; give at least one token")
+    if len(token_ids) >= context:
+        raise InputError(
+            "prompt",
+            f"has {len(token_ids)} tokens but the context is {context} (engine.context); "
+            "shorten the prompt or raise engine.context",
+        )
+    for t in token_ids:
+        if not (isinstance(t, int) and 0 <= t < vocab_size):
+            raise InputError("prompt_token_ids", f"token id {t!r} is outside the vocabulary [0, {vocab_size})")

@@ -1,0 +1,82 @@
+"""The `mtp` backend: the checkpoint's own multi-token-prediction layer, applied recursively for K drafts.
+
+Owns: the MTP layer's per-lane attention cache and the drafting loop. Does not own: the MTP weights or layer math
+(ignis.model.model.MTPHead, loaded with the target) or acceptance.
+
+At committed position t the layer reads the target's final-normed hidden h_t and the embedding of the token after it,
+x_{t+1}, and predicts x_{t+2}. `observe` runs it over every committed row (filling its cache at those positions) and
+keeps the output at the lane's last committed row, whose logits are the first draft. Each further draft feeds the
+previous draft's embedding and the layer's own previous output one position on. Drafting is greedy (one-hot q);
+rejection sampling keeps sampled requests exact.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ignis.backends.base import BackendContext, Observation, Proposal, ProposeIn
+from ignis.errors import ArtifactError
+from ignis.model.batch import Segment
+
+
+class Mtp:
+    name = "mtp"
+    tap_layers: tuple[int, ...] = ()
+
+    def __init__(self, ctx: BackendContext) -> None:
+        model = ctx.model
+        if model.mtp is None:
+            raise ArtifactError(
+                f"spec.backend 'mtp' needs the checkpoint's mtp.* weights, and {ctx.model_path} has none; "
+                "use spec.backend='off' or a checkpoint with an MTP layer"
+            )
+        self.model = model
+        self.mtp = model.mtp
+        self.draft_tokens = ctx.config.spec.draft_tokens or 1
+        cfg = model.config
+        slots = ctx.context + self.draft_tokens + 1
+        shape = (ctx.lanes, slots, cfg.num_key_value_heads, cfg.head_dim)
+        self.k_cache = torch.zeros(shape, dtype=ctx.dtype, device=ctx.device)  # [lanes, slots, nkv, hd]
+        self.v_cache = torch.zeros(shape, dtype=ctx.dtype, device=ctx.device)  # [lanes, slots, nkv, hd]
+        self.last = torch.zeros((ctx.lanes, cfg.hidden_size), dtype=ctx.dtype, device=ctx.device)  # [lanes, H]
+        self.last_pos = [0] * ctx.lanes  # position of each lane's last committed row
+
+    def nbytes(self) -> int:
+        return self.k_cache.nbytes + self.v_cache.nbytes + self.last.nbytes
+
+    def reset(self, lane: int) -> None:
+        self.last[lane].zero_()
+
+    def observe(self, obs: list[Observation]) -> None:
+        segments, embeds_ids, offset = [], [], 0
+        for o in obs:
+            n = o.tokens.shape[0]
+            following = torch.tensor([o.following], dtype=torch.long, device=o.tokens.device)
+            embeds_ids.append(torch.cat([o.tokens[1:], following]))  # x_{t+1} for every committed row t
+            segments.append(Segment(lane=o.lane, offset=offset, start=o.start, length=n))
+            offset += n
+        hidden = torch.cat([o.hidden for o in obs])  # [T, H]
+        positions = torch.cat([torch.arange(s.start, s.start + s.length) for s in segments]).to(hidden.device)
+        out = self.mtp(
+            self.model.embed(torch.cat(embeds_ids)), hidden, positions, tuple(segments), self.k_cache, self.v_cache
+        )
+        for s in segments:
+            self.last[s.lane] = out[s.offset + s.length - 1]
+            self.last_pos[s.lane] = s.start + s.length - 1
+
+    def propose(self, inp: ProposeIn) -> Proposal:
+        lanes = inp.lanes
+        hidden = self.last[lanes]  # [n, H]
+        drafts = [self.model.logits(hidden).argmax(dim=-1)]  # d1: [n]
+        for step in range(1, inp.k):
+            positions = inp.positions + (step - 1)  # the anchor's position, then one further per draft
+            segments = tuple(
+                Segment(lane=lane, offset=i, start=int(p), length=1) for i, (lane, p) in enumerate(zip(lanes, positions.tolist()))
+            )
+            hidden = self.mtp(self.model.embed(drafts[-1]), hidden, positions, segments, self.k_cache, self.v_cache)
+            drafts.append(self.model.logits(hidden).argmax(dim=-1))
+        return Proposal(tokens=torch.stack(drafts, dim=1), q=None)
+
+
+def load(ctx: BackendContext) -> Mtp:
+    return Mtp(ctx)

@@ -1,0 +1,181 @@
+"""The engine: lanes, rounds and the model of one GPU, driven one round at a time.
+
+Owns: loading the model and backend for a config, admitting requests (validated before any work starts), running
+rounds and turning them into per-request deltas and stats. Does not own: processes or sockets
+(ignis.engine.process), tokenizing (clients), or the round's mechanics (ignis.engine.round).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import torch
+
+from ignis.artifact import model_name, resolve_device, resolve_dtype, resolve_exact, resolve_model_path
+from ignis.backends.base import BackendContext
+from ignis.backends.registry import load_backend
+from ignis.config import IgnisConfig
+from ignis.engine.request import Request
+from ignis.engine.round import Emission, Runner
+from ignis.engine.sampling import make_generator
+from ignis.engine.scheduler import Scheduler
+from ignis.errors import InputError, QueueFullError
+from ignis.params import check_prompt
+from ignis.ipc.messages import EngineInfo, EngineRequest, EngineStats, RequestDelta
+from ignis.logging import get_logger
+from ignis.model.cache import LaneCache
+from ignis.model.loader import load_model
+
+log = get_logger(__name__)
+
+
+class Engine:
+    def __init__(self, config: IgnisConfig) -> None:
+        self.config = config
+        path = resolve_model_path(config)
+        device = resolve_device(config)
+        dtype = resolve_dtype(config, device)
+        self.model = load_model(path, device=device, dtype=dtype, exact=resolve_exact(config, device))
+        ec = config.engine
+        ctx = BackendContext(self.model, config, path, ec.lanes, ec.context, device, dtype)
+        self.backend = load_backend(config.spec.backend, ctx)
+        k = self.backend.draft_tokens
+        cache = LaneCache(
+            self.model.config, lanes=ec.lanes, context=ec.context, max_cols=k + 1, device=device, dtype=dtype
+        )
+        self.runner = Runner(self.model, cache, self.backend, device)
+        self.scheduler = Scheduler(
+            lanes=ec.lanes,
+            max_rows=ec.max_rows,
+            prefill_chunk=ec.prefill_chunk,
+            max_waiting=ec.max_waiting,
+            draft_tokens=k,
+            context=ec.context,
+        )
+        self.info = EngineInfo(
+            model_name=model_name(config, path),
+            context=ec.context,
+            lanes=ec.lanes,
+            backend=self.backend.name,
+            draft_tokens=k,
+            vocab_size=self.model.config.vocab_size,
+            eos_token_ids=list(self.model.config.eos_token_ids),
+        )
+        self._stats = EngineStats(position_drafted=[0] * k, position_accepted=[0] * k)
+        self._seeds = make_generator(ec.seed)
+        log.info(
+            "ignis.engine.ready",
+            model=str(path),
+            device=str(device),
+            dtype=str(dtype).removeprefix("torch."),
+            backend=self.backend.name,
+            draft_tokens=k,
+            lanes=ec.lanes,
+            context=ec.context,
+            cache_mib=round(cache.nbytes() / 2**20, 1),
+            backend_mib=round(self.backend.nbytes() / 2**20, 1),
+        )
+
+    def add(self, req: EngineRequest) -> None:
+        """Validate and queue one request. Raises InputError or QueueFullError; nothing is queued then."""
+        check_prompt(req.prompt_token_ids, context=self.config.engine.context, vocab_size=self.model.config.vocab_size)
+        if self.scheduler.find(req.id) is not None:
+            raise InputError("request_id", f"{req.id!r} is already running; use a unique id")
+        if self.scheduler.queue_full():
+            raise QueueFullError(f"the queue is full ({self.config.engine.max_waiting} waiting); retry later")
+        seed = req.params.seed
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (), generator=self._seeds).item())
+        self.scheduler.add(
+            Request(
+                id=req.id,
+                prompt=list(req.prompt_token_ids),
+                params=req.params,
+                stop_ids=frozenset(req.stop_token_ids),
+                generator=make_generator(seed),
+                client=req.client,
+            )
+        )
+        self._stats.requests_total += 1
+        self._stats.prompt_tokens_total += len(req.prompt_token_ids)
+        if self.backend.draft_tokens > 0:
+            self._stats.speculative_requests += 1
+
+    def abort(self, ids: Iterable[str]) -> list[RequestDelta]:
+        deltas = []
+        for rid in ids:
+            r = self.scheduler.find(rid)
+            if r is None:
+                continue
+            self.scheduler.release(r)
+            r.finish_reason = "abort"
+            deltas.append(self._delta(r, []))
+        return deltas
+
+    def has_work(self) -> bool:
+        return bool(self.scheduler.waiting) or bool(self.scheduler.running)
+
+    def step(self) -> list[RequestDelta]:
+        """One round for every lane; a delta for each request that emitted tokens or finished."""
+        plan = self.scheduler.plan()
+        if plan.empty:
+            return []
+        emissions = self.runner.run(plan)
+        return [self._finish(e) for e in emissions]
+
+    def stats(self) -> EngineStats:
+        s = self._stats
+        s.running = len(self.scheduler.running)
+        s.waiting = len(self.scheduler.waiting)
+        return s
+
+    def _finish(self, e: Emission) -> RequestDelta:
+        r, now = e.request, time.perf_counter()
+        if r.stats.rounds == 0 and r.generated == 0:
+            r.t_first = now
+            r.stats.prompt_tokens = len(r.prompt)
+            r.stats.prompt_ms = 1000.0 * (now - r.t_admit)
+        else:
+            r.stats.rounds += 1
+            r.stats.drafted += e.drafted
+            r.stats.accepted += e.accepted
+            _count(r.stats.position_drafted, e.drafted)
+            _count(r.stats.position_accepted, e.accepted)
+            s = self._stats
+            s.rounds += 1
+            s.drafted += e.drafted
+            s.accepted += e.accepted
+            _count(s.position_drafted, e.drafted)
+            _count(s.position_accepted, e.accepted)
+        kept = r.emit(e.tokens, self.config.engine.context)
+        self._stats.generation_tokens_total += len(kept)
+        r.stats.decode_tokens = r.generated
+        r.stats.decode_ms = 1000.0 * (now - r.t_first)
+        if r.finish_reason is not None:
+            self.scheduler.release(r)
+        logprobs = e.logprobs[: len(kept)] if e.logprobs is not None else None
+        return self._delta(r, kept, logprobs)
+
+    @staticmethod
+    def _delta(r: Request, tokens: list[int], logprobs: list[dict[int, float]] | None = None) -> RequestDelta:
+        done = r.finish_reason is not None
+        return RequestDelta(
+            id=r.id,
+            token_ids=tokens,
+            finished=done,
+            finish_reason=r.finish_reason,
+            stop_token_id=r.stop_token_id,
+            stats=r.stats if done else None,
+            logprobs=logprobs,
+        )
+
+
+def _count(per_position: list[int], n: int) -> None:
+    for i in range(n):
+        if i < len(per_position):
+            per_position[i] += 1
+        else:
+            per_position.append(1)
+
+

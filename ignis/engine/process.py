@@ -1,0 +1,185 @@
+"""The GPU process: one engine behind one socket, and the handle a parent uses to start and stop it.
+
+Owns: the process's entry point (`run`), its loop (`serve`: take messages -> round -> send deltas, with eager
+aborts and a heartbeat), which client owns which request, freeing the lanes of a client that vanished, and the
+engine-dead frame on an unrecoverable error. Does not own: the round (ignis.engine.core), the wire
+(ignis.ipc), tokenizing or HTTP (front-ends), or restarting a dead process (its parent).
+
+A client is detected as gone by the socket (ignis.ipc.queues): a disconnect makes the engine probe its clients,
+and the unreachable one is gone; its requests are aborted and their lanes freed before the next round.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from ignis.config import IgnisConfig
+from ignis.errors import ArtifactError, ConfigError, InputError, QueueFullError
+from ignis.ipc.messages import (
+    Abort,
+    ClientMessage,
+    Deltas,
+    EngineDead,
+    EngineRequest,
+    Hello,
+    Ready,
+    Rejected,
+    RequestDelta,
+    UtilityCall,
+    UtilityReply,
+)
+from ignis.ipc.queues import EngineSocket
+from ignis.logging import configure, get_logger, log_resolved
+
+if TYPE_CHECKING:
+    from ignis.engine.core import Engine
+
+log = get_logger(__name__)
+
+START_FAILURE_GRACE_S = 1.0  # after a failed start, answer late hellos with the reason for this long
+
+
+def run(cfg: IgnisConfig, address: str, parent_pid: int) -> None:
+    """Entry point of the spawned GPU process. Exits 0 when told to stop (SIGTERM), 1 after engine-dead."""
+    configure(cfg.log.level, cfg.log.format)
+    log_resolved(cfg)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the parent decides
+    sock = EngineSocket(address)
+    try:
+        from ignis.engine.core import Engine
+
+        engine = Engine(cfg)
+    except Exception as e:
+        log.exception("ignis.engine.start_failed")
+        _refuse_start(sock, _dead(e))
+        raise SystemExit(1) from None
+    try:
+        serve(engine, sock, cfg.server.heartbeat_s, stop, parent_pid)
+    except Exception as e:
+        log.exception("ignis.engine.dead")
+        sock.broadcast(_dead(e))
+        sock.close(linger_s=2.0)
+        raise SystemExit(1) from None
+    log.info("ignis.engine.stopped")
+    sock.close(linger_s=1.0)
+
+
+def serve(engine: Engine, sock: EngineSocket, heartbeat_s: float, stop: threading.Event, parent_pid: int = 0) -> None:
+    """The loop: take every message (aborts first effect), run one round, send each client its deltas."""
+    owners: dict[str, int] = {}  # request id -> client that added it
+    ready = Ready(info=engine.info, pid=os.getpid(), heartbeat_s=heartbeat_s)
+    next_beat = 0.0
+    while not stop.is_set():
+        wait = 0.0 if engine.has_work() else max(0.0, next_beat - time.monotonic())
+        for client, msg in sock.recv(wait):
+            _take(engine, sock, owners, ready, client, msg)
+        for client in sock.take_gone():
+            ids = [rid for rid, c in owners.items() if c == client]
+            engine.abort(ids)  # nobody to tell: the deltas are dropped with the client
+            for rid in ids:
+                del owners[rid]
+            log.info("ignis.engine.client_gone", client=client, aborted=len(ids))
+        if engine.has_work():
+            _send(sock, owners, engine.step())
+        if time.monotonic() >= next_beat:
+            sock.beat()
+            next_beat = time.monotonic() + heartbeat_s
+            if parent_pid and os.getppid() != parent_pid:
+                log.warning("ignis.engine.orphaned", parent=parent_pid)
+                return
+
+
+def _take(engine: Engine, sock: EngineSocket, owners: dict[str, int], ready: Ready, client: int, msg: ClientMessage) -> None:
+    if isinstance(msg, EngineRequest):
+        try:
+            # The socket names the sender; the client field in the frame is not trusted.
+            engine.add(msgspec.structs.replace(msg, client=client))
+            owners[msg.id] = client
+        except InputError as e:
+            sock.send(client, Rejected(id=msg.id, kind="input", message=e.message, field=e.field))
+        except QueueFullError as e:
+            sock.send(client, Rejected(id=msg.id, kind="queue_full", message=str(e)))
+    elif isinstance(msg, Abort):
+        # Only the owner may abort a request; the freed lanes are free for the very next round.
+        _send(sock, owners, engine.abort([rid for rid in msg.ids if owners.get(rid) == client]))
+    elif isinstance(msg, Hello):
+        sock.send(client, ready)
+    elif isinstance(msg, UtilityCall):
+        sock.send(client, UtilityReply(call_id=msg.call_id, stats=engine.stats()))
+
+
+def _send(sock: EngineSocket, owners: dict[str, int], deltas: list[RequestDelta]) -> None:
+    by_client: dict[int, list[RequestDelta]] = defaultdict(list)
+    for d in deltas:
+        client = owners.pop(d.id, None) if d.finished else owners.get(d.id)
+        if client is not None:
+            by_client[client].append(d)
+    for client, ds in by_client.items():
+        sock.send(client, Deltas(deltas=ds))
+
+
+def _dead(e: BaseException) -> EngineDead:
+    if isinstance(e, ConfigError):
+        return EngineDead(reason=e.message, kind="config", key=e.key)
+    if isinstance(e, ArtifactError):
+        return EngineDead(reason=str(e), kind="artifact")
+    return EngineDead(reason=f"{type(e).__name__}: {e}", kind="internal")
+
+
+def _refuse_start(sock: EngineSocket, dead: EngineDead) -> None:
+    """Tell every client that connects in the next moment why there is no engine, then close."""
+    sock.broadcast(dead)
+    deadline = time.monotonic() + START_FAILURE_GRACE_S
+    while time.monotonic() < deadline:
+        for client, _ in sock.recv(0.05):
+            sock.send(client, dead)
+    sock.close(linger_s=1.0)
+
+
+class EngineProcess:
+    """A parent's handle on one GPU process it started (spawned, so CUDA never sees a forked parent)."""
+
+    def __init__(self, cfg: IgnisConfig, address: str) -> None:
+        ctx = mp.get_context("spawn")
+        self.address = address
+        self.proc = ctx.Process(target=run, args=(cfg, address, os.getpid()), name="ignis-engine", daemon=True)
+        self.proc.start()
+        self.pid: int = self.proc.pid or 0
+        self.exitcode: int | None = None
+        self._stopped = False
+
+    @property
+    def sentinel(self) -> int:
+        return self.proc.sentinel
+
+    def alive(self) -> bool:
+        if self._stopped:
+            return False
+        if self.proc.is_alive():
+            return True
+        self.exitcode = self.proc.exitcode
+        return False
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM (the loop ends after its round), then SIGKILL if it does not exit in time. Idempotent."""
+        if self._stopped:
+            return
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(timeout_s)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5.0)
+        self.exitcode = self.proc.exitcode
+        self._stopped = True
+        self.proc.close()

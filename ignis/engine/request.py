@@ -1,0 +1,69 @@
+"""One request as the engine tracks it: its tokens, how far the lane has run them, its generator and its stats.
+
+Owns: per-request bookkeeping and the stop rules (stop token, max_tokens, context). Does not own: lanes or rows
+(ignis.engine.scheduler) or tensors (ignis.engine.round).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ignis.ipc.messages import RequestStats
+from ignis.params import SamplingParams
+
+
+@dataclass
+class Request:
+    id: str
+    prompt: list[int]
+    params: SamplingParams
+    stop_ids: frozenset[int]
+    generator: torch.Generator
+    client: int = 0
+    tokens: list[int] = field(default_factory=list)  # prompt + generated; the last generated one is the anchor
+    computed: int = 0  # positions 0..computed-1 are in the lane's caches
+    lane: int = -1
+    stats: RequestStats = field(default_factory=RequestStats)
+    finish_reason: str | None = None
+    stop_token_id: int | None = None
+    t_arrival: float = field(default_factory=time.perf_counter)
+    t_admit: float = 0.0
+    t_first: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.tokens:
+            self.tokens = list(self.prompt)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.computed < len(self.prompt)
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens) - len(self.prompt)
+
+    @property
+    def anchor(self) -> int:
+        return self.tokens[-1]
+
+    def emit(self, tokens: list[int], context: int) -> list[int]:
+        """Append the model's committed tokens, stopping at the first stop rule; returns what was kept."""
+        kept: list[int] = []
+        for t in tokens:
+            self.tokens.append(t)
+            kept.append(t)
+            if t in self.stop_ids:
+                self.finish_reason, self.stop_token_id = "stop", t
+                break
+            if self.generated >= self.params.max_tokens or len(self.tokens) >= context:
+                self.finish_reason = "length"
+                break
+        return kept
+
+    def drafts_allowed(self, k: int, context: int) -> int:
+        """Drafts worth verifying this round: never past max_tokens or the lane's context."""
+        remaining = self.params.max_tokens - self.generated
+        return max(0, min(k, remaining - 1, context - len(self.tokens) - 1))

@@ -1,0 +1,193 @@
+"""One round for every lane: propose -> verify -> accept -> commit.
+
+Owns: turning a `RoundPlan` into one target forward and each lane's committed tokens. Does not own: policy (which
+lanes, how many rows: ignis.engine.scheduler), stop rules (ignis.engine.request) or drafting (ignis.backends).
+
+1. propose  the backend drafts k tokens after each decoding lane's anchor (off: none).
+2. verify   one target forward over every decoding lane's [anchor, d1..dk] and every prefill chunk. Attention layers
+            write keys for every row; recurrent layers record per-column state for drafting lanes and keep nothing.
+3. accept   greedy: longest run of drafts equal to the argmax, plus the model's token; sampling: rejection sampling.
+4. commit   keep the recurrent state after the committed columns, advance the lane, hand the committed rows' hidden
+            states to the backend, and return the tokens each request emits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ignis.backends.base import Observation, Proposal, ProposeIn, SpecBackend
+from ignis.engine.accept import Verdict, accept_greedy, accept_sampled
+from ignis.engine.request import Request
+from ignis.engine.sampling import draw, target_probs
+from ignis.engine.scheduler import RoundPlan
+from ignis.model.batch import Batch, ForwardOut, Segment
+from ignis.model.cache import LaneCache
+from ignis.model.model import HybridModel
+
+
+@dataclass
+class Emission:
+    request: Request
+    tokens: list[int]  # committed by the model this round, in order (stop rules not yet applied)
+    drafted: int
+    accepted: int
+    logprobs: list[dict[int, float]] | None = None
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """Where one lane's rows sit in the packed batch and in the logits."""
+
+    request: Request
+    offset: int
+    length: int
+    logit_offset: int  # first row of this lane in ForwardOut.logits, -1 if none
+
+
+class Runner:
+    def __init__(self, model: HybridModel, cache: LaneCache, backend: SpecBackend, device: torch.device) -> None:
+        self.model = model
+        self.cache = cache
+        self.backend = backend
+        self.device = device
+
+    @torch.inference_mode()
+    def run(self, plan: RoundPlan) -> list[Emission]:
+        for r in plan.admitted:
+            self.cache.reset(r.lane)
+            self.backend.reset(r.lane)
+        proposal = self.propose(plan)
+        batch, decode_rows, prefill_rows = self.pack(plan, proposal)
+        out = self.model(batch, self.cache, taps=self.backend.tap_layers)
+        verdicts = self.accept(plan, proposal, out, decode_rows)
+        return self.commit(plan, proposal, verdicts, batch, out, decode_rows, prefill_rows)
+
+    def propose(self, plan: RoundPlan) -> Proposal:
+        reqs = [d.request for d in plan.decode]
+        k = max((d.drafts for d in plan.decode), default=0)
+        if k == 0:
+            return Proposal(tokens=torch.empty((len(reqs), 0), dtype=torch.long, device=self.device), q=None)
+        inp = ProposeIn(
+            lanes=[r.lane for r in reqs],
+            anchors=torch.tensor([r.anchor for r in reqs], dtype=torch.long, device=self.device),
+            positions=torch.tensor([len(r.tokens) - 1 for r in reqs], dtype=torch.long, device=self.device),
+            k=k,
+            temperatures=[r.params.temperature for r in reqs],
+            generators=[r.generator for r in reqs],
+        )
+        return self.backend.propose(inp)
+
+    def pack(self, plan: RoundPlan, proposal: Proposal) -> tuple[Batch, list[_Rows], list[_Rows]]:
+        tokens: list[torch.Tensor] = []
+        segments: list[Segment] = []
+        logit_rows: list[int] = []
+        decode_rows: list[_Rows] = []
+        prefill_rows: list[_Rows] = []
+        offset = 0
+        drafts = proposal.tokens
+        for i, d in enumerate(plan.decode):
+            r, n = d.request, 1 + d.drafts
+            anchor = torch.tensor([r.anchor], dtype=torch.long, device=self.device)
+            tokens.append(torch.cat([anchor, drafts[i, : d.drafts]]))
+            segments.append(Segment(lane=r.lane, offset=offset, start=r.computed, length=n, record=d.drafts > 0))
+            decode_rows.append(_Rows(r, offset, n, len(logit_rows)))
+            logit_rows.extend(range(offset, offset + n))
+            offset += n
+        for p in plan.prefill:
+            r, n = p.request, p.length
+            tokens.append(torch.tensor(r.prompt[r.computed : r.computed + n], dtype=torch.long, device=self.device))
+            segments.append(Segment(lane=r.lane, offset=offset, start=r.computed, length=n, record=False))
+            finishes = r.computed + n == len(r.prompt)
+            prefill_rows.append(_Rows(r, offset, n, len(logit_rows) if finishes else -1))
+            if finishes:
+                logit_rows.append(offset + n - 1)
+            offset += n
+        positions = torch.cat([torch.arange(s.start, s.start + s.length) for s in segments]).to(self.device)
+        batch = Batch(
+            tokens=torch.cat(tokens),
+            positions=positions,
+            segments=tuple(segments),
+            logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=self.device),
+        )
+        return batch, decode_rows, prefill_rows
+
+    def accept(self, plan: RoundPlan, proposal: Proposal, out: ForwardOut, rows: list[_Rows]) -> list[Verdict]:
+        argmax = out.logits.argmax(dim=-1).tolist() if rows else []
+        drafts = proposal.tokens.tolist()
+        verdicts = []
+        for i, (d, lr) in enumerate(zip(plan.decode, rows)):
+            mine = drafts[i][: d.drafts] if drafts else []
+            r = d.request
+            if r.params.greedy:
+                verdicts.append(accept_greedy(mine, argmax[lr.logit_offset : lr.logit_offset + lr.length]))
+                continue
+            p = target_probs(out.logits[lr.logit_offset : lr.logit_offset + lr.length], r.params)
+            q = proposal.q[i, : d.drafts] if proposal.q is not None else None
+            verdicts.append(accept_sampled(mine, p, q, r.generator))
+        return verdicts
+
+    def commit(
+        self,
+        plan: RoundPlan,
+        proposal: Proposal,
+        verdicts: list[Verdict],
+        batch: Batch,
+        out: ForwardOut,
+        decode_rows: list[_Rows],
+        prefill_rows: list[_Rows],
+    ) -> list[Emission]:
+        emissions: list[Emission] = []
+        observed: list[Observation] = []
+        drafts = proposal.tokens.tolist()
+        for i, (d, v, lr) in enumerate(zip(plan.decode, verdicts, decode_rows)):
+            r, kept = d.request, 1 + v.accepted
+            if d.drafts > 0:
+                self.cache.commit(r.lane, kept)
+            tokens = drafts[i][: v.accepted] + [v.token]
+            observed.append(self._observe(r, batch, out, lr.offset, kept, following=v.token))
+            r.computed += kept
+            lp = _logprobs(out, lr.logit_offset, tokens, r.params.logprobs)
+            emissions.append(Emission(r, tokens, d.drafts, v.accepted, lp))
+        for p, lr in zip(plan.prefill, prefill_rows):
+            r = p.request
+            if lr.logit_offset < 0:
+                observed.append(self._observe(r, batch, out, lr.offset, lr.length, following=r.prompt[r.computed + lr.length]))
+                r.computed += lr.length
+                continue
+            row = out.logits[lr.logit_offset]
+            first = int(row.argmax()) if r.params.greedy else draw(target_probs(row[None], r.params)[0], r.generator)
+            observed.append(self._observe(r, batch, out, lr.offset, lr.length, following=first))
+            r.computed += lr.length
+            emissions.append(Emission(r, [first], 0, 0, _logprobs(out, lr.logit_offset, [first], r.params.logprobs)))
+        if observed:
+            self.backend.observe(observed)
+        return emissions
+
+    @staticmethod
+    def _observe(r: Request, batch: Batch, out: ForwardOut, offset: int, n: int, following: int) -> Observation:
+        rows = slice(offset, offset + n)
+        return Observation(
+            lane=r.lane,
+            start=r.computed,
+            tokens=batch.tokens[rows],
+            following=following,
+            hidden=out.hidden[rows],
+            taps=out.taps[rows] if out.taps is not None else None,
+        )
+
+
+def _logprobs(out: ForwardOut, first_row: int, tokens: list[int], top: int | None) -> list[dict[int, float]] | None:
+    """Log-probabilities of the raw model distribution for each emitted token, plus the `top` most likely."""
+    if top is None:
+        return None
+    rows = torch.log_softmax(out.logits[first_row : first_row + len(tokens)].float(), dim=-1)
+    result = []
+    for row, t in zip(rows, tokens):
+        entry = {t: float(row[t])}
+        if top > 0:
+            vals, ids = torch.topk(row, top)
+            entry.update({int(i): float(x) for i, x in zip(ids, vals)})
+        result.append(entry)
+    return result

@@ -1,0 +1,105 @@
+"""Text <-> token ids for an artifact: `tokenizer.json` through `tokenizers`, the chat template through jinja2.
+
+Owns: encoding, decoding, chat templates and the artifact's stop tokens. Does not own: incremental detokenization
+and stop strings (ignis.client.output). The GPU process never imports this module.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as _HFTokenizer
+
+from ignis.errors import ArtifactError, InputError
+
+
+def _raise(message: str) -> None:
+    raise InputError("messages", message)
+
+
+def _tojson(value: Any, indent: int | None = None) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+class Tokenizer:
+    def __init__(self, tok: _HFTokenizer, config: dict[str, Any], eos_ids: tuple[int, ...]) -> None:
+        self._tok = tok
+        self.config = config
+        self.eos_token_ids = eos_ids
+        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+        self.special_ids = frozenset(
+            i for i, t in tok.get_added_tokens_decoder().items() if getattr(t, "special", False)
+        )
+        template = config.get("chat_template")
+        if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+            template = next((t["template"] for t in template if t.get("name") == "default"), template[0]["template"])
+        self._template = None
+        if template:
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+            env.globals["raise_exception"] = _raise
+            env.filters["tojson"] = _tojson
+            self._template = env.from_string(template)
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> Tokenizer:
+        path = Path(path)
+        tj = path / "tokenizer.json"
+        if not tj.is_file():
+            raise ArtifactError(f"{path} has no tokenizer.json; ignis reads Hugging Face fast-tokenizer files")
+        tok = _HFTokenizer.from_file(str(tj))
+        cfg_path = path / "tokenizer_config.json"
+        config = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        eos: list[int] = []
+        for name in (_token_name(config.get("eos_token")),):
+            if name is not None and tok.token_to_id(name) is not None:
+                eos.append(tok.token_to_id(name))
+        model_cfg = path / "config.json"
+        if model_cfg.is_file():
+            mc = json.loads(model_cfg.read_text())
+            ids = mc.get("eos_token_id", mc.get("text_config", {}).get("eos_token_id"))
+            for i in [ids] if isinstance(ids, int) else (ids or []):
+                if i not in eos:
+                    eos.append(i)
+        gen_cfg = path / "generation_config.json"
+        if gen_cfg.is_file():
+            ids = json.loads(gen_cfg.read_text()).get("eos_token_id")
+            for i in [ids] if isinstance(ids, int) else (ids or []):
+                if i not in eos:
+                    eos.append(i)
+        return cls(tok, config, tuple(eos))
+
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True, **kwargs: Any) -> str:
+        if self._template is None:
+            raise InputError("messages", "this model has no chat template; send a plain prompt instead")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or "role" not in m:
+                raise InputError(f"messages[{i}]", "each message needs a 'role' and a 'content'")
+        try:
+            return self._template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=_token_name(self.config.get("bos_token")) or "",
+                eos_token=_token_name(self.config.get("eos_token")) or "",
+                **kwargs,
+            )
+        except jinja2.TemplateError as e:
+            raise InputError("messages", f"the chat template could not render them: {e}") from e
+
+
+def _token_name(tok: Any) -> str | None:
+    if isinstance(tok, dict):
+        return tok.get("content")
+    return tok
