@@ -1,0 +1,217 @@
+"""The config schema: one frozen dataclass per TOML table, and `IgnisConfig` holding all five.
+
+Owns: every key, its default and what it accepts, the rules that tie keys together (speculation needs a backend,
+dflash2 needs a draft count, a round must hold every lane's verify columns), and the TOML/dict forms of a
+resolved config. Does not own: reading files, profiles or overrides (ignis.config.load), or what the engine
+does with a value ("auto" device, dtype and exact are resolved where torch is, in ignis.artifact).
+
+Every section checks itself on construction, so an `IgnisConfig` that exists is a valid one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ignis.config.fields import check_section, choice, integer, number, text
+from ignis.errors import ConfigError
+
+MAX_DRAFT_TOKENS = 7
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    section: ClassVar[str] = "model"
+
+    path: str = text("")  # "" = the built-in default artifact
+    name: str = text("")  # served model name; "" = the artifact directory's name
+    dtype: str = choice("auto", "auto", "float32", "bfloat16", "float16")  # auto: float32 on cpu, bfloat16 on cuda
+    device: str = text("auto", pattern=lambda s: _DEVICE.fullmatch(s) is not None,
+                       allowed='"auto", "cpu", "cuda" or "cuda:N"')
+    exact: str = choice("auto", "auto", "on", "off")  # batch-invariant arithmetic; auto: on for cpu
+
+    def __post_init__(self) -> None:
+        check_section(self.section, self)
+
+
+@dataclass(frozen=True)
+class EngineSection:
+    section: ClassVar[str] = "engine"
+
+    lanes: int = integer(4, 1, 1024)  # sequences decoded at once, each with its own KV and recurrent state
+    context: int = integer(4096, 16, 1048576)  # positions per lane, prompt + output
+    max_rows: int = integer(512, 64)  # rows per round: verify columns plus prefill rows
+    prefill_chunk: int = integer(64, 64, multiple_of=64)  # prefill splits only at multiples of this
+    max_waiting: int = integer(256, 0)  # queued requests beyond the lanes; more are refused (503)
+    seed: int = integer(0, 0, 2**63 - 1)  # seed for requests that bring none
+
+    def __post_init__(self) -> None:
+        check_section(self.section, self)
+        if self.prefill_chunk > self.max_rows:
+            raise ConfigError("engine.prefill_chunk", f"got {self.prefill_chunk}, more than engine.max_rows = "
+                              f"{self.max_rows}; a prefill chunk must fit in one round: lower it or raise max_rows")
+
+
+@dataclass(frozen=True)
+class SpecSection:
+    section: ClassVar[str] = "spec"
+
+    backend: str = text("off")  # a name in the entry-point group ignis.spec_backends
+    draft_tokens: int = integer(0, 0, MAX_DRAFT_TOKENS, allowed=f"0 (unset) or 1..{MAX_DRAFT_TOKENS}")
+    draft_head: str = choice("full", "full", "shortlist")
+    drafter: str = text("")  # "" = <model>/drafter
+
+    def __post_init__(self) -> None:
+        check_section(self.section, self)
+        # Looked up through the package so that tests (and embedders) can substitute the installed set.
+        from ignis import config
+
+        installed = config.installed_backends()
+        names = ", ".join(f'"{n}"' for n in installed) or "none (is ignis installed?)"
+        if self.backend not in installed:
+            raise ConfigError("spec.backend", f'got "{self.backend}", which is not installed; installed backends: {names}')
+        drafting = ", ".join(f'"{n}"' for n in installed if n != "off") or "none installed"
+        if self.backend == "off" and self.draft_tokens != 0:
+            raise ConfigError("spec.draft_tokens", f"spec.draft_tokens needs spec.backend set to a drafting backend "
+                              f'({drafting}); got draft_tokens = {self.draft_tokens} with backend "off": set '
+                              f"spec.backend or leave spec.draft_tokens at 0")
+        if self.backend == "dflash2" and self.draft_tokens == 0:
+            raise ConfigError("spec.draft_tokens", f"required with dflash2; set spec.draft_tokens to "
+                              f"1..{MAX_DRAFT_TOKENS}")
+        if self.backend == "mtp" and self.draft_tokens == 0:
+            # vLLM's default for MTP: one draft per round.
+            object.__setattr__(self, "draft_tokens", 1)
+
+    def drafter_dir(self, model_dir: Path) -> Path:
+        """Where the drafter lives: `spec.drafter` when set, else beside the weights in `<model>/drafter`."""
+        return Path(self.drafter) if self.drafter else model_dir / "drafter"
+
+
+def _is_address(s: str) -> bool:
+    return s == "" or re.fullmatch(r"(ipc|tcp)://\S+", s) is not None
+
+
+@dataclass(frozen=True)
+class ServerSection:
+    section: ClassVar[str] = "server"
+
+    host: str = text("127.0.0.1", pattern=lambda s: s != "", allowed="a host name or address")
+    port: int = integer(8000, 0, 65535)  # 0 = any free port
+    frontends: int = integer(1, 1, 64)  # front-end processes
+    transport: str = choice("ipc", "ipc", "tcp")  # between front-ends and the GPU process
+    engine_address: str = text("", pattern=_is_address, allowed='"" or an address "ipc://PATH" or "tcp://HOST:PORT"')
+    heartbeat_s: float = number(1.0)
+    engine_timeout_s: float = number(5.0)  # no heartbeat for this long = engine stuck or dead
+
+    def __post_init__(self) -> None:
+        check_section(self.section, self)
+        if self.engine_address and not self.engine_address.startswith(f"{self.transport}://"):
+            raise ConfigError("server.engine_address", f'got "{self.engine_address}" with server.transport = '
+                              f'"{self.transport}"; the address must start with "{self.transport}://"')
+        # One late heartbeat must not be taken for a dead engine.
+        if self.engine_timeout_s < 2 * self.heartbeat_s:
+            raise ConfigError("server.engine_timeout_s", f"got {self.engine_timeout_s}; expected at least twice "
+                              f"server.heartbeat_s = {self.heartbeat_s}")
+
+
+@dataclass(frozen=True)
+class LogSection:
+    section: ClassVar[str] = "log"
+
+    level: str = choice("info", "debug", "info", "warning", "error")
+    format: str = choice("console", "console", "json")
+
+    def __post_init__(self) -> None:
+        check_section(self.section, self)
+
+
+@dataclass(frozen=True)
+class IgnisConfig:
+    """The whole resolved config. Built once at start, logged once, passed down, never mutated."""
+
+    model: ModelSection = field(default_factory=ModelSection)
+    engine: EngineSection = field(default_factory=EngineSection)
+    spec: SpecSection = field(default_factory=SpecSection)
+    server: ServerSection = field(default_factory=ServerSection)
+    log: LogSection = field(default_factory=LogSection)
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if not isinstance(getattr(self, f.name), SECTIONS[f.name]):
+                raise ConfigError(f.name, f"expected a {SECTIONS[f.name].__name__}, got {getattr(self, f.name)!r}")
+        # The round verifies every lane's anchor plus its drafts in one forward.
+        columns = self.engine.lanes * (self.spec.draft_tokens + 1)
+        if self.engine.max_rows < columns:
+            raise ConfigError("engine.max_rows", f"got {self.engine.max_rows}, fewer than the {columns} verify "
+                              f"columns of one round (engine.lanes = {self.engine.lanes} x (spec.draft_tokens = "
+                              f"{self.spec.draft_tokens} + 1)); raise engine.max_rows or lower engine.lanes")
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        """Nested plain dict, section -> key -> value: for logging, the wire and `from_dict`."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, dict[str, Any]]) -> IgnisConfig:
+        """Rebuild from `as_dict()` output (or any partial nested dict), refusing unknown sections and keys."""
+        for name, table in data.items():
+            if name not in SECTIONS:
+                raise ConfigError(name, unknown_message(name, None))
+            if not isinstance(table, dict):
+                raise ConfigError(name, f"expected a table of keys, got {table!r}")
+            for key in table:
+                section_field(name, key)
+        return cls(**{name: SECTIONS[name](**table) for name, table in data.items()})
+
+    def to_toml(self) -> str:
+        """TOML text that `load_config(path=...)` reads back to an equal config."""
+        lines: list[str] = []
+        for name, table in self.as_dict().items():
+            lines.append(f"[{name}]")
+            lines.extend(f"{key} = {_toml_value(value)}" for key, value in table.items())
+            lines.append("")
+        return "\n".join(lines)
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelSection, "engine": EngineSection, "spec": SpecSection, "server": ServerSection, "log": LogSection,
+}
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    # JSON string escapes (\", \\, \n, \uXXXX) are all valid TOML basic-string escapes.
+    return json.dumps(value, ensure_ascii=False)
+
+
+def unknown_message(section: str, key: str | None) -> str:
+    """The refusal for an unknown section (key None) or key: what exists, and the closest match if any."""
+    import difflib
+
+    if key is None:
+        names, typed, prefix = list(SECTIONS), section, ""
+        head = f'unknown section "{section}"; sections are: '
+    else:
+        names = [f.name for f in dataclasses.fields(SECTIONS[section])]
+        typed, prefix = key, f"{section}."
+        head = f'unknown key "{section}.{key}"; keys in [{section}] are: '
+    msg = head + ", ".join(names)
+    close = difflib.get_close_matches(typed, names, n=1)
+    return msg + (f'; did you mean "{prefix}{close[0]}"?' if close else "")
+
+
+def section_field(section: str, key: str) -> dataclasses.Field[Any]:
+    """The field behind `section.key`, or a ConfigError naming what exists."""
+    if section not in SECTIONS:
+        raise ConfigError(section if not key else f"{section}.{key}", unknown_message(section, None))
+    for f in dataclasses.fields(SECTIONS[section]):
+        if f.name == key:
+            return f
+    raise ConfigError(f"{section}.{key}", unknown_message(section, key))
