@@ -1,0 +1,91 @@
+"""Gated full attention (Qwen3.5's `self_attn` layers, and the MTP layer) over a per-lane K/V cache.
+
+Owns: `GatedAttention` (projections, q/k norms, partial RoPE, output gate) and the two ways of attending: exact
+(each query row alone against its causal prefix) and SDPA (per segment). Does not own: the cache tensors (passed in
+as `AttnState`, so the MTP backend can hand its own) or the lane bookkeeping.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ignis.model.cache import AttnState
+from ignis.model.config import ModelConfig
+from ignis.model.ops import RMSNorm, Step, apply_rope, linear, sigmoid
+
+
+class GatedAttention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        c = config
+        self.num_heads = c.num_attention_heads
+        self.num_kv = c.num_key_value_heads
+        self.head_dim = c.head_dim
+        self.scale = c.head_dim**-0.5
+        # q_proj emits, per head, [query | gate] (not all queries then all gates).
+        self.q_proj = nn.Linear(c.hidden_size, 2 * c.num_attention_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, step: Step, cache: AttnState) -> torch.Tensor:
+        """x [T, H] (normed) -> [T, H]; writes every row's K/V at its position in its lane's cache first."""
+        ex = step.exact
+        t = x.shape[0]
+        qg = linear(x, self.q_proj.weight, ex).view(t, self.num_heads, 2 * self.head_dim)
+        q, gate = qg[..., : self.head_dim], qg[..., self.head_dim :]
+        q = self.q_norm(q)
+        k = self.k_norm(linear(x, self.k_proj.weight, ex).view(t, self.num_kv, self.head_dim))
+        v = linear(x, self.v_proj.weight, ex).view(t, self.num_kv, self.head_dim)
+        q = apply_rope(q, step.cos, step.sin)
+        k = apply_rope(k, step.cos, step.sin)
+        for seg in step.segments:
+            rows = slice(seg.offset, seg.offset + seg.length)
+            cache.k[seg.lane, seg.start : seg.start + seg.length] = k[rows]
+            cache.v[seg.lane, seg.start : seg.start + seg.length] = v[rows]
+        out = torch.empty_like(q)
+        attend = self._attend_exact if ex else self._attend_sdpa
+        for seg in step.segments:
+            rows = slice(seg.offset, seg.offset + seg.length)
+            out[rows] = attend(q[rows], cache.k[seg.lane], cache.v[seg.lane], seg.start)
+        out = out.reshape(t, self.num_heads * self.head_dim) * sigmoid(gate.reshape(t, -1), ex)
+        return linear(out, self.o_proj.weight, ex)
+
+    def _attend_exact(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+        """q [L, nh, hd] at positions start..start+L-1; k/v [context, nkv, hd] of the lane -> [L, nh, hd].
+
+        One row at a time, against exactly its causal prefix, so every op's shape depends only on the row's position:
+        a row's bits are the same in a decode, a verify or a prefill chunk."""
+        group = self.num_heads // self.num_kv
+        out = torch.empty_like(q)
+        for i in range(q.shape[0]):
+            n = start + i + 1
+            keys = k[:n].permute(1, 2, 0)  # [nkv, hd, n]
+            vals = v[:n].transpose(0, 1)  # [nkv, n, hd]
+            scores = (q[i].view(self.num_kv, group, self.head_dim) @ keys) * self.scale
+            probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+            out[i] = (probs @ vals).view(self.num_heads, self.head_dim)
+        return out
+
+    def _attend_sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+        length = q.shape[0]
+        n = start + length
+        qh = q.transpose(0, 1)[None]  # [1, nh, L, hd]
+        kh = k[:n].transpose(0, 1)[None]  # [1, nkv, n, hd]
+        vh = v[:n].transpose(0, 1)[None]
+        if length == 1:
+            mask, causal = None, False
+        elif start == 0:
+            mask, causal = None, True
+        else:
+            cols = torch.arange(n, device=q.device)
+            mask = cols[None, :] <= (start + torch.arange(length, device=q.device))[:, None]  # [L, n] bool
+            causal = False
+        o = F.scaled_dot_product_attention(
+            qh, kh, vh, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=self.num_kv != self.num_heads
+        )
+        return o[0].transpose(0, 1)

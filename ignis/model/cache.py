@@ -1,0 +1,120 @@
+"""Per-lane state of every layer of the hybrid model, and how a speculative verify keeps only its accepted prefix.
+
+Owns: `LaneCache` (K/V of the attention layers, conv window and fp32 recurrent state of the Gated DeltaNet layers,
+and the scratch a record=True segment writes), `AttnState`, `GDNState`. Does not own: which lane serves which request
+or how long a lane's sequence is (ignis.engine); the math that fills the state (ignis.model.attention, .gdn).
+
+Attention K/V need no rollback: a rejected column's keys sit past the lane's length and are overwritten later. The
+recurrent layers do: a record=True segment leaves the lane's state alone and keeps, per column, the state after it
+and the raw conv input, so `commit` can pick the state after the last accepted column.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ignis.model.config import ModelConfig
+
+
+@dataclass
+class AttnState:
+    k: torch.Tensor  # [lanes, context, nkv, hd] model dtype, device
+    v: torch.Tensor  # [lanes, context, nkv, hd] model dtype, device
+
+
+@dataclass
+class GDNState:
+    conv: torch.Tensor  # [lanes, Kc-1, conv_dim] model dtype, device: the last Kc-1 raw conv inputs
+    state: torch.Tensor  # [lanes, Hv, dk, dv] float32, device
+    rec_inputs: torch.Tensor | None  # [lanes, max_cols, conv_dim] model dtype, device: raw conv input per column
+    rec_states: torch.Tensor | None  # [lanes, max_cols, Hv, dk, dv] float32, device: state after each column
+
+
+class LaneCache:
+    """Per-lane state of every layer: K/V for attention layers, conv window + fp32 recurrent state for GDN layers."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        lanes: int,
+        context: int,
+        max_cols: int,
+        device: str | torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        if lanes < 1 or context < 1 or max_cols < 1:
+            raise ValueError(f"LaneCache needs lanes, context, max_cols >= 1, got {lanes}, {context}, {max_cols}")
+        self.config = config
+        self.lanes = lanes
+        self.context = context
+        self.max_cols = max_cols
+        self.recorded = [0] * lanes  # columns of the pending record=True segment, per lane
+        c = config
+        kc = c.linear_conv_kernel_dim
+        state_shape = (c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim)
+        record = max_cols > 1
+        self.layers: list[AttnState | GDNState] = []
+        for kind in c.layer_types:
+            if kind == "full_attention":
+                shape = (lanes, context, c.num_key_value_heads, c.head_dim)
+                self.layers.append(
+                    AttnState(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+                )
+            else:
+                self.layers.append(
+                    GDNState(
+                        conv=torch.zeros(lanes, kc - 1, c.conv_dim, dtype=dtype, device=device),
+                        state=torch.zeros(lanes, *state_shape, dtype=torch.float32, device=device),
+                        rec_inputs=torch.zeros(lanes, max_cols, c.conv_dim, dtype=dtype, device=device)
+                        if record
+                        else None,
+                        rec_states=torch.zeros(lanes, max_cols, *state_shape, dtype=torch.float32, device=device)
+                        if record
+                        else None,
+                    )
+                )
+
+    def reset(self, lane: int) -> None:
+        """Zero the lane's recurrent and conv state (a new request starts on it)."""
+        self._check_lane(lane)
+        for s in self.layers:
+            if isinstance(s, GDNState):
+                s.conv[lane].zero_()
+                s.state[lane].zero_()
+        self.recorded[lane] = 0
+
+    def commit(self, lane: int, cols: int) -> None:
+        """After a record=True segment on `lane`: keep the state after its first `cols` columns (1..length)."""
+        self._check_lane(lane)
+        n = self.recorded[lane]
+        if not 1 <= cols <= n:
+            raise ValueError(f"commit(lane={lane}, cols={cols}): the lane's last record=True segment had {n} columns")
+        for s in self.layers:
+            if isinstance(s, GDNState):
+                assert s.rec_states is not None and s.rec_inputs is not None
+                s.state[lane].copy_(s.rec_states[lane, cols - 1])
+                window = torch.cat([s.conv[lane], s.rec_inputs[lane, :cols]])
+                s.conv[lane].copy_(window[-s.conv.shape[1] :])
+        self.recorded[lane] = 0
+
+    def nbytes(self) -> int:
+        total = 0
+        for s in self.layers:
+            parts = (s.k, s.v) if isinstance(s, AttnState) else (s.conv, s.state, s.rec_inputs, s.rec_states)
+            total += sum(t.numel() * t.element_size() for t in parts if t is not None)
+        return total
+
+    def check_segment(self, lane: int, start: int, length: int, record: bool) -> None:
+        """Refuse a segment the cache cannot hold, before any layer writes."""
+        self._check_lane(lane)
+        if start < 0 or length < 1 or start + length > self.context:
+            raise ValueError(f"segment of lane {lane} at {start}..{start + length - 1} exceeds context {self.context}")
+        if record and length > self.max_cols:
+            raise ValueError(f"record=True segment of {length} columns exceeds max_cols={self.max_cols}")
+
+    def _check_lane(self, lane: int) -> None:
+        if not 0 <= lane < self.lanes:
+            raise ValueError(f"lane {lane} out of range 0..{self.lanes - 1}")

@@ -1,0 +1,105 @@
+"""The gated delta rule and the short causal conv in front of it: the arithmetic of a Gated DeltaNet layer.
+
+Owns: the per-token recurrent step, the chunked form (one 64-row chunk at a time), the depthwise short conv as an
+explicit sum over its taps, and the optional fla kernel for prefill on CUDA. Does not own: projections, gates and
+where the state lives (ignis.model.gdn, ignis.model.cache).
+
+Per value head, with state S [dk, dv] (fp32 always):
+    S <- exp(g_t) * S;   u_t = beta_t * (v_t - S^T k_t);   S <- S + k_t u_t^T;   o_t = S^T q_t
+q and k arrive l2-normalised, q scaled by dk^-1/2, and already repeated to the value heads (head j uses key j // r).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+
+CHUNK = 64
+
+
+def short_conv(window: torch.Tensor, raw: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Causal depthwise conv, before SiLU. window [n, Kc-1, C], raw [n, L, C], weight [C, Kc] -> [n, L, C] float32.
+
+    An explicit sum over the taps in a fixed order, so column t's bits depend only on its own Kc inputs: the same
+    for a decode, a verify and a prefill."""
+    kc = weight.shape[1]
+    length = raw.shape[1]
+    xs = torch.cat([window, raw], dim=1).float()
+    w = weight.float()
+    acc = xs[:, 0:length] * w[:, 0]
+    for j in range(1, kc):
+        acc = acc + xs[:, j : j + length] * w[:, j]
+    return acc
+
+
+def recurrent_step(
+    state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token for n lanes. state [n, Hv, dk, dv] f32; q, k [n, Hv, dk] f32; v [n, Hv, dv] f32; g, beta [n, Hv] f32.
+
+    Returns (new state [n, Hv, dk, dv], output [n, Hv, dv]); the output reads the updated state."""
+    state = state * torch.exp(g)[..., None, None]
+    memory = (k[..., None, :] @ state)[..., 0, :]  # [n, Hv, dv]: what the state predicts for k
+    delta = (v - memory) * beta[..., None]
+    state = state + k[..., :, None] * delta[..., None, :]
+    out = (q[..., None, :] @ state)[..., 0, :]
+    return state, out
+
+
+def chunk_step(
+    state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk of exactly CHUNK rows for one lane, head-major. state [Hv, dk, dv] f32; q, k [Hv, C, dk] f32;
+    v [Hv, C, dv] f32; g, beta [Hv, C] f32 (padding rows: g = 0, beta = 0). Returns (state', output [Hv, C, dv]).
+
+    With G the in-chunk cumulative log-decay and D_ij = exp(G_i - G_j) for j <= i (else 0), the chunk's C delta-rule
+    updates are one unit-lower-triangular solve A = I + strict_lower((diag(beta) K K^T) * D):
+        U = A^-1 diag(beta) V,   W = A^-1 diag(beta exp G) K,   Vn = U - W S
+        O = diag(exp G) Q S + ((Q K^T) * D) Vn,   S' = exp(G_last) S + (diag(exp(G_last - G)) K)^T Vn
+    """
+    c = q.shape[1]
+    lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    cum = g.cumsum(-1)  # [Hv, C]
+    decay = (cum[:, :, None] - cum[:, None, :]).masked_fill(~lower, float("-inf")).exp()  # [Hv, C, C]
+    kb = k * beta[..., None]
+    system = (kb @ k.transpose(-1, -2)) * decay
+    # unitriangular: the solve reads only the strict lower part and takes the diagonal as 1.
+    u = torch.linalg.solve_triangular(system, v * beta[..., None], upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(system, kb * cum.exp()[..., None], upper=False, unitriangular=True)
+    vn = u - w @ state
+    out = (q * cum.exp()[..., None]) @ state + ((q @ k.transpose(-1, -2)) * decay) @ vn
+    last = cum[:, -1:]  # [Hv, 1]
+    state = state * last.exp()[..., None] + (k * (last - cum).exp()[..., None]).transpose(-1, -2) @ vn
+    return state, out
+
+
+def chunked(
+    state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A prefill segment of one lane, chunk by chunk. state [Hv, dk, dv] f32; q, k [L, Hv, dk] f32; v [L, Hv, dv] f32;
+    g, beta [L, Hv] f32 -> (state', output [L, Hv, dv] f32). Each chunk is padded to exactly CHUNK rows, so its result
+    depends only on its rows and the incoming state (prefill segments start at multiples of CHUNK)."""
+    length = q.shape[0]
+    out = q.new_empty(length, v.shape[1], v.shape[2])
+    for c0 in range(0, length, CHUNK):
+        n = min(CHUNK, length - c0)
+        parts = [t[c0 : c0 + n] for t in (q, k, v, g, beta)]
+        if n < CHUNK:
+            parts = [torch.cat([t, t.new_zeros(CHUNK - n, *t.shape[1:])]) for t in parts]
+        qc, kc, vc = (t.transpose(0, 1) for t in parts[:3])
+        gc, bc = (t.transpose(0, 1) for t in parts[3:])
+        state, o = chunk_step(state, qc, kc, vc, gc, bc)
+        out[c0 : c0 + n] = o.transpose(0, 1)[:n]
+    return state, out
+
+
+@functools.cache
+def fla_chunk() -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
+    """fla's chunk_gated_delta_rule if fla is installed (a GPU extra), else None. Imported on first use only."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule  # type: ignore[import-not-found]
+    except Exception:  # noqa: BLE001 - any failure to import (missing, no triton, no GPU) means "use torch"
+        return None
+    return chunk_gated_delta_rule  # type: ignore[no-any-return]

@@ -1,0 +1,136 @@
+"""The Gated DeltaNet layer (Qwen3.5's `linear_attn`): projections, short conv, gates, delta rule, gated norm.
+
+Owns: `GatedDeltaNet` and the choice, per segment, between the recurrent form (record=True or one row: decode and
+verify share it, so their bits agree) and the chunked form (prefill; fla's kernel on CUDA when installed). Does not
+own: the state tensors (ignis.model.cache) or the rule's arithmetic (ignis.model.delta_rule).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ignis.model import delta_rule
+from ignis.model.cache import GDNState
+from ignis.model.config import ModelConfig
+from ignis.model.ops import Step, gated_rms_norm, l2norm, linear, sigmoid, silu, softplus
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        c = config
+        self.hk, self.hv = c.linear_num_key_heads, c.linear_num_value_heads
+        self.dk, self.dv = c.linear_key_head_dim, c.linear_value_head_dim
+        self.key_dim, self.value_dim = c.key_dim, c.value_dim
+        self.eps = c.rms_norm_eps
+        # Channel order of the conv and of in_proj_qkv: [q (key_dim) | k (key_dim) | v (value_dim)].
+        self.in_proj_qkv = nn.Linear(c.hidden_size, c.conv_dim, bias=False)
+        self.in_proj_z = nn.Linear(c.hidden_size, c.value_dim, bias=False)
+        self.in_proj_b = nn.Linear(c.hidden_size, c.linear_num_value_heads, bias=False)
+        self.in_proj_a = nn.Linear(c.hidden_size, c.linear_num_value_heads, bias=False)
+        self.conv1d = nn.Conv1d(
+            c.conv_dim, c.conv_dim, c.linear_conv_kernel_dim, groups=c.conv_dim, bias=False
+        )  # weight [conv_dim, 1, Kc]; only the weight is used
+        self.dt_bias = nn.Parameter(torch.ones(c.linear_num_value_heads))
+        self.A_log = nn.Parameter(torch.zeros(c.linear_num_value_heads))
+        self.norm = _GatedNormWeight(c.linear_value_head_dim)
+        self.out_proj = nn.Linear(c.value_dim, c.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, step: Step, cache: GDNState) -> torch.Tensor:
+        """x [T, H] (normed) -> [T, H]; advances (or, for record=True segments, records) each lane's state."""
+        ex = step.exact
+        t = x.shape[0]
+        qkv = linear(x, self.in_proj_qkv.weight, ex)  # [T, conv_dim] raw conv input
+        z = linear(x, self.in_proj_z.weight, ex).view(t, self.hv, self.dv)
+        beta = sigmoid(linear(x, self.in_proj_b.weight, ex).float(), ex)  # [T, Hv] f32
+        a = linear(x, self.in_proj_a.weight, ex).float()
+        g = -torch.exp(self.A_log.float()) * softplus(a + self.dt_bias.float(), ex)  # [T, Hv] f32, log-decay <= 0
+        weight = self.conv1d.weight[:, 0, :]  # [conv_dim, Kc]
+        out = torch.empty(t, self.hv, self.dv, dtype=torch.float32, device=x.device)
+
+        for grp in step.recurrent:
+            raw = qkv[grp.rows]  # [n, L, C]
+            window = cache.conv[grp.lanes]  # [n, Kc-1, C]
+            mixed = silu(delta_rule.short_conv(window, raw, weight), ex)
+            if grp.record:
+                assert cache.rec_inputs is not None and cache.rec_states is not None
+                cache.rec_inputs[grp.lanes, : raw.shape[1]] = raw
+            else:
+                cache.conv[grp.lanes] = torch.cat([window, raw], dim=1)[:, -window.shape[1] :]
+            q, k, v = self._heads(mixed)
+            state = cache.state[grp.lanes]
+            for j in range(raw.shape[1]):
+                rows = grp.rows[:, j]
+                state, out[rows] = delta_rule.recurrent_step(state, q[:, j], k[:, j], v[:, j], g[rows], beta[rows])
+                if grp.record:
+                    cache.rec_states[grp.lanes, j] = state
+            if not grp.record:
+                cache.state[grp.lanes] = state
+
+        for seg in step.chunked:
+            rows = slice(seg.offset, seg.offset + seg.length)
+            raw = qkv[rows][None]
+            window = cache.conv[seg.lane][None]
+            fla = None if ex or x.device.type != "cuda" else delta_rule.fla_chunk()
+            if fla is not None:
+                out[rows] = self._fla(fla, raw, window, weight, g[rows], beta[rows], cache, seg.lane)
+            else:
+                mixed = silu(delta_rule.short_conv(window, raw, weight), ex)
+                q, k, v = self._heads(mixed)
+                state, out[rows] = delta_rule.chunked(cache.state[seg.lane], q[0], k[0], v[0], g[rows], beta[rows])
+                cache.state[seg.lane] = state
+            cache.conv[seg.lane] = torch.cat([window[0], raw[0]])[-window.shape[1] :]
+
+        y = gated_rms_norm(out.to(x.dtype), z, self.norm.weight, self.eps, ex)
+        return linear(y.reshape(t, self.value_dim), self.out_proj.weight, ex)
+
+    def _heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """mixed [n, L, conv_dim] f32 -> q, k [n, L, Hv, dk] (l2-normed, q scaled, repeated to value heads), v."""
+        n, length = mixed.shape[:2]
+        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = l2norm(q.reshape(n, length, self.hk, self.dk)) * self.dk**-0.5
+        k = l2norm(k.reshape(n, length, self.hk, self.dk))
+        r = self.hv // self.hk
+        if r > 1:
+            q, k = q.repeat_interleave(r, dim=2), k.repeat_interleave(r, dim=2)
+        return q, k, v.reshape(n, length, self.hv, self.dv)
+
+    def _fla(
+        self,
+        fla: object,
+        raw: torch.Tensor,
+        window: torch.Tensor,
+        weight: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        cache: GDNState,
+        lane: int,
+    ) -> torch.Tensor:
+        """Prefill through fla's chunk kernel, which does the l2 norms, the scale and the key-head pairing itself.
+        raw [1, L, C], window [1, Kc-1, C] model dtype; g, beta [L, Hv] f32 -> output [L, Hv, dv] f32."""
+        dtype = raw.dtype
+        mixed = silu(delta_rule.short_conv(window, raw, weight), False).to(dtype)
+        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        length = raw.shape[1]
+        o, state = fla(  # type: ignore[operator]
+            q.reshape(1, length, self.hk, self.dk),
+            k.reshape(1, length, self.hk, self.dk),
+            v.reshape(1, length, self.hv, self.dv),
+            g=g[None],
+            beta=beta[None].to(dtype),
+            scale=self.dk**-0.5,
+            initial_state=cache.state[lane][None].clone(),
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+        )
+        cache.state[lane] = state[0].float()
+        return o[0].float()
+
+
+class _GatedNormWeight(nn.Module):
+    """Holds the GDN output norm's weight (`norm.weight`, plain w, init 1); the math is ops.gated_rms_norm."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))

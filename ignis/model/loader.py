@@ -1,0 +1,104 @@
+"""Loading a Hugging Face Qwen3.5 checkpoint directory into a `HybridModel`.
+
+Owns: finding the safetensors (single file or sharded with an index), mapping tensor names of both public layouts
+(`Qwen3_5ForConditionalGeneration`: `model.language_model.*`; `Qwen3_5ForCausalLM`: `model.*`; or bare), checking
+every shape, and placing the weights on the device in the model dtype. Does not own: the architecture
+(ignis.model.model), the tokenizer or the drafter (their own loaders).
+
+The model is built on the meta device and the checkpoint's tensors are assigned into it, so no memory is spent on an
+initialisation that would be overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from ignis.errors import ArtifactError
+from ignis.model.config import ModelConfig
+from ignis.model.model import HybridModel
+
+SINGLE = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+# Kept in fp32 whatever the model dtype: the decay is computed in fp32 from them, as transformers does.
+FP32_PARAMS = ("A_log", "dt_bias")
+
+
+def load_model(path: str | Path, *, device: str | torch.device, dtype: torch.dtype, exact: bool) -> HybridModel:
+    """Read config.json and the safetensors of `path` into a HybridModel on `device` in `dtype`.
+
+    Raises ArtifactError naming the file or tensor at fault: missing files, missing tensors, wrong shapes, or a
+    config.json of an architecture ignis does not run."""
+    root = Path(path)
+    config = ModelConfig.from_dir(root)
+    files = _tensor_files(root)
+    mtp = any(name.startswith("mtp.") for name in files)
+    with torch.device("meta"):
+        model = HybridModel(config, mtp=mtp, exact=exact)
+    wanted = model.state_dict()
+    handles: dict[Path, object] = {}
+    loaded: dict[str, torch.Tensor] = {}
+    try:
+        for name, meta in wanted.items():
+            if name not in files:
+                raise ArtifactError(
+                    f"{root}: tensor {name} is missing from the checkpoint (expected shape {tuple(meta.shape)})"
+                )
+            file, stored = files[name]
+            if file not in handles:
+                handles[file] = safe_open(str(file), framework="pt", device="cpu")
+            handle = handles[file]
+            found = tuple(handle.get_slice(stored).get_shape())  # type: ignore[attr-defined]
+            if found != tuple(meta.shape):
+                raise ArtifactError(
+                    f"{file.name}: tensor {stored} has shape {found}, expected {tuple(meta.shape)} for this config.json"
+                )
+            target = torch.float32 if name.rsplit(".", 1)[-1] in FP32_PARAMS else dtype
+            loaded[name] = handle.get_tensor(stored).to(device=device, dtype=target)  # type: ignore[attr-defined]
+    finally:
+        handles.clear()
+    model.load_state_dict(loaded, strict=True, assign=True)
+    model.requires_grad_(False)
+    model.eval()
+    return model
+
+
+def _tensor_files(root: Path) -> dict[str, tuple[Path, str]]:
+    """Our parameter name -> (file, the name stored in it), for every tensor of the checkpoint we use."""
+    index = root / INDEX
+    single = root / SINGLE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ArtifactError(f"{index}: not a safetensors index with a weight_map ({e})") from e
+        stored = {name: root / file for name, file in weight_map.items()}
+        for file in set(stored.values()):
+            if not file.is_file():
+                raise ArtifactError(f"{index} names shard {file.name}, which is not in {root}")
+    elif single.is_file():
+        with safe_open(str(single), framework="pt", device="cpu") as f:
+            stored = {name: single for name in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
+    else:
+        raise ArtifactError(f"{root}: no {SINGLE} or {INDEX} next to config.json")
+    out: dict[str, tuple[Path, str]] = {}
+    for name, file in stored.items():
+        ours = _our_name(name)
+        if ours is not None:
+            out[ours] = (file, name)
+    return out
+
+
+def _our_name(stored: str) -> str | None:
+    """Map a checkpoint tensor name to HybridModel's; None for tensors ignis does not use (the vision tower)."""
+    if stored.startswith(("model.visual.", "visual.")):
+        return None
+    if stored.startswith("mtp.") or stored == "lm_head.weight":
+        return stored
+    for prefix in ("model.language_model.", "language_model.", "model."):
+        if stored.startswith(prefix):
+            return stored[len(prefix) :]
+    return stored

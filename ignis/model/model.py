@@ -1,0 +1,146 @@
+"""The Qwen3.5 hybrid decoder: embeddings, 3:1 Gated DeltaNet / gated-attention blocks, final norm, output head,
+and the checkpoint's own MTP head.
+
+Owns: `HybridModel` (one forward over a packed `Batch` against a `LaneCache`), `MTPHead`, `DecoderLayer`, `MLP`.
+Does not own: loading weights (ignis.model.loader), scheduling lanes (ignis.engine), the drafting loop that calls
+`MTPHead` (ignis.backends.mtp).
+
+    x = embed(ids)
+    for each layer:  x = x + Mixer(norm1(x));  x = x + MLP(norm2(x))     # Mixer: GatedDeltaNet | GatedAttention
+    hidden = norm(x);  logits = lm_head(hidden[logit_rows])
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ignis.model.attention import GatedAttention
+from ignis.model.batch import Batch, ForwardOut, Segment
+from ignis.model.cache import AttnState, GDNState, LaneCache
+from ignis.model.config import ModelConfig
+from ignis.model.gdn import GatedDeltaNet
+from ignis.model.ops import RMSNorm, Rope, Step, linear, silu
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, hidden: int, inner: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inner, bias=False)
+        self.up_proj = nn.Linear(hidden, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, exact: bool) -> torch.Tensor:
+        gate = silu(linear(x, self.gate_proj.weight, exact), exact)
+        return linear(gate * linear(x, self.up_proj.weight, exact), self.down_proj.weight, exact)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        if kind == "full_attention":
+            self.self_attn = GatedAttention(config)
+        else:
+            self.linear_attn = GatedDeltaNet(config)
+        self.mlp = MLP(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, step: Step, state: AttnState | GDNState) -> torch.Tensor:
+        """x [T, H] -> [T, H], the layer's output (the residual stream after it)."""
+        h = self.input_layernorm(x)
+        if isinstance(state, AttnState):
+            h = self.self_attn(h, step, state)
+        else:
+            h = self.linear_attn(h, step, state)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x), step.exact)
+
+
+class HybridModel(nn.Module):
+    def __init__(self, config: ModelConfig, *, mtp: bool = False, exact: bool = False) -> None:
+        super().__init__()
+        self.config = config
+        self.exact = exact
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, kind) for kind in config.layer_types)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.mtp: MTPHead | None = MTPHead(config, exact=exact) if mtp else None
+        self.rope = Rope(config.rotary_dim, config.rope_theta)
+
+    @torch.no_grad()
+    def forward(self, batch: Batch, cache: LaneCache, taps: tuple[int, ...] = ()) -> ForwardOut:
+        """One pass over the packed rows of `batch`, reading and advancing each segment's lane in `cache`.
+
+        taps: decoder-layer indices l whose output (transformers' hidden_states[l+1], before the final norm) is
+        returned, concatenated in the order given."""
+        n_layers = len(self.layers)
+        for t in taps:
+            if not 0 <= t < n_layers:
+                raise ValueError(f"tap {t} out of range 0..{n_layers - 1}")
+        for seg in batch.segments:
+            cache.check_segment(seg.lane, seg.start, seg.length, seg.record)
+        x = self.embed(batch.tokens)
+        step = Step.build(batch.segments, batch.positions, self.rope, x.dtype, self.exact)
+        tapped: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            x = layer(x, step, cache.layers[i])
+            if i in taps:
+                tapped[i] = x
+        for seg in batch.segments:
+            if seg.record:
+                cache.recorded[seg.lane] = seg.length
+        hidden = self.norm(x)
+        return ForwardOut(
+            hidden=hidden,
+            logits=self.logits(hidden[batch.logit_rows]),
+            taps=torch.cat([tapped[t] for t in taps], dim=-1) if taps else None,
+        )
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [..] int64 -> [.., H] model dtype."""
+        return F.embedding(ids, self.embed_tokens.weight)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [.., H] -> [.., V] float32 (lm_head, or the embedding when tied)."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return linear(hidden, weight, self.exact).float()
+
+
+class MTPHead(nn.Module):
+    """The checkpoint's multi-token-prediction layer (`mtp.*`): predicts the token after next from the next token's
+    embedding and the model's final hidden state, through one gated-attention decoder layer with its own K/V."""
+
+    def __init__(self, config: ModelConfig, *, exact: bool = False) -> None:
+        super().__init__()
+        self.config = config
+        self.exact = exact
+        h = config.hidden_size
+        self.fc = nn.Linear(2 * h, h, bias=False)
+        self.pre_fc_norm_embedding = RMSNorm(h, config.rms_norm_eps)
+        self.pre_fc_norm_hidden = RMSNorm(h, config.rms_norm_eps)
+        self.layers = nn.ModuleList([DecoderLayer(config, "full_attention")])
+        self.norm = RMSNorm(h, config.rms_norm_eps)
+        self.rope = Rope(config.rotary_dim, config.rope_theta)
+
+    @torch.no_grad()
+    def forward(
+        self,
+        embeds: torch.Tensor,  # [T, H] model dtype: embedding of the token after each row's token
+        hidden: torch.Tensor,  # [T, H] model dtype: final-normed hidden state of the row (or previous MTP output)
+        positions: torch.Tensor,  # [T] int64
+        segments: tuple[Segment, ...],
+        k_cache: torch.Tensor,  # [lanes, context, nkv, hd] model dtype
+        v_cache: torch.Tensor,  # [lanes, context, nkv, hd] model dtype
+    ) -> torch.Tensor:
+        """-> [T, H]: mtp.norm(layer(fc(cat[norm_e(embeds), norm_h(hidden)]))); the embedding comes first."""
+        u = torch.cat([self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)], dim=-1)
+        x = linear(u, self.fc.weight, self.exact)
+        step = Step.build(tuple(segments), positions, self.rope, x.dtype, self.exact)
+        x = self.layers[0](x, step, AttnState(k_cache, v_cache))
+        return self.norm(x)

@@ -1,0 +1,160 @@
+"""Numerical building blocks of the hybrid model, with an `exact` mode whose per-row results never depend on the batch.
+
+Owns: the linear projection, the activations, the two RMSNorm flavours (and `RMSNorm`, the module), RoPE tables and rotation, and `Step` (what
+every layer needs to know about one forward). Does not own: layers (ignis.model.attention, ignis.model.gdn) or
+state (ignis.model.cache).
+
+Why `exact` exists: on CPU, MKL's GEMM gives a row a different rounding depending on how many rows share the call
+(measured: M in {1,2,3,5,6,7,9,10,11} differ, M = 4, 8 and every M >= 12 agree), so exact linears pad to 16 rows.
+ATen's sigmoid, silu and softplus run the scalar libm path on the tail of a buffer and the vector path elsewhere, so
+an element's rounding depends on where it sits; exact mode composes them from exp, log1p and division, whose CPU
+kernels use the vector path everywhere. Elementwise arithmetic and last-dim reductions are row-invariant as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ignis.model.batch import Segment
+
+EXACT_MIN_ROWS = 16
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, exact: bool) -> torch.Tensor:
+    """x [..., in] @ weight[out, in]^T -> [..., out]; in exact mode each row's bits do not depend on the row count."""
+    if not exact:
+        return F.linear(x, weight)
+    lead = x.shape[:-1]
+    rows = x.reshape(-1, x.shape[-1])
+    m = rows.shape[0]
+    if m < EXACT_MIN_ROWS:
+        rows = torch.cat([rows, rows.new_zeros(EXACT_MIN_ROWS - m, rows.shape[1])])
+    else:
+        rows = rows.contiguous()
+    return F.linear(rows, weight)[:m].reshape(*lead, weight.shape[0])
+
+
+def sigmoid(x: torch.Tensor, exact: bool) -> torch.Tensor:
+    return 1.0 / (1.0 + torch.exp(-x)) if exact else torch.sigmoid(x)
+
+
+def silu(x: torch.Tensor, exact: bool) -> torch.Tensor:
+    return x / (1.0 + torch.exp(-x)) if exact else F.silu(x)
+
+
+def softplus(x: torch.Tensor, exact: bool) -> torch.Tensor:
+    if not exact:
+        return F.softplus(x)
+    # Same threshold as F.softplus (beta=1, threshold=20): linear above it.
+    return torch.where(x > 20.0, x, torch.log1p(torch.exp(x)))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Zero-centred RMSNorm: x / rms(x) * (1 + w), in fp32, cast back (HF Qwen3_5RMSNorm)."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (h * (1.0 + weight.float())).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    """Zero-centred RMSNorm as a module, so its weight carries the checkpoint's name (`input_layernorm.weight`)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float, exact: bool) -> torch.Tensor:
+    """GDN output norm: w * (x / rms(x)) * silu(gate), plain w (not 1 + w), norm before gate (HF Qwen3_5RMSNormGated)."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    h = weight * h.to(x.dtype)
+    return (h * silu(gate.float(), exact)).to(x.dtype)
+
+
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+class Rope:
+    """Partial rotate-half RoPE over the first `rotary_dim` dims of each head. Qwen3.5's interleaved M-RoPE reduces to
+    this for text, where the temporal, height and width positions are equal."""
+
+    def __init__(self, rotary_dim: int, theta: float) -> None:
+        # Built on the CPU explicitly: models are constructed under torch.device("meta") by the loader.
+        steps = torch.arange(0, rotary_dim, 2, dtype=torch.float32, device="cpu") / rotary_dim
+        self._inv_freq = 1.0 / (theta**steps)  # [rotary_dim / 2] float32, cpu
+        self._on: dict[torch.device, torch.Tensor] = {}
+
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [T] int64 -> (cos, sin) [T, rotary_dim] in dtype, computed in fp32 like HF."""
+        inv = self._on.get(positions.device)
+        if inv is None:
+            inv = self._on[positions.device] = self._inv_freq.to(positions.device)
+        freqs = positions.float()[:, None] * inv[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, hd]; cos/sin [T, rd] -> x with its first rd dims rotated."""
+    rd = cos.shape[-1]
+    rot, rest = x[..., :rd], x[..., rd:]
+    half = rd // 2
+    turned = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
+    out = rot * cos[:, None, :] + turned * sin[:, None, :]
+    return torch.cat([out, rest], dim=-1)
+
+
+@dataclass(frozen=True)
+class RecurrentGroup:
+    """Segments run through the per-token recurrent form together (one segment each in exact mode)."""
+
+    segments: tuple[Segment, ...]
+    lanes: torch.Tensor  # [n] int64, device
+    rows: torch.Tensor  # [n, L] int64, device: batch row of column j of segment i
+    record: bool
+
+
+@dataclass(frozen=True)
+class Step:
+    """What every layer of one forward needs besides its input rows and its own state."""
+
+    segments: tuple[Segment, ...]
+    cos: torch.Tensor  # [T, rotary_dim] model dtype, device
+    sin: torch.Tensor  # [T, rotary_dim] model dtype, device
+    exact: bool
+    recurrent: tuple[RecurrentGroup, ...]  # segments with record=True or length 1
+    chunked: tuple[Segment, ...]  # the other segments (prefill): chunked delta rule
+
+    @staticmethod
+    def build(
+        segments: tuple[Segment, ...], positions: torch.Tensor, rope: Rope, dtype: torch.dtype, exact: bool
+    ) -> Step:
+        cos, sin = rope.tables(positions, dtype)
+        device = positions.device
+        # Exact mode keeps every segment alone so a lane's arithmetic never sees how many lanes share the batch;
+        # otherwise equal-length segments share one batched recurrence.
+        buckets: dict[tuple, list[Segment]] = {}
+        chunked: list[Segment] = []
+        for i, seg in enumerate(segments):
+            if seg.record or seg.length == 1:
+                key = (i,) if exact else (seg.length, seg.record)
+                buckets.setdefault(key, []).append(seg)
+            else:
+                chunked.append(seg)
+        groups = []
+        for segs in buckets.values():
+            length = segs[0].length
+            lanes = torch.tensor([s.lane for s in segs], dtype=torch.int64, device=device)
+            rows = torch.tensor([[s.offset + j for j in range(length)] for s in segs], dtype=torch.int64, device=device)
+            groups.append(RecurrentGroup(tuple(segs), lanes, rows, segs[0].record))
+        return Step(tuple(segments), cos, sin, exact, tuple(groups), tuple(chunked))
