@@ -1,0 +1,47 @@
+"""Tiny Qwen3.5 checkpoints for tests: random weights, the real layout, seconds to build and run on a CPU.
+
+Owns: `TINY` (the default tiny architecture), `tiny_config`, `tiny_checkpoint`. Does not own: how a checkpoint is
+written (ignis.model.random) or loaded (ignis.model.loader).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ignis.model.random import save_random_checkpoint
+
+# 8 layers in the 3:1 pattern (attention at 3 and 7), GQA in both mixers (2 query heads per KV head, 2 value heads
+# per key head), rotary width 8 of head_dim 32.
+TINY: dict[str, Any] = {
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_conv_kernel_dim": 4,
+    "max_position_embeddings": 4096,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "eos_token_id": [1, 2],
+}
+
+
+def tiny_config(**overrides: Any) -> dict[str, Any]:
+    """TINY with `overrides` applied (any config.json key, e.g. vocab_size=8192; layer_types follow
+    num_hidden_layers in the 3:1 pattern unless given)."""
+    return {**TINY, **overrides}
+
+
+def tiny_checkpoint(tmp_path: Path, *, seed: int = 0, mtp: bool = True, **overrides: Any) -> Path:
+    """Write a random tiny checkpoint (config.json + model.safetensors, with mtp.* when `mtp`) into `tmp_path`."""
+    path = Path(tmp_path)
+    save_random_checkpoint(path, tiny_config(**overrides), seed=seed, mtp=mtp)
+    return path
