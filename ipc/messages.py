@@ -120,9 +120,12 @@ class Ready(msgspec.Struct, tag="ready", kw_only=True):
 
 
 class Heartbeat(msgspec.Struct, tag="beat", kw_only=True):
-    """Sent to every client each `server.heartbeat_s`; its absence for `server.engine_timeout_s` means stuck."""
+    """Sent to every client each `server.heartbeat_s`, also while a round runs; its absence for
+    `server.engine_timeout_s` means the process is dead or frozen. `round_s` is how long the round in progress has
+    run (0 between rounds): a round longer than the timeout means the engine is stuck inside it."""
 
     seq: int
+    round_s: float = 0.0
 
 
 class Deltas(msgspec.Struct, tag="deltas", kw_only=True):

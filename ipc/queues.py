@@ -17,6 +17,7 @@ and reports no per-peer failure. High-water marks are off: a frame is never drop
 from __future__ import annotations
 
 import enum
+import threading
 import time
 
 import msgspec
@@ -32,6 +33,7 @@ log = get_logger(__name__)
 
 PROBE_WINDOW_S = 0.5  # how long after a disconnect event the engine keeps probing its clients
 PROBE_EVERY_S = 0.02
+MAX_WAIT_S = 0.05  # the engine's longest wait on its socket, which its heartbeat thread waits behind
 MAX_FRAMES_PER_RECV = 4096  # a flood of frames cannot keep the engine loop from its next round
 
 
@@ -47,7 +49,12 @@ class Link(enum.Enum):
 
 
 class EngineSocket:
-    """The GPU process's end: one bound ROUTER, the set of clients heard from, and the probe for dead ones."""
+    """The GPU process's end: one bound ROUTER, the set of clients heard from, and the probe for dead ones.
+
+    Used by two threads: the engine loop, and a heartbeat thread that keeps beating while a round runs. A lock
+    serialises every use of the socket (ZeroMQ sockets may change threads only across such a barrier), and the
+    loop never holds it longer than MAX_WAIT_S while waiting for frames.
+    """
 
     def __init__(self, address: str) -> None:
         self._ctx = zmq.Context()
@@ -68,13 +75,18 @@ class EngineSocket:
         self._probe_until = 0.0
         self._last_probe = 0.0
         self._beats = 0
+        self._lock = threading.RLock()
 
     @property
     def dropped(self) -> int:
         return self._decoder.dropped
 
     def recv(self, timeout_s: float) -> list[tuple[int, ClientMessage]]:
-        """Wait up to `timeout_s` for a frame, then take every frame that is ready, with its sender."""
+        """Wait up to `timeout_s` (at most MAX_WAIT_S) for a frame, then take every frame ready, with its sender."""
+        with self._lock:
+            return self._recv(min(timeout_s, MAX_WAIT_S))
+
+    def _recv(self, timeout_s: float) -> list[tuple[int, ClientMessage]]:
         now = time.monotonic()
         if now < self._probe_until:
             timeout_s = min(timeout_s, PROBE_EVERY_S)
@@ -110,38 +122,45 @@ class EngineSocket:
         return self.send_bytes(client, encode(msg))
 
     def send_bytes(self, client: int, payload: bytes) -> bool:
-        try:
-            self._sock.send_multipart([routing_id(client), payload], zmq.NOBLOCK)
-            return True
-        except zmq.ZMQError as e:
-            if e.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
-                raise
-            if client in self.clients:
-                self.clients.discard(client)
-                self._gone.append(client)
-            return False
+        with self._lock:
+            if self._sock.closed:
+                return False
+            try:
+                self._sock.send_multipart([routing_id(client), payload], zmq.NOBLOCK)
+                return True
+            except zmq.ZMQError as e:
+                if e.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
+                    raise
+                if client in self.clients:
+                    self.clients.discard(client)
+                    self._gone.append(client)
+                return False
 
     def broadcast(self, msg: msgspec.Struct) -> None:
         payload = encode(msg)
-        for client in list(self.clients):
-            self.send_bytes(client, payload)
+        with self._lock:
+            for client in list(self.clients):
+                self.send_bytes(client, payload)
 
-    def beat(self) -> None:
-        self._beats += 1
-        self.broadcast(Heartbeat(seq=self._beats))
+    def beat(self, round_s: float = 0.0) -> None:
+        with self._lock:
+            self._beats += 1
+            self.broadcast(Heartbeat(seq=self._beats, round_s=round_s))
 
     def take_gone(self) -> list[int]:
         """Clients found unreachable since the last call."""
-        gone, self._gone = self._gone, []
-        return gone
+        with self._lock:
+            gone, self._gone = self._gone, []
+            return gone
 
     def close(self, linger_s: float = 2.0) -> None:
-        if self._sock.closed:
-            return
-        self._sock.disable_monitor()
-        self._monitor.close(linger=0)
-        self._sock.close(linger=int(linger_s * 1000))
-        self._ctx.term()
+        with self._lock:
+            if self._sock.closed:
+                return
+            self._sock.disable_monitor()
+            self._monitor.close(linger=0)
+            self._sock.close(linger=int(linger_s * 1000))
+            self._ctx.term()
 
 
 class _ClientEnd:

@@ -54,7 +54,7 @@ CLIENT_MESSAGES = [
 ]
 ENGINE_MESSAGES = [
     Ready(info=INFO, pid=99, heartbeat_s=0.5),
-    Heartbeat(seq=12),
+    Heartbeat(seq=12, round_s=0.25),
     Deltas(deltas=[
         RequestDelta(id="r-1", token_ids=[5, 6]),
         RequestDelta(id="r-1", token_ids=[1], finished=True, finish_reason="stop", stop_token_id=1, stats=STATS,

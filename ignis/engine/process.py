@@ -11,12 +11,14 @@ and the unreachable one is gone; its requests are aborted and their lanes freed 
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -37,7 +39,7 @@ from ignis.ipc.messages import (
     UtilityReply,
 )
 from ignis.ipc.queues import EngineSocket
-from ignis.logging import configure, get_logger, log_resolved
+from ignis.logging import configure, get_logger
 
 if TYPE_CHECKING:
     from ignis.engine.core import Engine
@@ -50,7 +52,6 @@ START_FAILURE_GRACE_S = 1.0  # after a failed start, answer late hellos with the
 def run(cfg: IgnisConfig, address: str, parent_pid: int) -> None:
     """Entry point of the spawned GPU process. Exits 0 when told to stop (SIGTERM), 1 after engine-dead."""
     configure(cfg.log.level, cfg.log.format)
-    log_resolved(cfg)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the parent decides
@@ -75,25 +76,34 @@ def run(cfg: IgnisConfig, address: str, parent_pid: int) -> None:
 
 
 def serve(engine: Engine, sock: EngineSocket, heartbeat_s: float, stop: threading.Event, parent_pid: int = 0) -> None:
-    """The loop: take every message (aborts first effect), run one round, send each client its deltas."""
+    """The loop: take every message (aborts take effect at once), run one round, send each client its deltas."""
     owners: dict[str, int] = {}  # request id -> client that added it
     ready = Ready(info=engine.info, pid=os.getpid(), heartbeat_s=heartbeat_s)
-    next_beat = 0.0
+    beat = _Heartbeat(sock, heartbeat_s)
+    try:
+        _loop(engine, sock, owners, ready, beat, stop, parent_pid)
+    finally:
+        beat.stop()
+
+
+def _loop(engine: Engine, sock: EngineSocket, owners: dict[str, int], ready: Ready, beat: _Heartbeat,
+          stop: threading.Event, parent_pid: int) -> None:
+    next_check = 0.0
     while not stop.is_set():
-        wait = 0.0 if engine.has_work() else max(0.0, next_beat - time.monotonic())
-        for client, msg in sock.recv(wait):
+        for client, msg in sock.recv(0.0 if engine.has_work() else 1.0):
             _take(engine, sock, owners, ready, client, msg)
         for client in sock.take_gone():
             ids = [rid for rid, c in owners.items() if c == client]
-            engine.abort(ids)  # nobody to tell: the deltas are dropped with the client
+            engine.abort(ids)  # nobody to tell: the deltas would go to the departed client
             for rid in ids:
                 del owners[rid]
             log.info("ignis.engine.client_gone", client=client, aborted=len(ids))
         if engine.has_work():
-            _send(sock, owners, engine.step())
-        if time.monotonic() >= next_beat:
-            sock.beat()
-            next_beat = time.monotonic() + heartbeat_s
+            with beat.round():
+                deltas = engine.step()
+            _send(sock, owners, deltas)
+        if time.monotonic() >= next_check:
+            next_check = time.monotonic() + 1.0
             if parent_pid and os.getppid() != parent_pid:
                 log.warning("ignis.engine.orphaned", parent=parent_pid)
                 return
@@ -144,6 +154,38 @@ def _refuse_start(sock: EngineSocket, dead: EngineDead) -> None:
         for client, _ in sock.recv(0.05):
             sock.send(client, dead)
     sock.close(linger_s=1.0)
+
+
+class _Heartbeat:
+    """Beats every `every_s` from its own thread, so a long round does not look like a dead process; each beat
+    says how long the round in progress has run, which is how clients tell a stuck engine from a busy one."""
+
+    def __init__(self, sock: EngineSocket, every_s: float) -> None:
+        self._sock = sock
+        self._every_s = every_s
+        self._round_started: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ignis-heartbeat", daemon=True)
+        self._thread.start()
+
+    @contextlib.contextmanager
+    def round(self) -> Iterator[None]:
+        self._round_started = time.monotonic()
+        try:
+            yield
+        finally:
+            self._round_started = None
+
+    def _run(self) -> None:
+        while True:
+            started = self._round_started
+            self._sock.beat(round_s=0.0 if started is None else time.monotonic() - started)
+            if self._stop.wait(self._every_s):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 class EngineProcess:
