@@ -1,14 +1,17 @@
 """Tiny Qwen3.5 checkpoints for tests: random weights, the real layout, seconds to build and run on a CPU.
 
-Owns: `TINY` (the default tiny architecture), `tiny_config`, `tiny_checkpoint`. Does not own: how a checkpoint is
-written (ignis.model.random) or loaded (ignis.model.loader).
+Owns: `TINY` (the default tiny architecture), `tiny_config`, `tiny_checkpoint`, the `single_thread` fixture.
+Does not own: how a checkpoint is written (ignis.model.random) or loaded (ignis.model.loader).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
+import torch
 from ignis.model.random import save_random_checkpoint
 
 # 8 layers in the 3:1 pattern (attention at 3 and 7), GQA in both mixers (2 query heads per KV head, 2 value heads
@@ -45,3 +48,13 @@ def tiny_checkpoint(tmp_path: Path, *, seed: int = 0, mtp: bool = True, **overri
     path = Path(tmp_path)
     save_random_checkpoint(path, tiny_config(**overrides), seed=seed, mtp=mtp)
     return path
+
+
+@pytest.fixture(scope="module")
+def single_thread() -> Iterator[None]:
+    """Run a module's tiny-model work on one intra-op thread: for matrices this small a second thread only adds
+    synchronisation, which turns into long stalls when the cores are shared. Restores the thread count after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
