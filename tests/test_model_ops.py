@@ -1,0 +1,55 @@
+"""The exact-mode primitives: a row's (an element's) bits never depend on how many rows share the call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ignis.model import ops
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("k", "n"), [(64, 128), (64, 512), (128, 64), (32, 4)])
+def test_exact_linear_rows_do_not_depend_on_row_count(k: int, n: int, threads: int) -> None:
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(k + n)
+        weight = torch.randn(n, k, generator=gen) * 0.02
+        x = torch.randn(64, k, generator=gen)
+        alone = torch.cat([ops.linear(x[i : i + 1], weight, exact=True) for i in range(64)])
+        for m in [*range(1, 41), 64]:
+            assert torch.equal(ops.linear(x[:m], weight, exact=True), alone[:m]), f"{m} rows"
+        # Leading dims are rows too.
+        assert torch.equal(ops.linear(x[:12].view(3, 4, k), weight, exact=True), alone[:12].view(3, 4, n))
+        torch.testing.assert_close(alone, F.linear(x, weight))
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(
+    ("exact_fn", "torch_fn"),
+    [(ops.sigmoid, torch.sigmoid), (ops.silu, F.silu), (ops.softplus, F.softplus)],
+)
+def test_exact_activations_do_not_depend_on_position(exact_fn, torch_fn) -> None:  # type: ignore[no-untyped-def]
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(0)) * 8
+    x[:4] = torch.tensor([30.0, -30.0, 20.5, -100.0])  # softplus's linear branch and saturated sigmoids
+    whole = exact_fn(x, True)
+    for n in range(1, 200):
+        assert torch.equal(exact_fn(x[:n].clone(), True), whole[:n]), f"{n} elements"
+    assert torch.equal(exact_fn(x[1::3], True), whole[1::3])
+    torch.testing.assert_close(whole, torch_fn(x), rtol=1e-6, atol=1e-6)
+    assert torch.isfinite(whole).all()
+
+
+def test_rope_rotates_only_the_rotary_dims() -> None:
+    rope = ops.Rope(rotary_dim=8, theta=10000.0)
+    cos, sin = rope.tables(torch.tensor([0, 5]), torch.float32)
+    x = torch.randn(2, 3, 32)
+    y = ops.apply_rope(x, cos, sin)
+    assert torch.equal(y[0], x[0])  # position 0: identity
+    assert torch.equal(y[1, :, 8:], x[1, :, 8:])
+    # A rotation keeps each (i, i + 4) pair's norm.
+    pairs = lambda t: t[..., :4] ** 2 + t[..., 4:8] ** 2  # noqa: E731
+    torch.testing.assert_close(pairs(y[1]), pairs(x[1]))
