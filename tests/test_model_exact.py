@@ -48,7 +48,7 @@ def run(model: HybridModel, cache: LaneCache, parts: list[tuple[Segment, torch.T
 
 
 def lane_state(cache: LaneCache, lane: int, length: int) -> list[torch.Tensor]:
-    """Everything of `lane` that later tokens read: K/V of its first `length` positions, conv window, recurrent state."""
+    """All of `lane` that later tokens read: K/V of its first `length` positions, conv window, recurrent state."""
     out = []
     for s in cache.layers:
         if isinstance(s, AttnState):
@@ -81,17 +81,19 @@ def test_verify_then_commit_equals_token_by_token_decode(model: HybridModel) -> 
     decoded, states = [], []
     for j in range(DRAFT + 1):
         # Lane 1 decodes beside lane 0, and lane 0 comes first in the batch.
-        rows = run(model, plain, [(Segment(0, 0, 33 + j, 1), other[j : j + 1]), (Segment(1, 0, n + j, 1), cols[j : j + 1])])
+        parts = [(Segment(0, 0, 33 + j, 1), other[j : j + 1]), (Segment(1, 0, n + j, 1), cols[j : j + 1])]
+        rows = run(model, plain, parts)
         decoded.append(rows[1][0])
         states.append(lane_state(plain, 1, n + j + 1))
 
     spec = prefilled(model, prompts)
     before = lane_state(spec, 1, n)
-    verify = run(
-        model,
-        spec,
-        [(Segment(2, 0, 5, 3), other[:3]), (Segment(1, 0, n, DRAFT + 1, record=True), cols), (Segment(0, 0, 33, 1), other[:1])],
-    )[1]
+    parts = [
+        (Segment(2, 0, 5, 3), other[:3]),
+        (Segment(1, 0, n, DRAFT + 1, record=True), cols),
+        (Segment(0, 0, 33, 1), other[:1]),
+    ]
+    verify = run(model, spec, parts)[1]
     for j in range(DRAFT + 1):
         assert torch.equal(verify[j], decoded[j]), f"verify column {j} differs from decode step {j}"
     # The verify itself leaves the recurrent state alone (attention K/V beyond the lane's length do not count).
@@ -148,3 +150,48 @@ def test_cache_refuses_what_it_cannot_hold(model: HybridModel) -> None:
     cache.reset(1)
     assert all(not s.state[1].any() for s in cache.layers if not isinstance(s, AttnState))
     assert cache.nbytes() > 0
+
+
+def test_fast_mode_agrees_with_exact_mode(model: HybridModel, tmp_path: Path) -> None:
+    """exact=False (SDPA, lanes batched through one recurrence) computes the same function, up to rounding."""
+    path = tiny_checkpoint(tmp_path, seed=9, mtp=False)
+    fast = load_model(path, device="cpu", dtype=torch.float32, exact=False)
+    prompts = {0: tokens(70, 16), 1: tokens(9, 17), 2: tokens(40, 18), 3: tokens(1, 19)}
+    caches = [prefilled(m, prompts) for m in (model, fast)]
+    steps = [
+        # A prefill continuing at 40 beside decodes (SDPA with a prefix mask; a recurrent group of three lanes).
+        [
+            (Segment(0, 0, 70, 1), tokens(1, 20)),
+            (Segment(2, 0, 40, 30), tokens(30, 21)),
+            (Segment(1, 0, 9, 1), tokens(1, 22)),
+            (Segment(3, 0, 1, 1), tokens(1, 23)),
+        ],
+        # Verify on two lanes at once (one recorded group), plain decode on another.
+        [
+            (Segment(0, 0, 71, 4, record=True), tokens(4, 24)),
+            (Segment(1, 0, 10, 4, record=True), tokens(4, 25)),
+            (Segment(3, 0, 2, 1), tokens(1, 26)),
+        ],
+    ]
+    for parts in steps:
+        want, got = (run(m, c, parts) for m, c in zip((model, fast), caches, strict=True))
+        for w, g in zip(want, got, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    for c in caches:
+        c.commit(0, 2)
+        c.commit(1, 4)
+    for lane, length in ((0, 73), (1, 14), (2, 70), (3, 3)):
+        for w, g in zip(lane_state(caches[0], lane, length), lane_state(caches[1], lane, length), strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_bfloat16_runs_close_to_float32(model: HybridModel, tmp_path: Path) -> None:
+    path = tiny_checkpoint(tmp_path, seed=9, mtp=False)
+    half = load_model(path, device="cpu", dtype=torch.bfloat16, exact=False)
+    assert half.embed_tokens.weight.dtype == torch.bfloat16
+    prompt = {1: tokens(80, 27)}
+    want = run(model, prefilled(model, {}), [(Segment(1, 0, 0, 80), prompt[1])])[0]
+    cache = LaneCache(half.config, lanes=4, context=256, max_cols=1, device="cpu", dtype=torch.bfloat16)
+    got = run(half, cache, [(Segment(1, 0, 0, 80), prompt[1])])[0]
+    assert got.dtype == torch.float32 and cache.layers[0].state.dtype == torch.float32  # type: ignore[union-attr]
+    assert ((got - want).abs().max() / want.abs().max()).item() < 5e-2

@@ -96,7 +96,10 @@ def run_lanes(model: HybridModel, refs: list[Reference], lanes: list[int]) -> tu
     prefill = [out.logits[s.offset : s.offset + s.length] for s in segs]
     decode: list[list[torch.Tensor]] = [[] for _ in refs]
     for step in range(DECODE_STEPS):
-        segs = [Segment(lane=lane, offset=i, start=len(r.prompt) + step, length=1) for i, (r, lane) in enumerate(zip(refs, lanes, strict=True))]
+        segs = [
+            Segment(lane=lane, offset=i, start=len(r.prompt) + step, length=1)
+            for i, (r, lane) in enumerate(zip(refs, lanes, strict=True))
+        ]
         batch = Batch(
             tokens=torch.tensor([r.tokens[step] for r in refs]),
             positions=torch.tensor([s.start for s in segs]),
@@ -165,7 +168,8 @@ def test_mtp_head_is_fc_then_a_transformers_attention_layer(tmp_path: Path) -> N
     assert mtp is not None
     hf_config = Qwen3_5TextConfig.from_pretrained(path)
     layer = Qwen3_5DecoderLayer(hf_config, model.config.attention_layers[0]).eval()
-    layer.load_state_dict({k.removeprefix("layers.0."): v for k, v in mtp.state_dict().items() if k.startswith("layers.0.")})
+    own = mtp.state_dict()
+    layer.load_state_dict({k.removeprefix("layers.0."): v for k, v in own.items() if k.startswith("layers.0.")})
     gen = torch.Generator().manual_seed(5)
     n = 30
     embeds = model.embed(torch.randint(3, 512, (n,), generator=gen))

@@ -60,9 +60,8 @@ class LaneCache:
         for kind in c.layer_types:
             if kind == "full_attention":
                 shape = (lanes, context, c.num_key_value_heads, c.head_dim)
-                self.layers.append(
-                    AttnState(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-                )
+                k = torch.zeros(shape, dtype=dtype, device=device)
+                self.layers.append(AttnState(k, torch.zeros_like(k)))
             else:
                 self.layers.append(
                     GDNState(
@@ -99,6 +98,18 @@ class LaneCache:
                 window = torch.cat([s.conv[lane], s.rec_inputs[lane, :cols]])
                 s.conv[lane].copy_(window[-s.conv.shape[1] :])
         self.recorded[lane] = 0
+
+    def lane_state(self, lane: int, upto: int) -> dict[str, torch.Tensor]:
+        """Copies of everything the lane carries for positions 0..upto-1, by name (for inspection and tests)."""
+        out: dict[str, torch.Tensor] = {}
+        for i, s in enumerate(self.layers):
+            if isinstance(s, AttnState):
+                out[f"layers.{i}.k"] = s.k[lane, :upto].clone()
+                out[f"layers.{i}.v"] = s.v[lane, :upto].clone()
+            else:
+                out[f"layers.{i}.conv"] = s.conv[lane].clone()
+                out[f"layers.{i}.state"] = s.state[lane].clone()
+        return out
 
     def nbytes(self) -> int:
         total = 0

@@ -109,8 +109,8 @@ class ModelConfig:
             num_key_value_heads=_int(merged, "num_key_value_heads"),
             head_dim=_int(merged, "head_dim"),
             rms_norm_eps=float(merged["rms_norm_eps"]),
-            rope_theta=float(rope_theta),
-            partial_rotary_factor=float(partial),
+            rope_theta=float(rope_theta if rope_theta is not None else HF_DEFAULTS["rope_theta"]),
+            partial_rotary_factor=float(partial if partial is not None else HF_DEFAULTS["partial_rotary_factor"]),
             linear_num_key_heads=_int(merged, "linear_num_key_heads"),
             linear_num_value_heads=_int(merged, "linear_num_value_heads"),
             linear_key_head_dim=_int(merged, "linear_key_head_dim"),
@@ -127,7 +127,8 @@ class ModelConfig:
     def _validate(self, merged: dict[str, Any]) -> None:
         if len(self.layer_types) != self.num_hidden_layers:
             raise ArtifactError(
-                f"config.json layer_types: {len(self.layer_types)} entries for num_hidden_layers={self.num_hidden_layers}"
+                f"config.json layer_types: {len(self.layer_types)} entries, "
+                f"but num_hidden_layers is {self.num_hidden_layers}"
             )
         for t in self.layer_types:
             if t not in LAYER_TYPES:
@@ -186,7 +187,9 @@ def _check_architecture(d: dict) -> None:
         f"(model_type {', '.join(SUPPORTED_MODEL_TYPES)}), the dense Qwen3.5 text model"
     )
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ArtifactError(f"config.json model_type {model_type!r} (architectures {archs}) is not supported; {supported}")
+        raise ArtifactError(
+            f"config.json model_type {model_type!r} (architectures {archs}) is not supported; {supported}"
+        )
     bad = [a for a in archs if a not in SUPPORTED_ARCHITECTURES]
     if bad:
         raise ArtifactError(f"config.json architecture {bad[0]!r} is not supported; {supported}")

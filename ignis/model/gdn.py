@@ -61,9 +61,9 @@ class GatedDeltaNet(nn.Module):
             q, k, v = self._heads(mixed)
             state = cache.state[grp.lanes]
             for j in range(raw.shape[1]):
-                rows = grp.rows[:, j]
-                state, out[rows] = delta_rule.recurrent_step(state, q[:, j], k[:, j], v[:, j], g[rows], beta[rows])
-                if grp.record:
+                col = grp.rows[:, j]
+                state, out[col] = delta_rule.recurrent_step(state, q[:, j], k[:, j], v[:, j], g[col], beta[col])
+                if cache.rec_states is not None and grp.record:
                     cache.rec_states[grp.lanes, j] = state
             if not grp.record:
                 cache.state[grp.lanes] = state

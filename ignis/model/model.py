@@ -69,7 +69,9 @@ class HybridModel(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, kind) for kind in config.layer_types)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = (
+            None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
         self.mtp: MTPHead | None = MTPHead(config, exact=exact) if mtp else None
         self.rope = Rope(config.rotary_dim, config.rope_theta)
 

@@ -1,8 +1,8 @@
 """Numerical building blocks of the hybrid model, with an `exact` mode whose per-row results never depend on the batch.
 
-Owns: the linear projection, the activations, the two RMSNorm flavours (and `RMSNorm`, the module), RoPE tables and rotation, and `Step` (what
-every layer needs to know about one forward). Does not own: layers (ignis.model.attention, ignis.model.gdn) or
-state (ignis.model.cache).
+Owns: the linear projection, the activations, the two RMSNorm flavours (and `RMSNorm`, the module), RoPE tables
+and rotation, and `Step` (what every layer needs to know about one forward). Does not own: layers
+(ignis.model.attention, ignis.model.gdn) or state (ignis.model.cache).
 
 Why `exact` exists: on CPU, MKL's GEMM gives a row a different rounding depending on how many rows share the call
 (measured: M in {1,2,3,5,6,7,9,10,11} differ, M = 4, 8 and every M >= 12 agree), so exact linears pad to 16 rows.
@@ -73,7 +73,8 @@ class RMSNorm(nn.Module):
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float, exact: bool) -> torch.Tensor:
-    """GDN output norm: w * (x / rms(x)) * silu(gate), plain w (not 1 + w), norm before gate (HF Qwen3_5RMSNormGated)."""
+    """GDN output norm: w * (x / rms(x)) * silu(gate); plain w (not 1 + w), norm before gate, as HF's
+    Qwen3_5RMSNormGated."""
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     h = weight * h.to(x.dtype)
