@@ -61,7 +61,7 @@ def _offer(key, a, b, thr, lane, k, two):
     """Offer one key per lane to the warp's list (a; and b for ranks 32..63 when `two`). thr is the k-th key."""
     m = np.int64(cuda.ballot_sync(FULL, key > thr)) & 0xFFFFFFFF  # the ballot is a signed int32: keep 32 bits
     while m != 0:
-        c = cuda.shfl_sync(FULL, key, cuda.ffs(m) - 1)
+        c = cuda.shfl_sync(FULL, key, cuda.popc((m & -m) - 1))  # lowest lane in m
         if c > thr:  # thr may have risen since the ballot
             if two:
                 a_last = cuda.shfl_sync(FULL, a, 31)
