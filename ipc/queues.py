@@ -17,6 +17,8 @@ and reports no per-peer failure. High-water marks are off: a frame is never drop
 from __future__ import annotations
 
 import enum
+import os
+import stat
 import threading
 import time
 
@@ -161,6 +163,15 @@ class EngineSocket:
             self._monitor.close(linger=0)
             self._sock.close(linger=int(linger_s * 1000))
             self._ctx.term()
+            _unlink_ipc(self.address)
+
+
+def _unlink_ipc(address: str) -> None:
+    """Remove the socket file an ipc:// bind left behind (libzmq keeps it), so a clean stop leaves nothing."""
+    if address.startswith("ipc://"):
+        path = address[len("ipc://"):]
+        if os.path.exists(path) and stat.S_ISSOCK(os.stat(path).st_mode):
+            os.unlink(path)
 
 
 class _ClientEnd:

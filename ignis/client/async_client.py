@@ -70,6 +70,10 @@ class AsyncEngineClient:
             except TimeoutError:
                 pass
 
+    async def until_ready(self) -> None:
+        """Return once the engine has answered (after `start(wait=False)`); waits through restarts."""
+        await self._ready.wait()
+
     @property
     def started(self) -> bool:
         return self._sock is not None

@@ -41,6 +41,7 @@ class LLM:
     >>> llm = LLM()                                   # the built-in model
     >>> llm = LLM("path/to/artifact", profile="cpu", overrides={"spec.backend": "off"})
     >>> outs = llm.generate(["def fib(n):"], SamplingParams(max_tokens=64, temperature=0.0))
+    >>> llm = LLM(address="ipc:///run/ignis/engine.sock")  # a GPU process already running (`ignis serve`)
     """
 
     def __init__(
@@ -51,15 +52,17 @@ class LLM:
         config: str | Path | None = None,
         overrides: Mapping[str, Any] | None = None,
         client: EngineClient | None = None,
+        address: str | None = None,
     ) -> None:
         self.config = resolve_config(model, profile, config, overrides)
         configure(self.config.log.level, self.config.log.format)
         log_resolved(self.config)
         self.tokenizer = Tokenizer.from_dir(resolve_model_path(self.config))
         if client is None:
-            from ignis.client.inproc import InprocClient
+            # The GPU process: a child on a private address, or the one already running at `address`.
+            from ignis.client.process_client import ProcessClient
 
-            client = InprocClient(self.config)
+            client = ProcessClient(self.config, address)
         self.client = client
         self._ids = itertools.count()
 

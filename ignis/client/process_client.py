@@ -47,6 +47,8 @@ class ProcessClient:
             address = self._owned.address.address
         self.address = address
         self.client_id = new_client_id()
+        # Ids on the wire carry the client's prefix, so callers of different clients may reuse the same ids.
+        self._prefix = f"{self.client_id:08x}-"
         self._sock = ClientSocket(address, self.client_id)
         self._link = EngineLink(self.client_id, config.server.engine_timeout_s)
         self._live: set[str] = set()
@@ -87,13 +89,13 @@ class ProcessClient:
         self._pump(0.0)
         self._raise_if_down()
         check_prompt(req.prompt_token_ids, context=self.info.context, vocab_size=self.info.vocab_size)
-        self._sock.send(msgspec.structs.replace(req, client=self.client_id))
+        self._sock.send(msgspec.structs.replace(req, id=self._prefix + req.id, client=self.client_id))
         self._live.add(req.id)
 
     def abort(self, ids: Sequence[str]) -> None:
-        ids = [i for i in ids if i in self._live]
-        if ids:
-            self._sock.send(Abort(ids=ids))
+        wire = [self._prefix + i for i in ids if i in self._live]
+        if wire:
+            self._sock.send(Abort(ids=wire))
 
     def get_deltas(self, timeout: float | None = None) -> list[RequestDelta]:
         """Deltas since the last call. Raises EngineDeadError for live requests of an engine that went away,
@@ -123,7 +125,7 @@ class ProcessClient:
 
     def close(self) -> None:
         if self._live and self._link.ready:
-            self._sock.send(Abort(ids=sorted(self._live)))
+            self._sock.send(Abort(ids=[self._prefix + i for i in sorted(self._live)]))
         self._live.clear()
         if hasattr(self, "_sock"):
             self._sock.close(linger_s=0.5 if self._link.ready else 0.0)
@@ -143,15 +145,16 @@ class ProcessClient:
                 self._sock.send(hello)
             if isinstance(item, Deltas):
                 for d in item.deltas:
-                    if d.id in self._live:
-                        self._pending.append(d)
+                    rid = d.id.removeprefix(self._prefix)
+                    if rid in self._live:
+                        self._pending.append(msgspec.structs.replace(d, id=rid))
                         if d.finished:
-                            self._live.discard(d.id)
+                            self._live.discard(rid)
                     elif not d.finished:
                         self._sock.send(Abort(ids=[d.id]))  # a request this client already gave up on
-            elif isinstance(item, Rejected) and item.id in self._live:
-                self._live.discard(item.id)
-                self._refused.append(item)
+            elif isinstance(item, Rejected) and (rid := item.id.removeprefix(self._prefix)) in self._live:
+                self._live.discard(rid)
+                self._refused.append(msgspec.structs.replace(item, id=rid))
             elif isinstance(item, UtilityReply):
                 self._replies[item.call_id] = item
         self._link.check()

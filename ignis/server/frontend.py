@@ -1,0 +1,65 @@
+"""A front-end process: uvicorn on uvloop serving the app, on a listening socket the supervisor shares.
+
+Owns: the process's entry point, its signals (SIGTERM drains: stop accepting, finish in-flight responses; SIGINT
+is the supervisor's to act on), and exiting when its parent is gone. Does not own: the app (ignis.server.app)
+or restarts (ignis.server.serve).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from multiprocessing.synchronize import Event as EventType
+from types import FrameType
+
+import uvicorn
+
+from ignis.config import IgnisConfig
+from ignis.logging import configure, get_logger
+
+log = get_logger(__name__)
+
+DRAIN_S = 60.0  # how long SIGTERM waits for in-flight responses before cancelling them
+
+
+class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, parent_pid: int) -> None:
+        super().__init__(config)
+        self.parent_pid = parent_pid
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Ctrl-C reaches every process of the terminal's group; only the supervisor decides what stops.
+        if sig != signal.SIGINT:
+            super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        if counter % 10 == 0 and os.getppid() != self.parent_pid:
+            log.warning("ignis.frontend.orphaned", parent=self.parent_pid)
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+
+def run(
+    cfg: IgnisConfig, listener: socket.socket, address: str, index: int, parent_pid: int, ready: EventType | None
+) -> None:
+    """Entry point of a spawned front-end: serve on `listener` until SIGTERM, talking to the engine at `address`;
+    `ready` is set once the engine has answered it."""
+    configure(cfg.log.level, cfg.log.format)
+    import structlog
+
+    structlog.contextvars.bind_contextvars(frontend=index)
+    from ignis.server.app import build_app
+
+    # uvicorn re-raises the signal it drained on; with this handler that ends in a clean exit code.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    config = uvicorn.Config(
+        build_app(cfg, address, index, ready.set if ready is not None else None),
+        loop="uvloop",
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=DRAIN_S,
+    )
+    _Server(config, parent_pid).run(sockets=[listener])

@@ -1,0 +1,342 @@
+"""`ignis serve` as users run it: real processes, real sockets, the official openai package, curl, Prometheus.
+
+One server (two front-ends, the mtp backend) serves the whole module; the tests that kill its processes run last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ignis.client.process_client import ProcessClient
+from serving import config, tiny_artifact
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+LONG = {"max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": True}
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    url: str
+    log: Path
+    address: str
+    model: Path
+
+    def events(self, name: str) -> list[dict]:
+        out = []
+        for line in self.log.read_text().splitlines():
+            if line.startswith("{") and f'"{name}"' in line:
+                out.append(json.loads(line))
+        return out
+
+    def frontend_pid(self, index: int) -> int:
+        return [e["pid"] for e in self.events("ignis.serve.frontend_started") if e["frontend"] == index][-1]
+
+    def engine_pid(self) -> int:
+        return self.events("ignis.serve.engine_started")[-1]["pid"]
+
+    def engine_client(self) -> ProcessClient:
+        return ProcessClient(config(self.model), self.address)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    base = tmp_path_factory.mktemp("server")
+    model = tiny_artifact(base / "model")
+    address = f"ipc://{base}/engine.sock"
+    log = base / "serve.log"
+    sets = {
+        "server.frontends": 2, "server.engine_address": address, "engine.context": 512, "engine.lanes": 8,
+        "engine.max_waiting": 2, "spec.backend": "mtp", "spec.draft_tokens": 2, "log.format": "json",
+    }
+    cmd = [sys.executable, "-m", "ignis.cli", "serve", "--model", str(model), "--profile", "cpu", "--port", "0"]
+    for k, v in sets.items():
+        cmd += ["--set", f"{k}={v}"]
+    with log.open("w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+    url = None
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if m := re.search(r"OpenAI API\s+(http://\S+)/v1", line):
+                url = m.group(1)
+                break
+        assert url, f"ignis serve did not start:\n{log.read_text()[-3000:]}"
+        yield Server(proc, url, log, address, model)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _metrics(text: str) -> dict[str, float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            key = s.name + "".join(f"{{{k}={v}}}" for k, v in sorted(s.labels.items()))
+            out[key] = s.value
+    return out
+
+
+def _scrape(server: Server) -> dict[str, float]:
+    r = httpx.get(f"{server.url}/metrics")
+    assert r.status_code == 200
+    return _metrics(r.text)
+
+
+def _wait_idle(server: Server, timeout: float = 30.0) -> float:
+    t0 = time.monotonic()
+    while True:
+        m = _scrape(server)
+        if m["ignis_requests_running"] == 0 and m["ignis_requests_waiting"] == 0:
+            return time.monotonic() - t0
+        assert time.monotonic() - t0 < timeout, m
+        time.sleep(0.05)
+
+
+def test_metrics_parse_are_the_same_from_every_frontend_and_speculative_ones_appear_after_a_request(server: Server) -> None:
+    bodies: dict[str, str] = {}
+    for _ in range(60):
+        r = httpx.get(f"{server.url}/metrics")  # a new connection each time: either front-end may take it
+        bodies.setdefault(r.headers["x-ignis-frontend"], r.text)
+        if len(bodies) == 2:
+            break
+    assert set(bodies) == {"0", "1"} and bodies["0"] == bodies["1"]
+    before = _metrics(bodies["0"])
+    assert before["ignis_requests_total"] == 0 and not [k for k in before if k.startswith("ignis_speculative")]
+    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "def fib(n):", "max_tokens": 6, "temperature": 0,
+                                                        "ignore_eos": True}, timeout=120)
+    assert r.status_code == 200
+    after = _scrape(server)
+    assert after["ignis_requests_total"] == 1 and after["ignis_generation_tokens_total"] == 6
+    assert after["ignis_speculative_rounds_total"] > 0
+    assert after["ignis_speculative_drafted_tokens_total"] == sum(
+        v for k, v in after.items() if k.startswith("ignis_speculative_position_drafted_total"))
+    assert "ignis_speculative_position_accepted_total{position=1}" in after
+    assert r.json()["timings"]["draft_n"] == after["ignis_speculative_drafted_tokens_total"]
+
+
+def test_the_openai_package_streams_a_chat_completion_and_a_completion(server: Server) -> None:
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", timeout=120)
+    model = client.models.list().data[0].id
+    extra = {"ignore_eos": True}
+    whole = client.completions.create(model=model, prompt="import os\n", max_tokens=6, temperature=0, extra_body=extra)
+    parts = client.completions.create(model=model, prompt="import os\n", max_tokens=6, temperature=0, extra_body=extra,
+                                      stream=True)
+    assert "".join(c.choices[0].text for c in parts if c.choices) == whole.choices[0].text
+    assert whole.usage.completion_tokens == 6 and whole.choices[0].finish_reason == "length"
+    timings = whole.model_extra["timings"]
+    assert timings["predicted_n"] == 6 and timings["prompt_n"] == whole.usage.prompt_tokens
+    assert timings["rounds"] >= 1 and timings["draft_n"] >= timings["draft_n_accepted"] >= 0
+
+    messages = [{"role": "user", "content": "Reverse a list."}]
+    chat = client.chat.completions.create(model=model, messages=messages, max_tokens=5, temperature=0, extra_body=extra)
+    stream = client.chat.completions.create(model=model, messages=messages, max_tokens=5, temperature=0,
+                                            extra_body=extra, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == chat.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == 5 and chat.usage.completion_tokens == 5
+    assert chat.choices[0].message.role == "assistant"
+
+
+def _readme_curls() -> list[str]:
+    text = README.read_text()
+    section = text.split("## Serving", 1)[1].split("\n## ", 1)[0]
+    commands = []
+    for block in re.findall(r"```sh\n(.*?)```", section, re.S):
+        for cmd in block.replace("\\\n", " ").splitlines():
+            if cmd.strip().startswith("curl "):
+                commands.append(cmd.strip())
+    return commands
+
+
+def test_the_readme_curl_examples_work(server: Server) -> None:
+    commands = _readme_curls()
+    assert len(commands) >= 5
+    for cmd in commands:
+        cmd = cmd.replace("localhost:8000", server.url.removeprefix("http://"))
+        out = subprocess.run(["bash", "-c", cmd + " -w '\\n%{http_code}'"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, (cmd, out.stderr)
+        body, status = out.stdout.rsplit("\n", 1)
+        assert status == "200" and body and '"error"' not in body, (cmd, out.stdout)
+
+
+def test_bad_requests_get_openai_errors_naming_the_field(server: Server) -> None:
+    def post(path: str, body: object) -> httpx.Response:
+        return httpx.post(f"{server.url}{path}", content=body if isinstance(body, str) else json.dumps(body), timeout=60)
+
+    cases = [
+        ("/v1/completions", {"prompt": "x", "temperature": -1}, 400, "temperature"),
+        ("/v1/completions", {"prompt": "x", "n": 0}, 400, "n"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": "many"}, 400, "max_tokens"),
+        ("/v1/completions", {"prompt": [5] * 600}, 400, "prompt"),
+        ("/v1/completions", {"prompt": ""}, 400, "prompt"),
+        ("/v1/completions", {"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
+        ("/v1/completions", "{not json", 400, "body"),
+        ("/v1/completions", {"prompt": "x", "model": "gpt-4"}, 404, "model"),
+        ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400, "top_p"),
+        ("/detokenize", {"tokens": [-1]}, 400, "tokens"),
+    ]
+    for path, body, status, param in cases:
+        r = post(path, body)
+        assert r.status_code == status, (body, r.text)
+        err = r.json()["error"]
+        assert err["param"] == param and err["message"] and err["type"], err
+    ids = post("/tokenize", {"prompt": "def fib(n):"}).json()
+    assert ids["count"] == len(ids["tokens"]) > 0
+    assert post("/detokenize", {"tokens": ids["tokens"]}).json()["prompt"] == "def fib(n):"
+    models = httpx.get(f"{server.url}/v1/models").json()["data"]
+    assert models[0]["id"] == server.model.name and models[0]["max_model_len"] == 512
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_n_samples_stop_strings_and_logprobs(server: Server) -> None:
+    body = {"prompt": "class A:", "max_tokens": 5, "temperature": 0.8, "seed": 3, "n": 2, "logprobs": 2, "ignore_eos": True}
+    r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=120).json()
+    assert [c["index"] for c in r["choices"]] == [0, 1] and r["usage"]["completion_tokens"] == 10
+    for c in r["choices"]:
+        lp = c["logprobs"]
+        assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 5
+        assert all(len(t) <= 2 for t in lp["top_logprobs"]) and all(v <= 0 for v in lp["token_logprobs"])
+    assert httpx.post(f"{server.url}/v1/completions", json=body, timeout=120).json()["choices"] == r["choices"]
+    greedy = {"prompt": "class A:", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    text = httpx.post(f"{server.url}/v1/completions", json=greedy, timeout=120).json()["choices"][0]["text"]
+    stop = text[3:5]
+    cut = httpx.post(f"{server.url}/v1/completions", json={**greedy, "stop": [stop]}, timeout=120).json()["choices"][0]
+    assert cut["text"] == text[: text.index(stop)] and cut["finish_reason"] == "stop"
+    chat = httpx.post(f"{server.url}/v1/chat/completions", timeout=120, json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0, "ignore_eos": True,
+        "logprobs": True, "top_logprobs": 1}).json()
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert len(content) == 3 and all(len(e["top_logprobs"]) == 1 for e in content)
+    _wait_idle(server)
+
+
+async def _open_streams(server: Server, n: int) -> tuple[httpx.AsyncClient, list[tuple[str, asyncio.Task]]]:
+    """n long streams, each on its own connection; returns once each has sent its first chunk."""
+    client = httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_keepalive_connections=0))
+    firsts: list[asyncio.Future] = []
+    out = []
+
+    async def run(first: asyncio.Future) -> None:
+        async with client.stream("POST", f"{server.url}/v1/completions", json={"prompt": "x = ", **LONG}) as r:
+            lines = r.aiter_lines()
+            async for line in lines:
+                if line.startswith("data: "):
+                    first.set_result(r.headers["x-ignis-frontend"])
+                    break
+            async for line in lines:
+                if '"error"' in line:
+                    raise RuntimeError(line)
+
+    for _ in range(n):
+        fut = asyncio.get_running_loop().create_future()
+        firsts.append(fut)
+        out.append(asyncio.create_task(run(fut)))
+    done = await asyncio.gather(*firsts)
+    return client, list(zip(done, out))
+
+
+def test_a_full_queue_is_a_503_and_disconnected_clients_free_their_lanes(server: Server) -> None:
+    async def main() -> None:
+        client, streams = await _open_streams(server, 8)  # every lane
+        waiting = [asyncio.create_task(client.post(f"{server.url}/v1/completions", json={"prompt": "y", **LONG}))
+                   for _ in range(2)]  # engine.max_waiting
+        while _scrape(server)["ignis_requests_waiting"] < 2:
+            await asyncio.sleep(0.05)
+        full = await client.post(f"{server.url}/v1/completions", json={"prompt": "z", **LONG})
+        assert full.status_code == 503 and full.json()["error"]["code"] == "queue_full"
+        for _, task in streams:
+            task.cancel()
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*(t for _, t in streams), *waiting, return_exceptions=True)
+        await client.aclose()
+
+    asyncio.run(main())
+    assert _wait_idle(server) < 10
+
+
+def test_killing_a_frontend_frees_its_lanes_within_a_second_and_the_other_keeps_streaming(server: Server) -> None:
+    async def main() -> None:
+        client, streams = await _open_streams(server, 4)
+        served = [f for f, _ in streams]
+        victim = "0" if "0" in served else "1"
+        survivors = [t for f, t in streams if f != victim]
+        engine = server.engine_client()
+        t = time.monotonic()
+        engine.stats()  # answered between rounds: the second call waits one whole round
+        round_s = time.monotonic() - t
+        os.kill(server.frontend_pid(int(victim)), signal.SIGKILL)
+        t0 = time.monotonic()
+        while engine.stats().running > len(survivors):
+            assert time.monotonic() - t0 < 30
+        assert time.monotonic() - t0 < max(1.0, 3 * round_s)
+        await asyncio.sleep(1.0)
+        assert not [t for t in survivors if t.done()]  # still streaming, no error
+        for t in survivors:
+            t.cancel()
+        await asyncio.gather(*survivors, return_exceptions=True)
+        await client.aclose()
+        engine.close()
+
+    pids = len(server.events("ignis.serve.frontend_started"))
+    asyncio.run(main())
+    deadline = time.monotonic() + 120
+    while len(server.events("ignis.serve.frontend_started")) == pids:  # the supervisor restarts it
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    _wait_idle(server)
+
+
+def test_killing_the_gpu_process_fails_streams_within_5s_and_the_server_serves_again(server: Server) -> None:
+    async def main() -> float:
+        client, streams = await _open_streams(server, 2)
+        os.kill(server.engine_pid(), signal.SIGKILL)
+        t0 = time.monotonic()
+        results = await asyncio.wait_for(asyncio.gather(*(t for _, t in streams), return_exceptions=True), 30)
+        elapsed = time.monotonic() - t0
+        assert all(isinstance(r, RuntimeError) and "engine" in str(r) for r in results), results
+        await client.aclose()
+        return elapsed
+
+    assert asyncio.run(main()) < 5.0
+    assert httpx.get(f"{server.url}/health").status_code == 503
+    deadline = time.monotonic() + 180
+    while httpx.get(f"{server.url}/health").status_code != 200:
+        assert time.monotonic() < deadline, server.log.read_text()[-2000:]
+        time.sleep(0.2)
+    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=120)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_sigterm_drains_in_flight_streams_and_exits_cleanly(server: Server) -> None:
+    with httpx.stream("POST", f"{server.url}/v1/completions", timeout=120,
+                      json={"prompt": "def", "max_tokens": 8, "temperature": 0, "ignore_eos": True, "stream": True}) as r:
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        server.proc.send_signal(signal.SIGTERM)
+        rest = [line for line in lines if line.startswith("data: ")]
+    assert rest[-1] == "data: [DONE]" and '"finish_reason":"length"' in rest[-2]
+    assert server.proc.wait(90) == 0
+    assert not Path(server.address.removeprefix("ipc://")).exists()
