@@ -92,7 +92,7 @@ class EngineSocket:
         now = time.monotonic()
         if now < self._probe_until:
             timeout_s = min(timeout_s, PROBE_EVERY_S)
-        ready = dict(self._poller.poll(max(0.0, timeout_s) * 1000))
+        ready = dict(self._poller.poll(int(max(0.0, timeout_s) * 1000)))
         if self._monitor in ready:
             while self._monitor.poll(0):
                 self._monitor.recv_multipart()
@@ -187,8 +187,8 @@ class _ClientEnd:
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self.sock.connect(address)
         # Non-blocking reads and sends go through plain sockets even when the owner is asyncio.
-        self._sync = zmq.Socket.shadow(self.sock.underlying)
-        self._sync_monitor = zmq.Socket.shadow(self.monitor.underlying)
+        self._sync: zmq.Socket = zmq.Socket.shadow(self.sock.underlying)
+        self._sync_monitor: zmq.Socket = zmq.Socket.shadow(self.monitor.underlying)
         self._decoder = engine_decoder()
         self.address = address
         self.client = client
@@ -238,7 +238,7 @@ class ClientSocket(_ClientEnd):
 
     def recv(self, timeout_s: float) -> list[EngineMessage | Link]:
         """Wait up to `timeout_s` for a frame or a link event, then take all that are ready."""
-        self._poller.poll(max(0.0, timeout_s) * 1000)
+        self._poller.poll(int(max(0.0, timeout_s) * 1000))
         return self.drain()
 
 
@@ -252,5 +252,5 @@ class AsyncClientSocket(_ClientEnd):
         self._poller.register(self.monitor, zmq.POLLIN)
 
     async def recv(self, timeout_s: float) -> list[EngineMessage | Link]:
-        await self._poller.poll(max(0.0, timeout_s) * 1000)
+        await self._poller.poll(int(max(0.0, timeout_s) * 1000))
         return self.drain()

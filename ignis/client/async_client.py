@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Sequence
+from typing import TypeAlias
 
 import msgspec
 
@@ -26,7 +27,7 @@ log = get_logger(__name__)
 POLL_S = 0.1  # how often the reader wakes without traffic, to run the watchdog
 
 # What a request's queue receives: its deltas in order, or the error that ended it.
-Item = RequestDelta | BaseException
+Item: TypeAlias = RequestDelta | BaseException
 
 
 class AsyncEngineClient:

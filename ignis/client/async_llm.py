@@ -18,7 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -103,8 +103,8 @@ class AsyncLLM:
             ids = list(prompt["prompt_token_ids"])
         elif isinstance(prompt, Mapping) and "prompt" in prompt:
             ids = self.tokenizer.encode(str(prompt["prompt"]))
-        elif isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):
-            ids = list(prompt)
+        elif isinstance(prompt, Sequence):
+            ids = list(cast(Sequence[int], prompt))  # check_prompt refuses anything but ints in the vocabulary
         else:
             raise InputError("prompt", "must be a string, token ids, {'prompt': str} or {'prompt_token_ids': [...]}")
         info = self.client.info

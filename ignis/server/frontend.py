@@ -20,7 +20,7 @@ from ignis.logging import configure, get_logger
 
 log = get_logger(__name__)
 
-DRAIN_S = 60.0  # how long SIGTERM waits for in-flight responses before cancelling them
+DRAIN_S = 60  # how long SIGTERM waits for in-flight responses before cancelling them
 
 
 class _Server(uvicorn.Server):

@@ -8,7 +8,7 @@ shapes. Does not own: response envelopes (ignis.server.openai) or engine request
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -49,7 +49,9 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def merged(llm: AsyncLLM, prompts: Sequence[list[int]], params: SamplingParams) -> AsyncIterator[tuple[int, StreamOutput]]:
+async def merged(
+    llm: AsyncLLM, prompts: Sequence[list[int]], params: SamplingParams
+) -> AsyncGenerator[tuple[int, StreamOutput], None]:
     """Every sample of every prompt as it comes, as (choice index = prompt * n + sample, output)."""
     if len(prompts) == 1:
         async for o in llm.stream(prompts[0], params):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import msgspec
@@ -34,7 +34,7 @@ from ignis.server.generation import (
 )
 from ignis.server.schemas import ChatCompletionRequest, CompletionRequest, decode_body, sampling_params
 
-Events = AsyncIterator[tuple[int, StreamOutput]]
+Events = AsyncGenerator[tuple[int, StreamOutput], None]
 
 
 def _json(body: dict) -> Response:
