@@ -96,3 +96,17 @@ def load(roots: list[str]) -> tuple[list[SourceFile], list[SourceFile]]:
             seen.add(key)
             (held if is_held_out(rel) else train).append(SourceFile(root, rel, text))
     return train, held
+
+
+def capped(files: list[SourceFile], max_bytes: int) -> list[SourceFile]:
+    """At most max_bytes of text: files taken in path-hash order (no library favoured), kept in corpus order."""
+    if sum(len(f.text) for f in files) <= max_bytes:
+        return files
+    keep: set[int] = set()
+    total = 0
+    for i in sorted(range(len(files)), key=lambda i: hashlib.sha256(files[i].rel.encode("utf-8")).digest()):
+        if total + len(files[i].text) > max_bytes:
+            continue
+        keep.add(i)
+        total += len(files[i].text)
+    return [f for i, f in enumerate(files) if i in keep]

@@ -1,0 +1,1 @@
+"""Scripts beside the package (training, benchmarks, replay); not installed with ignis."""

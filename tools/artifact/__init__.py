@@ -1,0 +1,1 @@
+"""Rebuilding the built-in artifact: corpus, tokenizer, target + MTP training, export. README.md has the commands."""

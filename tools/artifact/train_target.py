@@ -1,0 +1,244 @@
+"""Train the built-in target and its MTP head on the Python files of the machine it runs on, within a time budget.
+
+Owns: the training run (data on device, AdamW, warmup + cosine schedule fitted to the time budget, periodic
+checkpoints, held-out evaluation, the log). Does not own: the model's shape and MTP math (model.py), the corpus
+(corpus.py, data.py), prompts (prompts.py) or the file format (export.py).
+
+Run from the repository root (one GPU; the README beside this file has the full command):
+    python -m tools.artifact.train_target --out OUT --time-budget 500
+A CPU smoke run of the same code path: python -m tools.artifact.train_target --toy --out /some/dir
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+from transformers import Qwen3_5ForCausalLM
+
+from tools.artifact import corpus, data, export, gdn_kernel, prompts
+from tools.artifact.model import TARGET_SHAPE, TOY_SHAPE, MTPHead, losses, target_config
+
+MTP_WEIGHT = 0.3  # DeepSeek-V3's early-training weight; the MTP head is auxiliary, the target's loss comes first.
+WARMUP_STEPS = 150
+FINAL_LR_SHARE = 0.1
+SAVE_EVERY_S = 120.0
+RESERVE_S = 25.0  # final evaluation and export after the last step
+
+
+class Log:
+    """Lines to stdout and to OUT/train.log; the last line of a run is a JSON summary."""
+
+    def __init__(self, path: Path) -> None:
+        self.t0 = time.monotonic()
+        self.file: TextIO = path.open("w", buffering=1)
+
+    def __call__(self, message: str) -> None:
+        line = f"[{time.monotonic() - self.t0:7.1f}s] {message}"
+        print(line, flush=True)
+        self.file.write(line + "\n")
+
+
+class Batches:
+    """Non-overlapping windows of seq_len+1 tokens, visited in a fresh random order each epoch, kept on device."""
+
+    def __init__(self, stream: np.ndarray, window: int, batch: int, seed: int, device: torch.device) -> None:
+        count = stream.size // window
+        if count < batch:
+            raise ValueError(f"corpus has {count} windows of {window} tokens, fewer than one batch of {batch}")
+        self.windows = torch.from_numpy(stream[: count * window].astype(np.int64)).view(count, window).to(device)
+        self.batch = batch
+        self.gen = torch.Generator(device="cpu").manual_seed(seed)
+        self.order = torch.randperm(count, generator=self.gen)
+        self.pos = 0
+        self.epochs = 0
+
+    def next(self) -> torch.Tensor:  # [batch, seq_len+1] int64, device
+        if self.pos + self.batch > self.order.numel():
+            self.order = torch.randperm(self.order.numel(), generator=self.gen)
+            self.pos = 0
+            self.epochs += 1
+        idx = self.order[self.pos : self.pos + self.batch].to(self.windows.device)
+        self.pos += self.batch
+        return self.windows[idx]
+
+
+def lr_at(step: int, total: int, peak: float) -> float:
+    if step < WARMUP_STEPS:
+        return peak * (step + 1) / WARMUP_STEPS
+    progress = min(1.0, (step - WARMUP_STEPS) / max(1, total - WARMUP_STEPS))
+    return peak * (FINAL_LR_SHARE + (1 - FINAL_LR_SHARE) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+@torch.no_grad()
+def evaluate(net: Qwen3_5ForCausalLM, mtp: MTPHead, held: Batches, batches: int) -> dict[str, float]:
+    net.eval()
+    mtp.eval()
+    sums: dict[str, float] = {}
+    for i in range(batches):
+        seq = held.windows[i * held.batch : (i + 1) * held.batch]
+        with torch.autocast(seq.device.type, dtype=torch.bfloat16):
+            out = losses(net, mtp, seq)
+        for k, v in out.items():
+            sums[k] = sums.get(k, 0.0) + float(v) / batches
+    net.train()
+    mtp.train()
+    return sums
+
+
+def fitting_batch(
+    net: Qwen3_5ForCausalLM, mtp: MTPHead, stream: np.ndarray, window: int, batch: int, device: torch.device,
+    log: Log,
+) -> int:
+    """The largest batch, halving from the asked one, whose forward and backward fit in device memory."""
+    while True:
+        seq = torch.from_numpy(stream[: batch * window].astype(np.int64)).view(batch, window).to(device)
+        try:
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                out = losses(net, mtp, seq)
+            (out["loss"] + MTP_WEIGHT * out["mtp_loss"]).backward()
+        except torch.OutOfMemoryError:
+            if batch <= 8:
+                raise
+            log(f"batch {batch} does not fit; trying {batch // 2}")
+            batch //= 2
+            continue
+        finally:
+            net.zero_grad(set_to_none=True)
+            mtp.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            log(f"batch {batch} fits: peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+            torch.cuda.empty_cache()
+        return batch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--tokenizer", type=Path, default=Path("ignis/builtin/tokenizer.json"))
+    parser.add_argument("--time-budget", type=float, default=500.0, help="seconds, from start to files written")
+    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-train-mb", type=float, default=250.0, help="cap on training text (bounds prep time)")
+    parser.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: time decides)")
+    parser.add_argument("--toy", action="store_true", help="tiny shape, stdlib only, a few files: a CPU smoke run")
+    args = parser.parse_args()
+
+    t0 = time.monotonic()
+    deadline = t0 + args.time_budget
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = Log(args.out / "train.log")
+    log(f"torch {torch.__version__}; args {vars(args)}")
+
+    # Data first: its worker processes are forked before CUDA is touched.
+    tok = Tokenizer.from_file(str(args.tokenizer))
+    train_files, held_files = corpus.load(corpus.default_roots(site_packages=not args.toy))
+    if args.toy:
+        train_files, held_files = train_files[:60], held_files[:20]
+    train_files = corpus.capped(train_files, int(args.max_train_mb * 1e6))
+    log(f"files: train {len(train_files)}, held-out {len(held_files)}; "
+        f"train MB {sum(len(f.text) for f in train_files) / 1e6:.1f}")
+    prompts.write_jsonl(args.out / "heldout_prompts.jsonl", prompts.code_prompts(held_files, 64))
+    prompts.write_jsonl(args.out / "heldout_chat.jsonl", prompts.chat_prompts(held_files, 16))
+    workers = min(16, os.cpu_count() or 1)
+    train_stream, train_counts = data.build_stream(tok, train_files, with_chat=True, seed=args.seed, workers=workers)
+    held_stream, held_counts = data.build_stream(tok, held_files, with_chat=False, seed=args.seed, workers=1)
+    log(f"train {train_counts}; held-out {held_counts}")
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    shape = TOY_SHAPE if args.toy else TARGET_SHAPE
+    gdn = gdn_kernel.choose(device, int(shape["linear_num_value_heads"]), int(shape["linear_key_head_dim"]),
+                            int(shape["linear_value_head_dim"]), log)
+    log(f"device {device}; Gated DeltaNet kernel: {gdn}")
+
+    torch.manual_seed(args.seed)
+    config = target_config(tok.get_vocab_size(), shape)
+    config._attn_implementation = "sdpa"
+    net = Qwen3_5ForCausalLM(config).to(device)
+    mtp = MTPHead(net.config).to(device)
+    params = [p for p in list(net.parameters()) + list(mtp.parameters()) if p.requires_grad]
+    n_target = sum(p.numel() for p in net.parameters())
+    n_mtp = sum(p.numel() for p in mtp.parameters())
+    log(f"parameters: target {n_target / 1e6:.2f}M, mtp {n_mtp / 1e6:.2f}M, "
+        f"bf16 {(n_target + n_mtp) * 2 / 2**20:.1f} MiB")
+    opt = torch.optim.AdamW(
+        [{"params": [p for p in params if p.ndim >= 2], "weight_decay": 0.1},
+         {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
+        lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda",
+    )
+    window = args.seq_len + 1
+    args.batch = fitting_batch(net, mtp, train_stream, window, args.batch, device, log)
+    train = Batches(train_stream, window, args.batch, args.seed, device)
+    held = Batches(held_stream, window, args.batch, args.seed, device)
+    eval_batches = min(2, held.windows.shape[0] // args.batch)
+
+    def save(tag: str) -> None:
+        export.save_shards(export.checkpoint_tensors(net, mtp, config.tie_word_embeddings), args.out)
+        export.save_config(config, args.out)
+        log(f"saved {tag}")
+
+    total = args.max_steps or 10**9  # refined from the measured step time once warm
+    step, tokens, last_save, timed_from = 0, 0, time.monotonic(), None
+    while step < total:
+        if step == 10:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            timed_from = time.monotonic()
+        if step == 40 and not args.max_steps and timed_from is not None:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            per_step = (time.monotonic() - timed_from) / 30
+            total = 40 + int((deadline - RESERVE_S - time.monotonic()) / per_step)
+            log(f"{per_step * 1000:.0f} ms/step, {args.batch * args.seq_len / per_step / 1e3:.0f}k tok/s: "
+                f"{total} steps fit the budget")
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, total, args.lr)
+        seq = train.next()
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            out = losses(net, mtp, seq)
+        loss = out["loss"] + MTP_WEIGHT * out["mtp_loss"]
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        tokens += seq.shape[0] * args.seq_len
+        if step % 50 == 0 or step <= 3:
+            seen = {k: v.item() for k, v in out.items()}
+            log(f"step {step}/{total if total < 10**9 else '?'} loss {seen['loss']:.4f} "
+                f"mtp {seen['mtp_loss']:.4f} acc {seen['acc']:.3f} mtp_acc {seen['mtp_acc']:.3f} "
+                f"gnorm {float(grad_norm):.2f} lr {lr_at(step, total, args.lr):.2e} tokens {tokens / 1e6:.1f}M")
+        if time.monotonic() - last_save > SAVE_EVERY_S:
+            save(f"checkpoint at step {step}")
+            last_save = time.monotonic()
+        if time.monotonic() > deadline - RESERVE_S:
+            log(f"time budget reached at step {step}")
+            break
+
+    result = evaluate(net, mtp, held, eval_batches) if eval_batches else {}
+    save(f"final at step {step}")
+    summary = {
+        "steps": step, "tokens": tokens, "epochs": train.epochs + train.pos / train.order.numel(),
+        "seq_len": args.seq_len, "batch": args.batch, "gdn_kernel": gdn, "lr": args.lr, "mtp_weight": MTP_WEIGHT,
+        "train_seconds": time.monotonic() - t0, "device": torch.cuda.get_device_name() if device.type == "cuda"
+        else "cpu", "params_target": n_target, "params_mtp": n_mtp, "train": train_counts, "held_out": held_counts,
+        "held_out_eval_tokens": eval_batches * args.batch * args.seq_len,
+        **{f"held_out_{k}": v for k, v in result.items()},
+    }
+    log("summary " + json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
