@@ -1,12 +1,17 @@
 """Write a trained target (+ MTP) as a Hugging Face model directory: bf16 safetensors shards, index, config.
 
-Owns: tensor names on disk (transformers' names plus `mtp.*`, the tied lm_head left out), shard sizes, and
-config.json / generation_config.json. Does not own: training (train_target.py) or the tokenizer files.
+Owns: tensor names on disk (transformers' names plus `mtp.*`, the tied lm_head left out), shard sizes,
+config.json / generation_config.json, and installing a training run's files into the artifact directory. Does not
+own: training (train_target.py) or the tokenizer files.
+
+Install a run:  python -m tools.artifact.export RUN_DIR ignis/builtin
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -78,3 +83,34 @@ def save_generation_config(out: Path) -> None:
         "do_sample": False,
     }
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+
+
+# What a training run leaves that the artifact ships; its log stays behind (ARTIFACT.md quotes it).
+RUN_FILES = ("config.json", "model*.safetensors", "model.safetensors.index.json", "heldout_*.jsonl")
+
+
+def install(run: Path, artifact: Path) -> list[str]:
+    """Replace the artifact's weights, config and held-out prompts with a run's; leave tokenizer and drafter."""
+    if not (run / "config.json").is_file():
+        raise FileNotFoundError(f"{run}: no config.json; is this a train_target output directory?")
+    for stale in list(artifact.glob("model*.safetensors")) + list(artifact.glob("model.safetensors.index.json")):
+        stale.unlink()
+    copied: list[str] = []
+    for pattern in RUN_FILES:
+        for src in sorted(run.glob(pattern)):
+            shutil.copyfile(src, artifact / src.name)
+            copied.append(src.name)
+    save_generation_config(artifact)
+    return copied
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Install a train_target run into the artifact directory.")
+    parser.add_argument("run", type=Path)
+    parser.add_argument("artifact", type=Path)
+    args = parser.parse_args()
+    print("installed " + ", ".join(install(args.run, args.artifact)) + ", generation_config.json")
+
+
+if __name__ == "__main__":
+    main()
