@@ -1,24 +1,21 @@
-"""The numba-cuda top-k kernel body: unique 64-bit keys, per-warp sorted lists in registers, a last-block merge.
+"""The numba-cuda top-k kernel: each block scans a chunk of a row into per-warp register lists, folds them, and the last
+block of the row merges the blocks' lists.
 
-Owns: the key encoding, the warp-level insertion, the kernel source for each (dtype, list size, block size) and its
-numba signature. Does not own: when it is launched, with which grid, on which stream or over which workspace
-(ignis.kernels.topk_launch), nor argument checking (ignis.kernels.topk).
+Owns: the kernel source for each (dtype, list size, block size) and its numba signature. Does not own: the key order
+and the list operations (ignis.kernels.topk_warp), when it is launched, with which grid, on which stream or over which
+workspace (ignis.kernels.topk_launch), nor argument checking (ignis.kernels.topk).
 
-Importing this module imports numba.cuda (and with NUMBA_ENABLE_CUDASIM=1 the simulator), so only the launcher and
-the tests import it, on first use. Nothing here touches the driver: the kernels are plain Python functions until the
-launcher passes them to `cuda.jit` with a signature.
+Importing this module imports numba.cuda (or, with NUMBA_ENABLE_CUDASIM=1, the simulator), so only the launcher and
+the tests import it, on first use; nothing here touches the driver. docs/adr/0001-topk-kernel.md has the why.
 
-Algorithm (docs/adr/0001-topk-kernel.md has the why):
-- Every element maps to a key `((hi - 2**31) << 32) | (0xFFFFFFFF - col)`, where `hi` is the float's bit pattern made
-  order-preserving (-0.0 counts as +0.0, every NaN ranks above +inf). Keys are unique per row and their order is the
-  reference order (larger value first, smaller column on ties), so any split and any merge order give the same result.
-- Grid (nblk, R): block `blk` of row `row` scans its column chunk. Lane j of each warp holds the warp's j-th best key
-  (ranks 32..63 in a second register `b` when k > 32); a tile of 32 keys is offered to the list only for lanes whose
-  key beats the current k-th key (one ballot per tile), so after the first tiles almost nothing is inserted.
-- Warp 0 folds the other warps' lists into its own; with nblk == 1 it writes the result. Otherwise it stores the
-  block's k keys in the workspace, and the last block of the row to finish (threadfence + atomic counter) folds the
-  nblk lists the same way, writes the result and zeroes the row's counter, so the next launch or graph replay starts
-  clean.
+Grid (nblk, R), one block per chunk of a row:
+1. Scan: each warp takes 32 consecutive words per tile, UNROLL tiles per step. An element is tested against the warp's
+   k-th key in int32 (`passes`); one ballot per tile, and only when some lane passes are 64-bit keys built and
+   inserted. After the first tiles almost nothing passes, so the scan costs a few integer ops per element.
+2. Fold: the 8 warp lists are merged pairwise in shared memory (bitonic merges, 3 rounds) into warp 0.
+3. nblk == 1: warp 0 writes the row's result. Otherwise it stores the block's k keys in the workspace, and the last
+   block of the row to finish (threadfence + atomic counter) offers the row's nblk * k keys the same way, folds, writes
+   the result and zeroes the row's counter, so the next launch or CUDA-graph replay starts clean.
 """
 
 from __future__ import annotations
@@ -28,71 +25,50 @@ from typing import Callable
 import numpy as np
 from numba import cuda
 
-FULL = 0xFFFFFFFF  # every lane takes part in every warp intrinsic: all loops and branches around them are warp-uniform
-EMPTY = -(2**63)  # below every real key (a real key's high word is never 0), so it never enters a list
-UNROLL = 4  # tiles loaded before any is consumed: four independent loads in flight per thread
+from ignis.kernels.topk_warp import EMPTY, FULL, HI16, I32, filter_of, insert_all, key_of, kth, merge, offer_key, passes
+
+UNROLL = 4  # words loaded per thread before any is tested: four independent loads in flight
 
 
 @cuda.jit(device=True, inline="always")
-def _key(b, col):
-    # b: the value's fp32 bit pattern as a non-negative int64 (a bf16 value is exact as the top 16 bits).
-    if b == 0x80000000:
-        b = 0  # -0.0 == +0.0, as in the stable-sort reference; the output value keeps the input's own bits
-    hi = b ^ (0x80000000 + (b >> 31) * 0x7FFFFFFF)  # negative: flip all bits; positive: set the sign bit
-    if (b & 0x7FFFFFFF) > 0x7F800000:
-        hi = 0xFFFFFFFF  # every NaN ranks first, as in torch.topk; ties among NaNs go to the smaller column
-    # Signed int64 because numba's shuffles reject uint64; subtracting 2**31 keeps unsigned order.
-    return ((hi - 0x80000000) << 32) | (0xFFFFFFFF - col)
-
-
-@cuda.jit(device=True, inline="always")
-def _insert(c, lst, lane):
-    # Lane j holds rank j (descending, unique). c goes to the first rank it beats; the ranks below shift down one lane.
-    up = cuda.shfl_up_sync(FULL, lst, 1)
-    if lst > c:
-        return lst
-    if lane == 0 or up > c:
-        return c
-    return up
-
-
-@cuda.jit(device=True, inline="always")
-def _offer(key, a, b, thr, lane, k, two):
-    """Offer one key per lane to the warp's list (a; and b for ranks 32..63 when `two`). thr is the k-th key."""
-    m = np.int64(cuda.ballot_sync(FULL, key > thr)) & 0xFFFFFFFF  # the ballot is a signed int32: keep 32 bits
-    while m != 0:
-        c = cuda.shfl_sync(FULL, key, cuda.popc((m & -m) - 1))  # lowest lane in m
-        if c > thr:  # thr may have risen since the ballot
-            if two:
-                a_last = cuda.shfl_sync(FULL, a, 31)
-                up_b = cuda.shfl_up_sync(FULL, b, 1)
-                if c > a_last:
-                    a = _insert(c, a, lane)
-                    b = a_last if lane == 0 else up_b  # a's evicted last rank is above every rank in b
-                else:
-                    b = _insert(c, b, lane)
-                thr = cuda.shfl_sync(FULL, b, k - 33)
-            else:
-                a = _insert(c, a, lane)
-                thr = cuda.shfl_sync(FULL, a, k - 1)
-        m &= m - 1
-    return a, b, thr
-
-
-@cuda.jit(device=True, inline="always")
-def _word_key(v, w, h, end, ncols, half):
-    # Word w of the row holds one fp32 element (column w) or two bf16 elements (columns 2w, 2w+1, the lower column in
-    # the low half). Words past `end` and the padding half of an odd bf16 row give EMPTY.
-    u = np.int64(v) & 0xFFFFFFFF
+def _element(v, h, half):
+    # Element h of word v as fp32 bits: the word itself (fp32), or its lower / upper bf16 (the lower column is low).
     if half:
-        col = 2 * w + h
-        b = ((u >> (16 * h)) & 0xFFFF) << 16
-    else:
-        col = w
-        b = u
-    if w < end and col < ncols:
-        return _key(b, col)
-    return EMPTY
+        return I32(v << 16) if h == 0 else I32(v & HI16)
+    return I32(v)
+
+
+@cuda.jit(device=True, inline="always")
+def _masks(v, w, end, ncols32, ts, tcol, half):
+    # Ballots of the lanes whose element of word w may enter the list: (lower or only element, upper bf16 or 0).
+    ok = (w < end) & passes(_element(v, 0, half), I32(2 * w) if half else w, ts, tcol)
+    m = np.int64(cuda.ballot_sync(FULL, ok)) & 0xFFFFFFFF  # the ballot is a signed int32: keep 32 bits
+    n = np.int64(0)
+    if half:
+        ok = (w < end) & (I32(2 * w + 1) < ncols32) & passes(_element(v, 1, half), I32(2 * w + 1), ts, tcol)
+        n = np.int64(cuda.ballot_sync(FULL, ok)) & 0xFFFFFFFF  # an odd bf16 row ends in half a word
+    return m, n
+
+
+@cuda.jit(device=True, inline="always")
+def _fold(lists, a, b, warp, lane, warps, two):
+    """Merge the block's warp lists pairwise into warp 0 (registers a, b); every thread of the block calls this."""
+    lists[warp, lane] = a
+    if two:
+        lists[warp, 32 + lane] = b
+    cuda.syncthreads()
+    step = warps // 2
+    while step >= 1:
+        if warp < step:
+            ra = lists[warp + step, 31 - lane]
+            rb = lists[warp + step, 63 - lane] if two else ra
+            a, b = merge(a, b, ra, rb, lane, two)
+            lists[warp, lane] = a
+            if two:
+                lists[warp, 32 + lane] = b
+        cuda.syncthreads()
+        step //= 2
+    return a, b
 
 
 @cuda.jit(device=True, inline="always")
@@ -122,7 +98,6 @@ def make_kernel(half: bool, two: bool, block: int) -> Callable[..., None]:
     """
     warps = block // 32
     width = 64 if two else 32
-    ranks = 2 if two else 1  # list registers per lane
     halves = 2 if half else 1  # elements per word
     step = block * UNROLL
 
@@ -137,81 +112,79 @@ def make_kernel(half: bool, two: bool, block: int) -> Callable[..., None]:
         last = cuda.shared.array(1, np.int32)
         base = row * row_words
         start = blk * chunk
-        end = min(start + chunk, (ncols + 1) // 2 if half else ncols)
-        clamp = end - 1  # the plan gives every block at least one word
-        final = nblk == 1
+        end = I32(min(start + chunk, (ncols + 1) // 2 if half else ncols))
+        ncols32 = I32(ncols)
+        a = EMPTY
+        b = EMPTY
+        thr = EMPTY
+        ts, tcol = filter_of(thr)
 
-        for phase in range(2):
-            a = EMPTY
-            b = EMPTY
-            thr = EMPTY
-            if phase == 0:
-                # This block's words, UNROLL tiles of `block` words a step. The next step is loaded before this one
-                # is offered, so loads stay in flight during the ballots; loads past the end are clamped to the last
-                # word (valid memory) and never offered.
-                w0 = start + tid
-                v0 = x[base + min(w0, clamp)]
-                v1 = x[base + min(w0 + block, clamp)]
-                v2 = x[base + min(w0 + 2 * block, clamp)]
-                v3 = x[base + min(w0 + 3 * block, clamp)]
-                for t0 in range(start, end, step):
-                    w0 = t0 + tid
-                    n0 = x[base + min(w0 + step, clamp)]
-                    n1 = x[base + min(w0 + step + block, clamp)]
-                    n2 = x[base + min(w0 + step + 2 * block, clamp)]
-                    n3 = x[base + min(w0 + step + 3 * block, clamp)]
-                    for u in range(UNROLL):
-                        v = v0 if u == 0 else (v1 if u == 1 else (v2 if u == 2 else v3))
-                        for h in range(halves):
-                            key = _word_key(v, w0 + u * block, h, end, ncols, half)
-                            a, b, thr = _offer(key, a, b, thr, lane, k, two)
-                    v0 = n0
-                    v1 = n1
-                    v2 = n2
-                    v3 = n3
-            else:
-                # Last block of the row: the nblk block lists of k keys each.
-                n = nblk * k
-                for t0 in range(0, n, block):
-                    i = t0 + tid
-                    key = EMPTY
-                    if i < n:
-                        key = ws[row * ws_row + i]
-                    a, b, thr = _offer(key, a, b, thr, lane, k, two)
+        # 1. Scan this block's words [start, end): four ballots (eight for bf16) of int32 tests per step; only in the
+        # rare step where some lane passes are the elements tested again, one by one, keyed and inserted.
+        for t0 in range(start, end, step):
+            w0 = I32(t0 + tid)
+            w1 = I32(w0 + block)
+            w2 = I32(w0 + 2 * block)
+            w3 = I32(w0 + 3 * block)
+            v0 = x[base + w0] if w0 < end else I32(0)
+            v1 = x[base + w1] if w1 < end else I32(0)
+            v2 = x[base + w2] if w2 < end else I32(0)
+            v3 = x[base + w3] if w3 < end else I32(0)
+            m0, n0 = _masks(v0, w0, end, ncols32, ts, tcol, half)
+            m1, n1 = _masks(v1, w1, end, ncols32, ts, tcol, half)
+            m2, n2 = _masks(v2, w2, end, ncols32, ts, tcol, half)
+            m3, n3 = _masks(v3, w3, end, ncols32, ts, tcol, half)
+            if (m0 | n0 | m1 | n1 | m2 | n2 | m3 | n3) != 0:
+                for j in range(UNROLL * halves):
+                    u = j // halves
+                    h = j % halves
+                    v = v0 if u == 0 else (v1 if u == 1 else (v2 if u == 2 else v3))
+                    m = (m0 if u == 0 else (m1 if u == 1 else (m2 if u == 2 else m3))) if h == 0 else (
+                        n0 if u == 0 else (n1 if u == 1 else (n2 if u == 2 else n3)))
+                    if m != 0:
+                        # Test again against the list as it is now: earlier insertions of this step raised it.
+                        w = I32(w0 + u * block)
+                        col = I32(2 * w + h) if half else w
+                        e = _element(v, h, half)
+                        ok = (w < end) & (col < ncols32) & passes(e, col, ts, tcol)
+                        m = np.int64(cuda.ballot_sync(FULL, ok)) & 0xFFFFFFFF
+                        if m != 0:
+                            a, b = insert_all(m, key_of(e, np.int64(col)), a, b, lane, two)
+                            thr = kth(a, b, k, two)
+                            ts, tcol = filter_of(thr)
 
-            # Warp 0 folds in the first k ranks of every other warp's list (deeper lanes hold no exact ranks).
-            lists[warp, lane] = a
-            if two:
-                lists[warp, 32 + lane] = b
-            cuda.syncthreads()
+        # 2. Fold the warps; 3. write the row, or publish the block's keys and let the row's last block merge them.
+        a, b = _fold(lists, a, b, warp, lane, warps, two)
+        if nblk == 1:
             if warp == 0:
-                for w in range(1, warps):
-                    for r in range(ranks):
-                        key = EMPTY
-                        if 32 * r + lane < k:
-                            key = lists[w, 32 * r + lane]
-                        a, b, thr = _offer(key, a, b, thr, lane, k, two)
-                if final:
-                    _emit(x, base, a, b, lane, k, two, half, out_val, out_idx, row * k)
-                    if phase == 1 and tid == 0:
-                        counters[row] = 0  # self-reset: the next launch and every graph replay start from zero
-                else:
-                    wb = row * ws_row + blk * k
-                    if lane < k:
-                        ws[wb + lane] = a
-                    if two and 32 + lane < k:
-                        ws[wb + 32 + lane] = b
-                    cuda.threadfence()  # every writer publishes its keys before the block counts itself done
-            if final:
-                return
-            cuda.syncthreads()
+                _emit(x, base, a, b, lane, k, two, half, out_val, out_idx, row * k)
+            return
+        if warp == 0:
+            wb = row * ws_row + blk * k
+            if lane < k:
+                ws[wb + lane] = a
+            if two and 32 + lane < k:
+                ws[wb + 32 + lane] = b
+            cuda.threadfence()  # every writer publishes its keys before the block counts itself done
+        cuda.syncthreads()
+        if tid == 0:
+            last[0] = 1 if cuda.atomic.add(counters, row, 1) == nblk - 1 else 0
+        cuda.syncthreads()
+        if last[0] == 0:
+            return
+        cuda.threadfence()  # acquire side: the other blocks' keys are visible from here on
+        a = EMPTY
+        b = EMPTY
+        thr = EMPTY
+        n = nblk * k
+        for t0 in range(0, n, block):
+            i = t0 + tid
+            a, b, thr = offer_key(ws[row * ws_row + i] if i < n else EMPTY, a, b, thr, lane, k, two)
+        a, b = _fold(lists, a, b, warp, lane, warps, two)
+        if warp == 0:
+            _emit(x, base, a, b, lane, k, two, half, out_val, out_idx, row * k)
             if tid == 0:
-                last[0] = 1 if cuda.atomic.add(counters, row, 1) == nblk - 1 else 0
-            cuda.syncthreads()
-            if last[0] == 0:
-                return
-            cuda.threadfence()  # acquire side: the other blocks' keys are visible from here on
-            final = True
+                counters[row] = 0  # self-reset: the next launch and every graph replay start from zero
 
     return topk_kernel
 

@@ -107,12 +107,12 @@ def test_kernel_compiles_to_sm90_ptx(half: bool, two: bool) -> None:
     from numba import cuda
     from numba.cuda import types
 
-    from ignis.kernels.topk_launch import BLOCK
     from ignis.kernels.topk_kernel import make_kernel, signature
+    from ignis.kernels.topk_launch import BLOCK
 
     assert cuda.implementation == "NVIDIA"
     ptx, _ = cuda.compile_ptx(make_kernel(half, two, BLOCK), types.void(*signature(half)), cc=(9, 0))
     assert ".target sm_90" in ptx
     assert ".local" not in ptx  # the lists live in registers, not in local memory
     assert ptx.count("atom.global.add") == 1 and ptx.count("membar.gl") == 2  # one counter; release and acquire
-    assert "vote.sync.ballot" in ptx and "shfl.sync.up" in ptx
+    assert "vote.sync.ballot" in ptx and "shfl.sync.up" in ptx and "shfl.sync.bfly" in ptx  # insert; bitonic merge

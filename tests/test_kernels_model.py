@@ -1,9 +1,9 @@
 """A NumPy model of the top-k kernel's algorithm, step for step, fuzzed against the reference on full-size rows.
 
 The simulator can only run the kernel on a few hundred columns. This model replays the same decomposition at vocabulary
-scale: the launcher's own plan (blocks per row, chunks), the same word-to-warp assignment and offer order, the same
-ballot-and-insert rule on 32-lane lists (two lists when k > 32), the warp fold, the workspace and the last-block
-merge. All warps advance together as rows of NumPy arrays.
+scale: the launcher's own plan (blocks per row, chunks), the same word-to-warp assignment, the int32 filter with its
+per-step masks, insertion of every masked key into 32-lane lists (two lists when k > 32), the pairwise bitonic fold,
+the workspace and the last-block merge. All warps advance together as rows of NumPy arrays.
 """
 
 from __future__ import annotations
@@ -19,72 +19,109 @@ from ignis.kernels.topk_launch import BLOCK, plan, split, words
 
 UNROLL = 4  # ignis.kernels.topk_kernel.UNROLL; checked below without importing numba in every test
 EMPTY = np.int64(-(2**63))
+S_NEG_INF, S_INF, S_MIN = -2139095041, 0x7F800000, -(2**31)
 LANE = np.arange(32)
 
 
-def keys_of(x: torch.Tensor) -> np.ndarray:
-    """[R, V] float32/bfloat16 -> [R, V] int64 keys, the kernel's encoding written independently in NumPy."""
+def bits_of(x: torch.Tensor) -> np.ndarray:
+    """[R, V] float32/bfloat16 -> [R, V] int64 holding each element's fp32 bits as a signed int32 value."""
     if x.dtype == torch.bfloat16:
-        b = (x.view(torch.int16).numpy().astype(np.int64) & 0xFFFF) << 16
-    else:
-        b = x.view(torch.int32).numpy().astype(np.int64) & 0xFFFFFFFF
+        return x.view(torch.int16).numpy().astype(np.int64) << 16
+    return x.view(torch.int32).numpy().astype(np.int64)
+
+
+def key_of(e: np.ndarray, col: np.ndarray) -> np.ndarray:
+    """The kernel's key, written independently: canonical order-preserving high word, reversed column low word."""
+    b = e & 0xFFFFFFFF
     b = np.where(b == 0x80000000, 0, b)
     hi = np.where(b >= 0x80000000, b ^ 0xFFFFFFFF, b | 0x80000000)
     hi = np.where((b & 0x7FFFFFFF) > 0x7F800000, 0xFFFFFFFF, hi)
-    return ((hi - 0x80000000) << 32) | (0xFFFFFFFF - np.arange(x.shape[1], dtype=np.int64))
+    return ((hi - 0x80000000) << 32) | (0xFFFFFFFF - col)
+
+
+def filter_of(thr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    hi = (thr >> 32) + 0x80000000
+    b = np.where(hi >= 0x80000000, hi & 0x7FFFFFFF, ~hi & 0xFFFFFFFF)
+    signed = b - ((b >> 31) << 32)
+    ts = np.where(b == 0, -1, signed ^ ((signed >> 31) & 0x7FFFFFFF))
+    ts = np.where(hi == 0xFFFFFFFF, S_INF, np.where(thr == EMPTY, S_MIN, ts))
+    tcol = np.where((thr == EMPTY) | (hi == 0xFFFFFFFF), 0, 0xFFFFFFFF - (thr & 0xFFFFFFFF))
+    return ts, tcol
+
+
+def passes(e: np.ndarray, col: np.ndarray, ts: np.ndarray, tcol: np.ndarray) -> np.ndarray:
+    s = e ^ ((e >> 31) & 0x7FFFFFFF)
+    return (s > ts[:, None]) | ((s == ts[:, None]) & (col < tcol[:, None])) | (s < S_NEG_INF)
+
+
+def _insert(lst: np.ndarray, c: np.ndarray) -> np.ndarray:
+    up = np.concatenate([lst[:, :1], lst[:, :-1]], axis=1)  # shfl_up by one
+    c = c[:, None]
+    return np.where(lst > c, lst, np.where((LANE == 0) | (up > c), c, up))
+
+
+def _sort_bitonic(c: np.ndarray) -> np.ndarray:
+    for j in (16, 8, 4, 2, 1):
+        p = c[:, LANE ^ j]  # shfl_xor
+        c = np.where((LANE & j) == 0, np.maximum(c, p), np.minimum(c, p))
+    return c
 
 
 class Lists:
-    """The register lists of n warps: a [n, 32] (ranks 0..31), b [n, 32] (ranks 32..63), thr [n] the k-th key."""
+    """The register lists of n warps: a [n, 32] (ranks 0..31), b [n, 32] (ranks 32..63), the k-th key thr [n] and
+    its filter (ts, tcol)."""
 
     def __init__(self, n: int, k: int) -> None:
         self.k = k
         self.a = np.full((n, 32), EMPTY)
         self.b = np.full((n, 32), EMPTY)
-        self.thr = np.full(n, EMPTY)
         self.inserts = np.zeros(n, np.int64)
+        self.set_thr()
 
-    @staticmethod
-    def _insert(lst: np.ndarray, c: np.ndarray) -> np.ndarray:
-        up = np.concatenate([lst[:, :1], lst[:, :-1]], axis=1)  # shfl_up by one
-        c = c[:, None]
-        return np.where(lst > c, lst, np.where((LANE == 0) | (up > c), c, up))
+    def set_thr(self) -> None:
+        self.thr = (self.a[:, self.k - 1] if self.k <= 32 else self.b[:, self.k - 33]).copy()
+        self.ts, self.tcol = filter_of(self.thr)
 
-    def offer(self, keys: np.ndarray) -> None:
-        """keys [n, 32]: lane j of each warp offers keys[:, j]; candidates in lane order, as ffs walks the ballot."""
+    def insert_all(self, m: np.ndarray, keys: np.ndarray) -> None:
+        """m [n, 32] bool, keys [n, 32]: insert every masked key in lane order, no threshold test (insert_all)."""
         for j in range(32):
-            c = keys[:, j]
-            go = c > self.thr
+            go = m[:, j]
             if not go.any():
                 continue
             self.inserts += go
+            c = keys[go, j]
             if self.k <= 32:
-                self.a[go] = self._insert(self.a[go], c[go])
-                self.thr = self.a[:, self.k - 1].copy()
+                self.a[go] = _insert(self.a[go], c)
                 continue
-            a, b, cg = self.a[go], self.b[go], c[go]
+            a, b = self.a[go], self.b[go]
             a_last = a[:, 31]
-            to_a = cg > a_last
-            new_a = np.where(to_a[:, None], self._insert(a, cg), a)
-            shifted = np.concatenate([a_last[:, None], b[:, :-1]], axis=1)
-            self.b[go] = np.where(to_a[:, None], shifted, self._insert(b, cg))
-            self.a[go] = new_a
-            self.thr = self.b[:, self.k - 33].copy()
+            to_a = c > a_last
+            self.b[go] = np.where(to_a[:, None], np.concatenate([a_last[:, None], b[:, :-1]], axis=1), _insert(b, c))
+            self.a[go] = np.where(to_a[:, None], _insert(a, c), a)
+        self.set_thr()
 
     def top(self) -> np.ndarray:
         return np.concatenate([self.a, self.b], axis=1)[:, : self.k]
 
 
 def fold(lists: Lists, groups: int, warps: int) -> Lists:
-    """Warp 0 of each group offers the first k ranks of warps 1..warps-1, in warp order."""
-    k = lists.k
-    a = lists.a.reshape(groups, warps, 32)
-    b = lists.b.reshape(groups, warps, 32)
+    """Pairwise bitonic merges in shared memory: warp w < step merges warp w + step, step = warps/2 .. 1."""
+    k, two = lists.k, lists.k > 32
+    a = lists.a.reshape(groups, warps, 32).copy()
+    b = lists.b.reshape(groups, warps, 32).copy()
+    step = warps // 2
+    while step >= 1:
+        for w in range(step):
+            ra, rb = a[:, w + step, ::-1], b[:, w + step, ::-1]
+            if two:
+                ca, cb = np.maximum(a[:, w], rb), np.maximum(b[:, w], ra)
+                a[:, w], b[:, w] = _sort_bitonic(np.maximum(ca, cb)), _sort_bitonic(np.minimum(ca, cb))
+            else:
+                a[:, w] = _sort_bitonic(np.maximum(a[:, w], ra))
+        step //= 2
     out = Lists(groups, k)
-    out.a, out.b, out.thr = a[:, 0].copy(), b[:, 0].copy(), lists.thr.reshape(groups, warps)[:, 0].copy()
-    for w in range(1, warps):
-        for r, part in enumerate((a, b) if k > 32 else (a,)):
-            out.offer(np.where(32 * r + LANE < k, part[:, w], EMPTY))
+    out.a, out.b = a[:, 0].copy(), b[:, 0].copy()
+    out.set_thr()
     return out
 
 
@@ -94,20 +131,28 @@ def model_topk(x: torch.Tensor, k: int, sms: int) -> tuple[torch.Tensor, torch.T
     half = x.dtype == torch.bfloat16
     p = plan(rows, ncols, k, half, sms)
     warps, nwords, halves = BLOCK // 32, words(ncols, half), 2 if half else 1
-    keys = np.concatenate([keys_of(x), np.full((rows, 2), EMPTY)], axis=1)  # padded: invalid offers index the end
-    # Phase 1: warp (row, blk, w), lane l, step t0, tile u reads word start + t0 + u*BLOCK + 32w + l.
+    bits = np.concatenate([bits_of(x), np.zeros((rows, 2), np.int64)], axis=1)  # invalid offers read the padding
+    # Phase 1: warp (row, blk, w), lane l, step t0, word u reads word start + t0 + u*BLOCK + 32w + l.
     r_ix = np.arange(rows)[:, None, None, None]
     start = (np.arange(p.nblk) * p.chunk)[None, :, None, None]
     end = np.minimum(start + p.chunk, nwords)
     lane_word = start + (32 * np.arange(warps))[None, None, :, None] + LANE
     lists = Lists(rows * p.nblk * warps, k)
     for t0 in range(0, p.chunk, BLOCK * UNROLL):
+        offers = []  # the step's first masks all use the filter as it was when the step began
         for u in range(UNROLL):
             word = lane_word + t0 + u * BLOCK
             for h in range(halves):
                 col = 2 * word + h if half else word
-                ok = (word < end) & (col < ncols)
-                lists.offer(keys[r_ix, np.where(ok, col, ncols)].reshape(-1, 32))
+                ok = np.broadcast_to((word < end) & (col < ncols), (rows, p.nblk, warps, 32))
+                e = bits[r_ix, np.where(ok, col, ncols)].reshape(-1, 32)
+                cols = np.broadcast_to(col, ok.shape).reshape(-1, 32)
+                ok = ok.reshape(-1, 32)
+                offers.append((ok & passes(e, cols, lists.ts, lists.tcol), ok, e, cols))
+        for first, ok, e, cols in offers:
+            # Warps whose first mask is not empty test again against their list as it is now.
+            m = first.any(axis=1)[:, None] & ok & passes(e, cols, lists.ts, lists.tcol)
+            lists.insert_all(m, key_of(e, cols))
     inserts = lists.inserts.mean()
     lists = fold(lists, rows * p.nblk, warps)
     if p.nblk > 1:
@@ -115,8 +160,8 @@ def model_topk(x: torch.Tensor, k: int, sms: int) -> tuple[torch.Tensor, torch.T
         ws = np.concatenate([lists.top().reshape(rows, p.nblk * k), np.full((rows, BLOCK), EMPTY)], axis=1)
         merge = Lists(rows * warps, k)
         for t0 in range(0, p.nblk * k, BLOCK):
-            i = t0 + 32 * np.arange(warps)[:, None] + LANE
-            merge.offer(ws[:, i].reshape(-1, 32))  # i < nblk*k + BLOCK: past the lists lies EMPTY padding
+            keys = ws[:, t0 + 32 * np.arange(warps)[:, None] + LANE].reshape(-1, 32)  # past the lists: EMPTY
+            merge.insert_all(keys > merge.thr[:, None], keys)
         lists = fold(merge, rows, warps)
     top = lists.top()
     ids = torch.from_numpy(0xFFFFFFFF - (top & 0xFFFFFFFF))

@@ -84,6 +84,10 @@ def _install_warp_shim() -> None:
         vals, lane = exchange(self, value)
         return vals[lane - int(delta)] if lane >= int(delta) else value
 
+    def shfl_xor_sync(self: object, mask: int, value: object, lane_mask: int) -> object:
+        vals, lane = exchange(self, value)
+        return vals[lane ^ int(lane_mask)]
+
     def shared_array(self: object, shape: object, dtype: object, alignment: object = None) -> np.ndarray:
         # The simulator keys shared arrays by their source line and creates them without a lock; two lanes racing
         # there got different arrays. Same keying, under a lock.
@@ -98,6 +102,7 @@ def _install_warp_shim() -> None:
     kernelapi.FakeCUDAModule.ballot_sync = ballot_sync  # type: ignore[attr-defined]
     kernelapi.FakeCUDAModule.shfl_sync = shfl_sync  # type: ignore[attr-defined]
     kernelapi.FakeCUDAModule.shfl_up_sync = shfl_up_sync  # type: ignore[attr-defined]
+    kernelapi.FakeCUDAModule.shfl_xor_sync = shfl_xor_sync  # type: ignore[attr-defined]
     kernelapi.FakeCUDAShared.array = shared_array  # type: ignore[method-assign]
 
 
