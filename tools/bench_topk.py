@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--out", help="write the markdown report here too")
     ap.add_argument("--json", help="write every number here")
+    ap.add_argument("--commit", help="the commit measured, where the checkout has no git metadata")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     import numba
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     meta = {
         "device": torch.cuda.get_device_name(0), "sms": torch.cuda.get_device_properties(0).multi_processor_count,
         "torch": torch.__version__, "numba": numba.__version__, "numba_cuda_impl": cuda.implementation,
-        "commit": rev or "unknown", "date": time.strftime("%Y-%m-%d"), "argv": " ".join(sys.argv),
+        "commit": args.commit or rev or "unknown", "date": time.strftime("%Y-%m-%d"), "argv": " ".join(sys.argv),
         "blocks_per_sm": BLOCKS_PER_SM, "min_words": MIN_WORDS,
     }
     try:
