@@ -184,6 +184,7 @@ class _ClientEnd:
         self.sock.setsockopt(zmq.SNDHWM, 0)
         self.sock.setsockopt(zmq.RCVHWM, 0)
         self.sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        self.sock.setsockopt(zmq.LINGER, 0)  # frames for a dead engine must never hold up an exit; close() sets its own
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self.sock.connect(address)
         # Non-blocking reads and sends go through plain sockets even when the owner is asyncio.

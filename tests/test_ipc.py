@@ -207,3 +207,66 @@ def test_garbage_frames_on_the_engine_socket_are_dropped_and_service_continues()
         good.close(0)
         eng.close(0)
         addr.close()
+
+
+class _EngineThatFails:
+    """Accepts requests, then fails its first round the way a GPU fault would."""
+
+    info = INFO
+
+    def __init__(self) -> None:
+        self.queued: list[EngineRequest] = []
+
+    def add(self, req: EngineRequest) -> None:
+        self.queued.append(req)
+
+    def abort(self, ids: list[str]) -> list[RequestDelta]:
+        return []
+
+    def has_work(self) -> bool:
+        return bool(self.queued)
+
+    def step(self) -> list[RequestDelta]:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def stats(self) -> EngineStats:
+        return EngineStats()
+
+
+def test_an_engine_that_fails_tells_every_client_why_before_it_exits(tmp_path) -> None:
+    import threading
+
+    from ignis.client.process_client import ProcessClient
+    from ignis.config import load_config
+    from ignis.engine.process import serve
+    from ignis.errors import EngineDeadError
+
+    addr = private_ipc_address()
+    sock = EngineSocket(addr.address)
+    codes: list[object] = []
+
+    def engine() -> None:
+        try:
+            serve(_EngineThatFails(), sock, 0.2, threading.Event())  # type: ignore[arg-type]
+        except SystemExit as e:
+            codes.append(e.code)
+
+    thread = threading.Thread(target=engine)
+    thread.start()
+    bystander = ClientSocket(addr.address, 2)
+    client = ProcessClient(load_config(overrides={"model.path": str(tmp_path)}), addr.address)
+    try:
+        assert client.info == INFO
+        bystander.send(Hello(client=2))
+        assert any(isinstance(m, Ready) for m in _recv_until(bystander, lambda m: isinstance(m, Ready)))
+        client.add(EngineRequest(id="x", prompt_token_ids=[1, 2], params=SamplingParams()))
+        with pytest.raises(EngineDeadError, match="illegal memory access"):
+            client.get_deltas(5.0)
+        dead = [m for m in _recv_until(bystander, lambda m: isinstance(m, EngineDead)) if isinstance(m, EngineDead)]
+        assert dead and dead[0].kind == "internal" and "RuntimeError" in dead[0].reason
+        thread.join(5.0)
+        assert codes == [1]
+    finally:
+        client.close()
+        bystander.close(0)
+        addr.close()

@@ -11,8 +11,8 @@ and the unreachable one is gone; its requests are aborted and their lanes freed 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
-import multiprocessing as mp
 import os
 import signal
 import threading
@@ -39,6 +39,7 @@ from ignis.ipc.messages import (
     UtilityReply,
 )
 from ignis.ipc.queues import EngineSocket
+from ignis.ipc.spawn import Child, parent_gone, read_config
 from ignis.logging import configure, get_logger
 
 if TYPE_CHECKING:
@@ -64,30 +65,31 @@ def run(cfg: IgnisConfig, address: str, parent_pid: int) -> None:
         log.exception("ignis.engine.start_failed")
         _refuse_start(sock, _dead(e))
         raise SystemExit(1) from None
-    try:
-        serve(engine, sock, cfg.server.heartbeat_s, stop, parent_pid)
-    except Exception as e:
-        log.exception("ignis.engine.dead")
-        sock.broadcast(_dead(e))
-        sock.close(linger_s=2.0)
-        raise SystemExit(1) from None
-    log.info("ignis.engine.stopped")
-    sock.close(linger_s=1.0)
+    serve(engine, sock, cfg.server.heartbeat_s, stop, parent_pid)
 
 
 def serve(engine: Engine, sock: EngineSocket, heartbeat_s: float, stop: threading.Event, parent_pid: int = 0) -> None:
-    """The loop: take every message (aborts take effect at once), run one round, send each client its deltas."""
+    """Serve until `stop` is set (or the parent is gone), then close the socket. On an unrecoverable error every
+    client is sent engine-dead first, and SystemExit(1) is raised."""
     owners: dict[str, int] = {}  # request id -> client that added it
     ready = Ready(info=engine.info, pid=os.getpid(), heartbeat_s=heartbeat_s)
     beat = _Heartbeat(sock, heartbeat_s)
     try:
         _loop(engine, sock, owners, ready, beat, stop, parent_pid)
-    finally:
+    except Exception as e:
         beat.stop()
+        log.exception("ignis.engine.dead")
+        sock.broadcast(_dead(e))
+        sock.close(linger_s=2.0)
+        raise SystemExit(1) from None
+    beat.stop()
+    log.info("ignis.engine.stopped")
+    sock.close(linger_s=1.0)
 
 
 def _loop(engine: Engine, sock: EngineSocket, owners: dict[str, int], ready: Ready, beat: _Heartbeat,
           stop: threading.Event, parent_pid: int) -> None:
+    """The loop: take every message (aborts take effect at once), run one round, send each client its deltas."""
     next_check = 0.0
     while not stop.is_set():
         for client, msg in sock.recv(0.0 if engine.has_work() else 1.0):
@@ -104,7 +106,7 @@ def _loop(engine: Engine, sock: EngineSocket, owners: dict[str, int], ready: Rea
             _send(sock, owners, deltas)
         if time.monotonic() >= next_check:
             next_check = time.monotonic() + 1.0
-            if parent_pid and os.getppid() != parent_pid:
+            if parent_pid and parent_gone(parent_pid):
                 log.warning("ignis.engine.orphaned", parent=parent_pid)
                 return
 
@@ -189,39 +191,32 @@ class _Heartbeat:
 
 
 class EngineProcess:
-    """A parent's handle on one GPU process it started (spawned, so CUDA never sees a forked parent)."""
+    """A parent's handle on one GPU process it started (a fresh interpreter, so CUDA never sees a forked parent)."""
 
     def __init__(self, cfg: IgnisConfig, address: str) -> None:
-        ctx = mp.get_context("spawn")
         self.address = address
-        self.proc = ctx.Process(target=run, args=(cfg, address, os.getpid()), name="ignis-engine", daemon=True)
-        self.proc.start()
-        self.pid: int = self.proc.pid or 0
-        self.exitcode: int | None = None
-        self._stopped = False
-
-    @property
-    def sentinel(self) -> int:
-        return self.proc.sentinel
+        self._child = Child("ignis.engine.process", ["--address", address], cfg)
+        self.pid = self._child.pid
 
     def alive(self) -> bool:
-        if self._stopped:
-            return False
-        if self.proc.is_alive():
-            return True
-        self.exitcode = self.proc.exitcode
-        return False
+        return self._child.alive()
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._child.exitcode
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM (the loop ends after its round), then SIGKILL if it does not exit in time. Idempotent."""
-        if self._stopped:
-            return
-        if self.proc.is_alive():
-            self.proc.terminate()
-            self.proc.join(timeout_s)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(5.0)
-        self.exitcode = self.proc.exitcode
-        self._stopped = True
-        self.proc.close()
+        self._child.stop(timeout_s)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m ignis.engine.process", description="the GPU process (started by ignis)")
+    parser.add_argument("--address", required=True)
+    parser.add_argument("--parent", type=int, required=True)
+    args = parser.parse_args(argv)
+    run(read_config(), args.address, args.parent)
+
+
+if __name__ == "__main__":
+    main()

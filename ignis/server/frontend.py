@@ -7,15 +7,18 @@ or restarts (ignis.server.serve).
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import socket
-from multiprocessing.synchronize import Event as EventType
+from collections.abc import Callable
 from types import FrameType
 
+import structlog
 import uvicorn
 
 from ignis.config import IgnisConfig
+from ignis.ipc.spawn import parent_gone, read_config
 from ignis.logging import configure, get_logger
 
 log = get_logger(__name__)
@@ -34,20 +37,16 @@ class _Server(uvicorn.Server):
             super().handle_exit(sig, frame)
 
     async def on_tick(self, counter: int) -> bool:
-        if counter % 10 == 0 and os.getppid() != self.parent_pid:
+        if counter % 10 == 0 and parent_gone(self.parent_pid):
             log.warning("ignis.frontend.orphaned", parent=self.parent_pid)
             self.should_exit = True
         return await super().on_tick(counter)
 
 
-def run(
-    cfg: IgnisConfig, listener: socket.socket, address: str, index: int, parent_pid: int, ready: EventType | None
-) -> None:
-    """Entry point of a spawned front-end: serve on `listener` until SIGTERM, talking to the engine at `address`;
-    `ready` is set once the engine has answered it."""
+def run(cfg: IgnisConfig, listener: socket.socket, address: str, index: int, parent_pid: int,
+        on_ready: Callable[[], None] | None = None) -> None:
+    """Serve on `listener` until SIGTERM, talking to the engine at `address`; `on_ready` once the engine answers."""
     configure(cfg.log.level, cfg.log.format)
-    import structlog
-
     structlog.contextvars.bind_contextvars(frontend=index)
     from ignis.server.app import build_app
 
@@ -55,7 +54,7 @@ def run(
     signal.signal(signal.SIGTERM, lambda *_: None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     config = uvicorn.Config(
-        build_app(cfg, address, index, ready.set if ready is not None else None),
+        build_app(cfg, address, index, on_ready),
         loop="uvloop",
         log_config=None,
         access_log=False,
@@ -63,3 +62,24 @@ def run(
         timeout_graceful_shutdown=DRAIN_S,
     )
     _Server(config, parent_pid).run(sockets=[listener])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m ignis.server.frontend", description="a front-end (started by ignis serve)")
+    parser.add_argument("--address", required=True)
+    parser.add_argument("--parent", type=int, required=True)
+    parser.add_argument("--frontend", type=int, required=True)
+    parser.add_argument("--listen-fd", type=int, required=True)
+    parser.add_argument("--ready-fd", type=int, required=True)
+    args = parser.parse_args(argv)
+    listener = socket.socket(fileno=args.listen_fd)
+
+    def ready() -> None:
+        os.write(args.ready_fd, b"r")
+        os.close(args.ready_fd)
+
+    run(read_config(), listener, args.address, args.frontend, args.parent, ready)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,26 +1,25 @@
 """`ignis serve`: the supervisor of one GPU process and N front-ends that share one listening port.
 
-Owns: the listening socket, the engine address, starting the GPU process and the front-ends (spawned), waiting
-for the engine before announcing where the server listens, restarting whatever dies (a front-end at once; the GPU
-process too, giving up if it keeps dying as it starts), and draining on SIGTERM/SIGINT (front-ends finish their
-in-flight responses, then the engine stops). Does not own: what the children do (ignis.engine.process,
+Owns: the listening socket, the engine address, starting the GPU process and the front-ends, waiting for them
+before announcing where the server listens, restarting whatever dies (a front-end at once; the GPU process too,
+giving up if it keeps dying as it starts), and draining on SIGTERM/SIGINT (front-ends finish their in-flight
+responses, then the engine stops). Does not own: what the children do (ignis.engine.process,
 ignis.server.frontend). In-flight requests of a dead GPU process are failed by the front-ends themselves, which
-see its connection drop (ignis.client.link).
+see its connection drop (ignis.client.link); the lanes of a dead front-end are freed by the engine, which sees
+its connection drop (ignis.ipc.queues).
 
-Why one listening socket made here and shared, rather than SO_REUSEPORT in each front-end: the port is bound once
-(a busy port fails before anything starts, and port 0 resolves to one real port), connections wait in one accept
-queue that survives a front-end's death and restart, and it works wherever SO_REUSEPORT does not.
+Why one listening socket made here and inherited, rather than SO_REUSEPORT in each front-end: the port is bound
+once (a busy port fails before anything starts, and port 0 resolves to one real port), connections wait in one
+accept queue that survives a front-end's death and restart, and it works wherever SO_REUSEPORT does not.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
+import select
 import signal
 import socket
 import time
-from multiprocessing.connection import wait
-from multiprocessing.synchronize import Event as EventType
 from types import FrameType
 
 from ignis.client.link import EngineLink, new_client_id
@@ -30,16 +29,16 @@ from ignis.errors import EngineDeadError, IgnisError
 from ignis.ipc.addresses import engine_address
 from ignis.ipc.messages import EngineInfo
 from ignis.ipc.queues import ClientSocket
+from ignis.ipc.spawn import Child
 from ignis.logging import get_logger
 from ignis.server.app import has_playground
 from ignis.server.frontend import DRAIN_S
-from ignis.server.frontend import run as frontend_run
 
 log = get_logger(__name__)
 
 FAST_DEATH_S = 30.0  # an engine that dies sooner than this after starting counts towards giving up
 MAX_FAST_DEATHS = 3
-FRONTEND_RESTART_GAP_S = 1.0
+WATCH_S = 0.1  # how often the supervisor looks at its children
 
 
 def main(cfg: IgnisConfig) -> None:
@@ -58,14 +57,12 @@ def main(cfg: IgnisConfig) -> None:
 class Supervisor:
     def __init__(self, cfg: IgnisConfig) -> None:
         self.cfg = cfg
-        self._mp = mp.get_context("spawn")
         self._signals = 0
         self.address = engine_address(cfg.server.transport, cfg.server.engine_address)
         self.listener = listen(cfg.server.host, cfg.server.port)
         self.port = int(self.listener.getsockname()[1])
         self.engine: EngineProcess | None = None
-        self.frontends: list[mp.process.BaseProcess | None] = [None] * cfg.server.frontends
-        self._started_at: list[float] = [0.0] * cfg.server.frontends
+        self.frontends: list[Child | None] = [None] * cfg.server.frontends
         self._engine_started = 0.0
         self._fast_deaths = 0
 
@@ -74,42 +71,31 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
         self._start_engine()
         info = self._wait_engine()
-        ready = [self._mp.Event() for _ in self.frontends]
-        for i in range(len(self.frontends)):
-            self._start_frontend(i, ready[i])
+        ready = [self._start_frontend(i) for i in range(len(self.frontends))]
         self._wait_frontends(ready)
         self._announce(info)
 
     def watch(self) -> None:
         while not self._signals:
-            sentinels = [p.sentinel for p in self.frontends if p is not None]
-            if self.engine is not None:
-                sentinels.append(self.engine.sentinel)
-            wait(sentinels, timeout=0.5)
-            if self._signals:
-                break
+            time.sleep(WATCH_S)
             if self.engine is not None and not self.engine.alive():
                 self._engine_died()
-            for i, p in enumerate(self.frontends):
-                if p is not None and not p.is_alive() and time.monotonic() - self._started_at[i] > FRONTEND_RESTART_GAP_S:
-                    log.error("ignis.serve.frontend_died", frontend=i, exitcode=p.exitcode)
-                    p.close()
-                    self._start_frontend(i)
+            for i, child in enumerate(self.frontends):
+                if child is not None and not child.alive() and not self._signals:
+                    log.error("ignis.serve.frontend_died", frontend=i, exitcode=child.exitcode, restarting=True)
+                    os.close(self._start_frontend(i))  # nobody waits for a restarted one to be ready
 
     def stop(self) -> None:
         """Drain: front-ends stop accepting and finish what they serve; then the engine; then the address."""
-        for p in self.frontends:
-            if p is not None and p.is_alive():
-                p.terminate()
+        live = [c for c in self.frontends if c is not None]
+        for child in live:
+            if child.alive():
+                child.proc.terminate()
         deadline = time.monotonic() + DRAIN_S + 5.0
-        for p in self.frontends:
-            if p is None:
-                continue
-            while p.is_alive() and time.monotonic() < deadline and self._signals < 2:
-                p.join(0.2)
-            if p.is_alive():
-                p.kill()
-                p.join(5.0)
+        while any(c.alive() for c in live) and time.monotonic() < deadline and self._signals < 2:
+            time.sleep(WATCH_S)
+        for child in live:
+            child.kill()
         self.frontends = [None] * len(self.frontends)
         if self.engine is not None:
             self.engine.stop()
@@ -147,7 +133,7 @@ class Supervisor:
         sock = ClientSocket(self.address.address, link.client)
         try:
             while not link.ready:
-                for item in sock.recv(0.1):
+                for item in sock.recv(WATCH_S):
                     hello = link.feed(item)
                     if hello is not None:
                         sock.send(hello)
@@ -163,25 +149,36 @@ class Supervisor:
         finally:
             sock.close(0)
 
-    def _wait_frontends(self, ready: list[EventType]) -> None:
-        """Announce only once every front-end serves; a front-end that dies while starting is an error."""
-        while not all(e.is_set() for e in ready):
-            for i, p in enumerate(self.frontends):
-                if p is not None and not p.is_alive():
-                    raise IgnisError(f"front-end {i} exited with code {p.exitcode} while starting; its log is above")
-            if self._signals:
-                raise KeyboardInterrupt
-            time.sleep(0.05)
+    def _start_frontend(self, i: int) -> int:
+        """Start front-end i; returns the read end of the pipe on which it says it is ready."""
+        ready_r, ready_w = os.pipe()
+        args = ["--address", self.address.address, "--frontend", str(i),
+                "--listen-fd", str(self.listener.fileno()), "--ready-fd", str(ready_w)]
+        try:
+            child = Child("ignis.server.frontend", args, self.cfg, pass_fds=(self.listener.fileno(), ready_w))
+        finally:
+            os.close(ready_w)
+        self.frontends[i] = child
+        log.info("ignis.serve.frontend_started", frontend=i, pid=child.pid)
+        return ready_r
 
-    def _start_frontend(self, i: int, ready: EventType | None = None) -> None:
-        p = self._mp.Process(
-            target=frontend_run, args=(self.cfg, self.listener, self.address.address, i, os.getpid(), ready),
-            name=f"ignis-frontend-{i}", daemon=True,
-        )
-        p.start()
-        self.frontends[i] = p
-        self._started_at[i] = time.monotonic()
-        log.info("ignis.serve.frontend_started", frontend=i, pid=p.pid)
+    def _wait_frontends(self, ready: list[int]) -> None:
+        """Announce only once every front-end serves; a front-end that exits while starting is an error."""
+        waiting = set(ready)
+        try:
+            while waiting:
+                for fd in select.select(list(waiting), [], [], WATCH_S)[0]:
+                    os.read(fd, 1)  # a byte when ready; end of file if it died first (caught below)
+                    waiting.discard(fd)
+                for i, child in enumerate(self.frontends):
+                    if child is not None and not child.alive():
+                        raise IgnisError(f"front-end {i} exited with code {child.exitcode} while starting; "
+                                         "its log is above")
+                if self._signals:
+                    raise KeyboardInterrupt
+        finally:
+            for fd in ready:
+                os.close(fd)
 
     def _announce(self, info: EngineInfo) -> None:
         host = self.cfg.server.host
