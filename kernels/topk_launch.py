@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 BLOCK = 256  # threads per block: 8 warps, each with its own register list
-BLOCKS_PER_SM = 4  # enough resident blocks to keep every SM's load pipeline busy
+BLOCKS_PER_SM = 2  # measured on the H200 against 1, 4 and 8 (docs/adr/0001-topk-kernel.md): best or tied at 1-256 rows
 MIN_WORDS = 2048  # a block gets at least this many 32-bit words (two load steps per thread) before rows are split
 
 
@@ -47,8 +47,8 @@ def split(nwords: int, want: int) -> tuple[int, int]:
 
 
 def plan(rows: int, ncols: int, k: int, half: bool, sms: int) -> Plan:
-    """About BLOCKS_PER_SM blocks per SM over all rows, but no block smaller than MIN_WORDS: one row of a 248k
-    vocabulary gets ~120 blocks, 256 rows get 3 each, a short row gets one."""
+    """About BLOCKS_PER_SM blocks per SM over all rows, but no block smaller than MIN_WORDS: one fp32 row of a 248k
+    vocabulary gets 122 blocks, 8 rows 33 each, 256 rows 2 each, a short row one."""
     nwords = words(ncols, half)
     want = min(math.ceil(BLOCKS_PER_SM * sms / rows), math.ceil(nwords / MIN_WORDS))
     nblk, chunk = split(nwords, want)

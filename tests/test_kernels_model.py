@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from ignis.kernels.topk import topk_reference
-from ignis.kernels.topk_launch import BLOCK, plan, split, words
+from ignis.kernels.topk_launch import BLOCK, BLOCKS_PER_SM, plan, split, words
 
 UNROLL = 4  # ignis.kernels.topk_kernel.UNROLL; checked below without importing numba in every test
 EMPTY = np.int64(-(2**63))
@@ -226,7 +226,7 @@ def test_model_masked_rows_and_special_values() -> None:
 def test_model_is_independent_of_the_split(sms: int) -> None:
     # Any nblk gives the reference result: the row is split differently on every SM count.
     x = torch.randn(2, 100003, generator=torch.Generator().manual_seed(sms)).bfloat16()
-    assert plan(2, 100003, 16, True, sms).nblk == min(math.ceil(4 * sms / 2), math.ceil(50002 / 2048))
+    assert plan(2, 100003, 16, True, sms).nblk == min(math.ceil(BLOCKS_PER_SM * sms / 2), math.ceil(50002 / 2048))
     _check(x, 16, sms)
 
 
