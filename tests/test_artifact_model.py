@@ -4,6 +4,7 @@ budget, predicts held-out code, and its MTP head computes what it was trained to
 from __future__ import annotations
 
 import json
+from typing import Any, cast
 
 import pytest
 import torch
@@ -60,7 +61,8 @@ def test_config_and_files_fit_the_package_budget() -> None:
 
 
 def test_loads_in_transformers_with_mtp_ignored() -> None:
-    _, info = Qwen3_5ForCausalLM.from_pretrained(str(PATH), output_loading_info=True)
+    loaded = Qwen3_5ForCausalLM.from_pretrained(str(PATH), output_loading_info=True)
+    _, info = cast(tuple[Qwen3_5ForCausalLM, dict[str, Any]], loaded)
     assert not info["missing_keys"] and not info["mismatched_keys"] and not info["error_msgs"]
 
 
@@ -70,7 +72,7 @@ def test_ignis_logits_match_transformers(hf: Qwen3_5ForCausalLM, ours: HybridMod
     with torch.no_grad():
         want = hf(ids[None]).logits[0]
     cache = LaneCache(ours.config, lanes=1, context=128, max_cols=1, device="cpu", dtype=torch.float32)
-    got = ours(Batch(ids, torch.arange(n), (Segment(0, 0, 0, n),), torch.arange(n)), cache).logits
+    got = ours(Batch(ids, torch.arange(n), (Segment(0, 0, 0, n, prefill=True),), torch.arange(n)), cache).logits
     assert rel_err(got, want) < 1e-4
     assert torch.equal(got.argmax(-1), want.argmax(-1))
 
@@ -96,10 +98,10 @@ def test_ignis_mtp_head_computes_the_trained_head(
     ids = held_out_ids[:64]
     n = ids.numel()
     cache = LaneCache(ours.config, lanes=1, context=128, max_cols=1, device="cpu", dtype=torch.float32)
-    hidden = ours(Batch(ids, torch.arange(n), (Segment(0, 0, 0, n),), torch.arange(n)), cache).hidden
+    hidden = ours(Batch(ids, torch.arange(n), (Segment(0, 0, 0, n, prefill=True),), torch.arange(n)), cache).hidden
     assert ours.mtp is not None
     k = torch.zeros(1, 128, ours.config.num_key_value_heads, ours.config.head_dim)
-    got = ours.mtp(ours.embed(ids[1:]), hidden[:-1], torch.arange(n - 1), (Segment(0, 0, 0, n - 1),), k,
+    got = ours.mtp(ours.embed(ids[1:]), hidden[:-1], torch.arange(n - 1), (Segment(0, 0, 0, n - 1, prefill=True),), k,
                    torch.zeros_like(k))
 
     trained = MTPHead(hf.config)

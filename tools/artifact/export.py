@@ -34,13 +34,13 @@ def checkpoint_tensors(
     return {name: t.detach().to("cpu", torch.bfloat16).contiguous() for name, t in sorted(tensors.items())}
 
 
-def save_shards(tensors: dict[str, torch.Tensor], out: Path) -> list[str]:
+def save_shards(tensors: dict[str, torch.Tensor], out: Path, max_bytes: int = MAX_SHARD_BYTES) -> list[str]:
     """Shards named model-0000i-of-0000n.safetensors (or model.safetensors if one fits) plus the index."""
     groups: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for name, t in tensors.items():
         nbytes = t.numel() * t.element_size()
-        if groups[-1] and size + nbytes > MAX_SHARD_BYTES:
+        if groups[-1] and size + nbytes > max_bytes:
             groups.append({})
             size = 0
         groups[-1][name] = t

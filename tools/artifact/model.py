@@ -12,10 +12,11 @@ then mtp.norm and the shared lm_head, which predicts x[t+2].
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 from torch import nn
-from transformers import Qwen3_5TextConfig
+from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer, Qwen3_5RMSNorm
 
 from tools.artifact.train_tokenizer import ENDOFTEXT_ID, IM_END_ID
@@ -25,7 +26,7 @@ from tools.artifact.train_tokenizer import ENDOFTEXT_ID, IM_END_ID
 # Qwen3.5's small checkpoints tie too. GDN heads are 128 wide as in every Qwen3.5 checkpoint (fla's backward also
 # miscompiles 64-wide keys on Hopper with Triton 3.4-3.7.0), and value heads pair two per key head (r = 2), as
 # Qwen3-Next does, so the grouped path of every GDN implementation is exercised by the built-in model.
-TARGET_SHAPE: dict[str, object] = {
+TARGET_SHAPE: dict[str, int] = {
     "hidden_size": 384,
     "intermediate_size": 1024,
     "num_hidden_layers": 8,
@@ -40,7 +41,7 @@ TARGET_SHAPE: dict[str, object] = {
 }
 
 # Small enough to run a few CPU training steps in a test of the same code path.
-TOY_SHAPE: dict[str, object] = {
+TOY_SHAPE: dict[str, int] = {
     "hidden_size": 64,
     "intermediate_size": 128,
     "num_hidden_layers": 4,
@@ -55,8 +56,11 @@ TOY_SHAPE: dict[str, object] = {
 }
 
 
-def target_config(vocab_size: int, shape: dict[str, object], max_positions: int = 4096) -> Qwen3_5TextConfig:
+def target_config(vocab_size: int, shape: dict[str, int], max_positions: int = 4096) -> Qwen3_5TextConfig:
     """The Qwen3.5 text config of the target: 3 Gated DeltaNet layers to 1 gated-attention layer, one MTP layer."""
+    # mtp_num_hidden_layers is not a Qwen3_5TextConfig field: transformers keeps it as a plain attribute, and
+    # readers of config.json (ignis, vLLM) take the MTP layer count from it.
+    extra: dict[str, Any] = {"mtp_num_hidden_layers": 1, **shape}
     return Qwen3_5TextConfig(
         vocab_size=vocab_size,
         max_position_embeddings=max_positions,
@@ -75,9 +79,8 @@ def target_config(vocab_size: int, shape: dict[str, object], max_positions: int 
         bos_token_id=None,
         # <|im_end|> ends a chat turn, <|endoftext|> ends a raw completion: both stop generation.
         eos_token_id=[IM_END_ID, ENDOFTEXT_ID],
-        mtp_num_hidden_layers=1,
         architectures=["Qwen3_5ForCausalLM"],
-        **shape,
+        **extra,
     )
 
 
@@ -119,7 +122,7 @@ def text_positions(batch: int, length: int, device: torch.device) -> torch.Tenso
 
 
 def losses(
-    net: nn.Module, mtp: MTPHead, seq: torch.Tensor  # [B, T+1] int64, device
+    net: Qwen3_5ForCausalLM, mtp: MTPHead, seq: torch.Tensor  # [B, T+1] int64, device
 ) -> dict[str, torch.Tensor]:  # scalar float32 tensors, device
     """Next-token loss and MTP (token after next) loss over seq, with their top-1 accuracies.
 
@@ -127,15 +130,15 @@ def losses(
     target's hidden h[t] and predicts seq[t+2], for t = 0..T-2.
     """
     batch, length = seq.shape[0], seq.shape[1] - 1
-    inner = net.model  # type: ignore[union-attr]
+    inner = net.model
     hidden = inner(input_ids=seq[:, :length], use_cache=False).last_hidden_state  # [B, T, H], after the final norm
-    logits = net.lm_head(hidden)  # type: ignore[operator]
+    logits = net.lm_head(hidden)
     main_target = seq[:, 1:]
     main = nn.functional.cross_entropy(logits.float().flatten(0, 1), main_target.flatten())
 
     cos_sin = inner.rotary_emb(hidden, text_positions(batch, length - 1, seq.device))
     mtp_hidden = mtp(inner.embed_tokens(seq[:, 1:length]), hidden[:, : length - 1], cos_sin)
-    mtp_logits = net.lm_head(mtp_hidden)  # type: ignore[operator]
+    mtp_logits = net.lm_head(mtp_hidden)
     mtp_target = seq[:, 2:]
     ahead = nn.functional.cross_entropy(mtp_logits.float().flatten(0, 1), mtp_target.flatten())
     with torch.no_grad():

@@ -159,15 +159,16 @@ def main() -> None:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     shape = TOY_SHAPE if args.toy else TARGET_SHAPE
-    gdn = gdn_kernel.choose(device, int(shape["linear_num_value_heads"]), int(shape["linear_key_head_dim"]),
-                            int(shape["linear_value_head_dim"]), log)
+    gdn = gdn_kernel.choose(device, shape["linear_num_value_heads"], shape["linear_key_head_dim"],
+                            shape["linear_value_head_dim"], log)
     log(f"device {device}; Gated DeltaNet kernel: {gdn}")
 
     torch.manual_seed(args.seed)
     config = target_config(tok.get_vocab_size(), shape)
     config._attn_implementation = "sdpa"
-    net = Qwen3_5ForCausalLM(config).to(device)
-    mtp = MTPHead(net.config).to(device)
+    with device:
+        net = Qwen3_5ForCausalLM(config)
+        mtp = MTPHead(net.config)
     params = [p for p in list(net.parameters()) + list(mtp.parameters()) if p.requires_grad]
     n_target = sum(p.numel() for p in net.parameters())
     n_mtp = sum(p.numel() for p in mtp.parameters())
