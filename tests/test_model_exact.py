@@ -35,7 +35,7 @@ def run(model: HybridModel, cache: LaneCache, parts: list[tuple[Segment, torch.T
     """One forward over (segment, its tokens) packed in the order given; the logits of every row, per segment."""
     segs, offset = [], 0
     for seg, _ in parts:
-        segs.append(Segment(seg.lane, offset, seg.start, seg.length, seg.record))
+        segs.append(Segment(seg.lane, offset, seg.start, seg.length, seg.record, seg.prefill))
         offset += seg.length
     batch = Batch(
         tokens=torch.cat([t for _, t in parts]),
@@ -67,7 +67,7 @@ def assert_same(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
 def prefilled(model: HybridModel, prompts: dict[int, torch.Tensor]) -> LaneCache:
     cache = LaneCache(model.config, lanes=4, context=256, max_cols=DRAFT + 1, device="cpu", dtype=torch.float32)
     if prompts:
-        run(model, cache, [(Segment(lane, 0, 0, len(p)), p) for lane, p in prompts.items()])
+        run(model, cache, [(Segment(lane, 0, 0, len(p), prefill=True), p) for lane, p in prompts.items()])
     return cache
 
 
@@ -89,7 +89,7 @@ def test_verify_then_commit_equals_token_by_token_decode(model: HybridModel) -> 
     spec = prefilled(model, prompts)
     before = lane_state(spec, 1, n)
     parts = [
-        (Segment(2, 0, 5, 3), other[:3]),
+        (Segment(2, 0, 5, 3, prefill=True), other[:3]),
         (Segment(1, 0, n, DRAFT + 1, record=True), cols),
         (Segment(0, 0, 33, 1), other[:1]),
     ]
@@ -107,7 +107,7 @@ def test_verify_then_commit_equals_token_by_token_decode(model: HybridModel) -> 
 def test_prefill_alone_packed_or_split_gives_the_same_bits(model: HybridModel) -> None:
     prompt = tokens(100, 6)
     alone = prefilled(model, {})
-    want = run(model, alone, [(Segment(2, 0, 0, 100), prompt)])[0]
+    want = run(model, alone, [(Segment(2, 0, 0, 100, prefill=True), prompt)])[0]
     want_state = lane_state(alone, 2, 100)
 
     packed = prefilled(model, {})
@@ -115,9 +115,9 @@ def test_prefill_alone_packed_or_split_gives_the_same_bits(model: HybridModel) -
         model,
         packed,
         [
-            (Segment(0, 0, 0, 37), tokens(37, 7)),
-            (Segment(2, 0, 0, 100), prompt),
-            (Segment(1, 0, 0, 64), tokens(64, 8)),
+            (Segment(0, 0, 0, 37, prefill=True), tokens(37, 7)),
+            (Segment(2, 0, 0, 100, prefill=True), prompt),
+            (Segment(1, 0, 0, 64, prefill=True), tokens(64, 8)),
             (Segment(3, 0, 0, 1), tokens(1, 9)),
         ],
     )[1]
@@ -125,8 +125,8 @@ def test_prefill_alone_packed_or_split_gives_the_same_bits(model: HybridModel) -
     assert_same(lane_state(packed, 2, 100), want_state)
 
     split = prefilled(model, {0: tokens(10, 10)})
-    first = run(model, split, [(Segment(2, 0, 0, 64), prompt[:64])])[0]
-    second = run(model, split, [(Segment(0, 0, 10, 1), tokens(1, 11)), (Segment(2, 0, 64, 36), prompt[64:])])[1]
+    first = run(model, split, [(Segment(2, 0, 0, 64, prefill=True), prompt[:64])])[0]
+    second = run(model, split, [(Segment(0, 0, 10, 1), tokens(1, 11)), (Segment(2, 0, 64, 36, prefill=True), prompt[64:])])[1]
     assert torch.equal(torch.cat([first, second]), want)
     assert_same(lane_state(split, 2, 100), want_state)
 
@@ -143,7 +143,7 @@ def test_cache_refuses_what_it_cannot_hold(model: HybridModel) -> None:
     with pytest.raises(ValueError, match="max_cols"):
         run(model, cache, [(Segment(0, 0, 0, 4, record=True), tokens(4, 13))])
     with pytest.raises(ValueError, match="context"):
-        run(model, cache, [(Segment(1, 0, 10, 8), tokens(8, 14))])
+        run(model, cache, [(Segment(1, 0, 10, 8, prefill=True), tokens(8, 14))])
     run(model, cache, [(Segment(1, 0, 0, 3, record=True), tokens(3, 15))])
     with pytest.raises(ValueError, match="had 3 columns"):
         cache.commit(1, 4)
@@ -162,7 +162,7 @@ def test_fast_mode_agrees_with_exact_mode(model: HybridModel, tmp_path: Path) ->
         # A prefill continuing at 40 beside decodes (SDPA with a prefix mask; a recurrent group of three lanes).
         [
             (Segment(0, 0, 70, 1), tokens(1, 20)),
-            (Segment(2, 0, 40, 30), tokens(30, 21)),
+            (Segment(2, 0, 40, 30, prefill=True), tokens(30, 21)),
             (Segment(1, 0, 9, 1), tokens(1, 22)),
             (Segment(3, 0, 1, 1), tokens(1, 23)),
         ],
@@ -190,8 +190,8 @@ def test_bfloat16_runs_close_to_float32(model: HybridModel, tmp_path: Path) -> N
     half = load_model(path, device="cpu", dtype=torch.bfloat16, exact=False)
     assert half.embed_tokens.weight.dtype == torch.bfloat16
     prompt = {1: tokens(80, 27)}
-    want = run(model, prefilled(model, {}), [(Segment(1, 0, 0, 80), prompt[1])])[0]
+    want = run(model, prefilled(model, {}), [(Segment(1, 0, 0, 80, prefill=True), prompt[1])])[0]
     cache = LaneCache(half.config, lanes=4, context=256, max_cols=1, device="cpu", dtype=torch.bfloat16)
-    got = run(half, cache, [(Segment(1, 0, 0, 80), prompt[1])])[0]
+    got = run(half, cache, [(Segment(1, 0, 0, 80, prefill=True), prompt[1])])[0]
     assert got.dtype == torch.float32 and cache.layers[0].state.dtype == torch.float32  # type: ignore[union-attr]
     assert ((got - want).abs().max() / want.abs().max()).item() < 5e-2

@@ -88,7 +88,7 @@ def run_lanes(model: HybridModel, refs: list[Reference], lanes: list[int]) -> tu
     cache = LaneCache(model.config, lanes=4, context=256, max_cols=1, device="cpu", dtype=torch.float32)
     segs, offset = [], 0
     for ref, lane in zip(refs, lanes, strict=True):
-        segs.append(Segment(lane=lane, offset=offset, start=0, length=len(ref.prompt)))
+        segs.append(Segment(lane=lane, offset=offset, start=0, length=len(ref.prompt), prefill=True))
         offset += len(ref.prompt)
     tokens = torch.cat([r.prompt for r in refs])
     positions = torch.cat([torch.arange(len(r.prompt)) for r in refs])
@@ -139,7 +139,7 @@ def test_taps_are_transformers_hidden_states(ours: HybridModel, hf_model: Qwen3_
         hf = hf_model(prompt[None], output_hidden_states=True)
     cache = LaneCache(ours.config, lanes=1, context=64, max_cols=1, device="cpu", dtype=torch.float32)
     taps = (5, 0, 3)
-    out = ours(Batch(prompt, torch.arange(40), (Segment(0, 0, 0, 40),), torch.tensor([39])), cache, taps=taps)
+    out = ours(Batch(prompt, torch.arange(40), (Segment(0, 0, 0, 40, prefill=True),), torch.tensor([39])), cache, taps=taps)
     h = ours.config.hidden_size
     assert out.taps is not None and out.taps.shape == (40, len(taps) * h)
     for i, layer in enumerate(taps):
@@ -155,7 +155,7 @@ def test_random_checkpoint_loads_in_transformers_too(tmp_path: Path) -> None:
     with torch.no_grad():
         want = hf(prompt[None]).logits[0]
     cache = LaneCache(model.config, lanes=1, context=128, max_cols=1, device="cpu", dtype=torch.float32)
-    got = model(Batch(prompt, torch.arange(70), (Segment(0, 0, 0, 70),), torch.arange(70)), cache).logits
+    got = model(Batch(prompt, torch.arange(70), (Segment(0, 0, 0, 70, prefill=True),), torch.arange(70)), cache).logits
     assert rel_err(got, want) < 1e-4
     assert torch.equal(got.argmax(-1), want.argmax(-1))
 
@@ -177,7 +177,7 @@ def test_mtp_head_is_fc_then_a_transformers_attention_layer(tmp_path: Path) -> N
     positions = torch.arange(n)
     k = torch.zeros(2, 64, model.config.num_key_value_heads, model.config.head_dim)
     v = torch.zeros_like(k)
-    got = mtp(embeds, hidden, positions, (Segment(lane=1, offset=0, start=0, length=n),), k, v)
+    got = mtp(embeds, hidden, positions, (Segment(lane=1, offset=0, start=0, length=n, prefill=True),), k, v)
     with torch.no_grad():
         u = torch.cat([mtp.pre_fc_norm_embedding(embeds), mtp.pre_fc_norm_hidden(hidden)], -1) @ mtp.fc.weight.T
         rope = Qwen3_5TextRotaryEmbedding(hf_config)
@@ -186,6 +186,6 @@ def test_mtp_head_is_fc_then_a_transformers_attention_layer(tmp_path: Path) -> N
     assert rel_err(got, want) < 1e-4
     # Decoding the last row alone against the K/V the first n-1 rows left gives the same bits as the full pass.
     k2, v2 = torch.zeros_like(k), torch.zeros_like(v)
-    mtp(embeds[:-1], hidden[:-1], positions[:-1], (Segment(1, 0, 0, n - 1),), k2, v2)
+    mtp(embeds[:-1], hidden[:-1], positions[:-1], (Segment(1, 0, 0, n - 1, prefill=True),), k2, v2)
     last = mtp(embeds[-1:], hidden[-1:], positions[-1:], (Segment(1, 0, n - 1, 1),), k2, v2)
     assert torch.equal(last[0], got[-1])

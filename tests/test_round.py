@@ -25,8 +25,8 @@ def _greedy(max_tokens: int) -> SamplingParams:
 
 @pytest.fixture(scope="module")
 def work() -> tuple[list[list[int]], list[SamplingParams]]:
-    ps = prompts(20, VOCAB, seed=1, lo=2, hi=150)
-    return ps, [_greedy(8 + (7 * i) % 25) for i in range(len(ps))]
+    ps = prompts(20, VOCAB, seed=1, lo=2, hi=100)
+    return ps, [_greedy(6 + (7 * i) % 23) for i in range(len(ps))]
 
 
 @pytest.fixture(scope="module")

@@ -98,7 +98,7 @@ class Runner:
         for p in plan.prefill:
             r, n = p.request, p.length
             tokens.append(torch.tensor(r.prompt[r.computed : r.computed + n], dtype=torch.long, device=self.device))
-            segments.append(Segment(lane=r.lane, offset=offset, start=r.computed, length=n, record=False))
+            segments.append(Segment(lane=r.lane, offset=offset, start=r.computed, length=n, prefill=True))
             finishes = r.computed + n == len(r.prompt)
             prefill_rows.append(_Rows(r, offset, n, len(logit_rows) if finishes else -1))
             if finishes:

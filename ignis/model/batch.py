@@ -16,7 +16,10 @@ import torch
 class Segment:
     """Rows [offset, offset+length) of the batch belong to `lane`, at absolute positions start..start+length-1.
 
-    record=False (prefill chunks, plain decode): recurrent layers advance the lane's state in place.
+    prefill=True (prompt rows): recurrent layers use the chunked form, chunk by chunk from the segment's start (the
+    scheduler starts prefill segments at multiples of 64), so a prompt's bits never depend on how it was split.
+    prefill=False (decode and verify rows): the per-token recurrent form, identical for one row or K+1.
+    record=False: recurrent layers advance the lane's state in place.
     record=True (speculative verify of [anchor, d1..dK]): recurrent layers leave the lane's state untouched and keep
     the state after every column in scratch; `LaneCache.commit(lane, cols)` later keeps the first `cols` columns.
     Attention layers write keys/values of every row at their positions either way (rejected columns are simply
@@ -28,6 +31,7 @@ class Segment:
     start: int
     length: int
     record: bool = False
+    prefill: bool = False
 
 
 @dataclass

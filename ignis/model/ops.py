@@ -133,8 +133,8 @@ class Step:
     cos: torch.Tensor  # [T, rotary_dim] model dtype, device
     sin: torch.Tensor  # [T, rotary_dim] model dtype, device
     exact: bool
-    recurrent: tuple[RecurrentGroup, ...]  # segments with record=True or length 1
-    chunked: tuple[Segment, ...]  # the other segments (prefill): chunked delta rule
+    recurrent: tuple[RecurrentGroup, ...]  # decode and verify segments: per-token recurrence
+    chunked: tuple[Segment, ...]  # prefill segments: chunked delta rule
 
     @staticmethod
     def build(
@@ -147,7 +147,7 @@ class Step:
         buckets: dict[tuple, list[Segment]] = {}
         chunked: list[Segment] = []
         for i, seg in enumerate(segments):
-            if seg.record or seg.length == 1:
+            if not seg.prefill:
                 key = (i,) if exact else (seg.length, seg.record)
                 buckets.setdefault(key, []).append(seg)
             else:

@@ -1,0 +1,107 @@
+"""Decode speed of the engine per speculation backend, as ratios taken in one run on one device.
+
+For each backend (name[:draft_tokens]) the engine decodes the same held-out prompts greedily, at one lane and at
+several lanes at once; the tool reports decode tokens per second (tokens after the first, over the time after the
+first token), tokens per round, and the speed-up over `off` measured in the same run. The first backend warms up
+the device and is run again at the end, so the spread between its two runs shows the noise.
+
+    python -m tools.bench_engine --profile h200 --backend off --backend mtp:1 --backend mtp:3 --backend dflash2:7
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ignis.artifact import BUILTIN
+from ignis.config import load_config
+from ignis.engine.core import Engine
+from ignis.ipc.messages import EngineRequest
+from ignis.params import SamplingParams
+from tools.acceptance import load_prompts
+from ignis.tokenizer import Tokenizer
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def decode(engine: Engine, prompts: list[list[int]], max_tokens: int) -> dict[str, float]:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    for i, ids in enumerate(prompts):
+        engine.add(EngineRequest(id=f"b{i}", prompt_token_ids=ids, params=params))
+    first: set[str] = set()
+    tokens = rounds = accepted = 0
+    t_decode = None
+    done = 0
+    while done < len(prompts):
+        deltas = engine.step()
+        for d in deltas:
+            if d.id not in first:
+                first.add(d.id)
+                tokens += len(d.token_ids) - 1
+            else:
+                tokens += len(d.token_ids)
+            if d.finished:
+                done += 1
+                rounds += d.stats.rounds
+                accepted += d.stats.accepted
+        if t_decode is None and len(first) == len(prompts):
+            _sync()
+            t_decode = time.perf_counter()
+    _sync()
+    seconds = time.perf_counter() - (t_decode or time.perf_counter())
+    return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds if seconds else 0.0,
+            "tokens_per_round": 1 + accepted / rounds if rounds else 1.0}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.bench_engine")
+    ap.add_argument("--model", default=str(BUILTIN))
+    ap.add_argument("--profile", default=None)
+    ap.add_argument("--backend", action="append", default=None)
+    ap.add_argument("--prompts", default=None)
+    ap.add_argument("--lanes", type=int, action="append", default=None, help="lane counts to measure (default 1, 8)")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    model = Path(args.model)
+    tok = Tokenizer.from_dir(model)
+    backends = args.backend or ["off"]
+    lane_counts = args.lanes or [1, 8]
+    results = []
+    for lanes in lane_counts:
+        prompts = load_prompts(Path(args.prompts) if args.prompts else model / "heldout_prompts.jsonl", tok, lanes)
+        for spec in backends + [backends[0]]:
+            name, _, k = spec.partition(":")
+            overrides = {"model.path": str(model), "spec.backend": name, "engine.lanes": lanes, "log.level": "warning",
+                         "engine.max_rows": max(512, lanes * 8)}
+            if k:
+                overrides["spec.draft_tokens"] = int(k)
+            engine = Engine(load_config(profile=args.profile, overrides=overrides))
+            decode(engine, prompts[:1], 8)  # warm-up: allocations, kernel compilation
+            r = decode(engine, prompts, args.max_tokens)
+            r.update({"backend": spec, "lanes": lanes})
+            results.append(r)
+            del engine
+            print(f"lanes={lanes} {spec:10s} {r['tok_s']:9.1f} tok/s  tokens/round={r['tokens_per_round']:.2f}", flush=True)
+        base = [r for r in results if r["lanes"] == lanes and r["backend"] == backends[0]]
+        for r in results:
+            if r["lanes"] == lanes:
+                r["speedup_vs_first"] = r["tok_s"] / base[0]["tok_s"]
+        print(f"lanes={lanes} noise: {backends[0]} ran at {base[0]['tok_s']:.1f} and {base[-1]['tok_s']:.1f} tok/s")
+    print(json.dumps({"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+                      "results": results}, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
