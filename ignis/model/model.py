@@ -104,10 +104,12 @@ class HybridModel(nn.Module):
             taps=torch.cat([tapped[t] for t in taps], dim=-1) if taps else None,
         )
 
+    @torch.no_grad()
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [..] int64 -> [.., H] model dtype."""
         return F.embedding(ids, self.embed_tokens.weight)
 
+    @torch.no_grad()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [.., H] -> [.., V] float32 (lm_head, or the embedding when tied)."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
