@@ -20,7 +20,7 @@ Grid (nblk, R), one block per chunk of a row:
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 from numba import cuda
@@ -192,8 +192,9 @@ def make_kernel(half: bool, two: bool, block: int) -> Callable[..., None]:
 def signature(half: bool) -> tuple[object, ...]:
     """numba argument types of `make_kernel(half, ...)`: raw pointers for per-call tensors (no array marshalling at
     launch), a 1-D array for the counters (numba's atomics take arrays only)."""
-    from numba.cuda import types
+    from numba.cuda import types as numba_types
 
+    types: Any = numba_types  # numba builds its type objects at run time; nothing for a type checker to see
     return (
         types.CPointer(types.int32),  # x, as words
         types.int64,  # row_words

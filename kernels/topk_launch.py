@@ -87,10 +87,11 @@ def kernel(half: bool, two: bool) -> Any:
     with _lock:
         if (half, two) not in _kernels:
             from numba import cuda
-            from numba.cuda import types
+            from numba.cuda import types as numba_types
 
             from ignis.kernels.topk_kernel import make_kernel, signature
 
+            types: Any = numba_types
             sig = types.void(*signature(half))
             _kernels[half, two] = cuda.jit(sig)(make_kernel(half, two, BLOCK))
         return _kernels[half, two]

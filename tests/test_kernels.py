@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -105,11 +106,12 @@ def test_kernel_compiles_to_sm90_ptx(half: bool, two: bool) -> None:
     # Typing and lowering errors surface here without a GPU; numba-cuda (not numba's deprecated built-in target)
     # must be the one compiling.
     from numba import cuda
-    from numba.cuda import types
+    from numba.cuda import types as numba_types
 
     from ignis.kernels.topk_kernel import make_kernel, signature
     from ignis.kernels.topk_launch import BLOCK
 
+    types: Any = numba_types
     assert cuda.implementation == "NVIDIA"
     ptx, _ = cuda.compile_ptx(make_kernel(half, two, BLOCK), types.void(*signature(half)), cc=(9, 0))
     assert ".target sm_90" in ptx

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -88,7 +89,7 @@ def _install_warp_shim() -> None:
         vals, lane = exchange(self, value)
         return vals[lane ^ int(lane_mask)]
 
-    def shared_array(self: object, shape: object, dtype: object, alignment: object = None) -> np.ndarray:
+    def shared_array(self: object, shape: Any, dtype: Any, alignment: object = None) -> np.ndarray:
         # The simulator keys shared arrays by their source line and creates them without a lock; two lanes racing
         # there got different arrays. Same keying, under a lock.
         caller = sys._getframe(1)
@@ -128,7 +129,8 @@ def _child(inp: str, outp: str) -> None:
         out[name + ".vals"] = vals
         out[name + ".ids"] = ids
         out[name + ".counters"] = counters
-    np.savez(outp, **out)
+    savez: Any = np.savez  # numpy's stubs take no **arrays
+    savez(outp, **out)
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +151,8 @@ def simulated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[torch
         inputs[name + ".x"] = padded.contiguous().view(torch.int32).reshape(-1).numpy()
         inputs[name + ".args"] = np.array([half, rows, ncols, k, nblk, chunk, ws_row], np.int64)
         cases[name] = (x, nblk)
-    np.savez(tmp / "in.npz", **inputs)
+    savez: Any = np.savez  # numpy's stubs take no **arrays
+    savez(tmp / "in.npz", **inputs)
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     proc = subprocess.run(
         [sys.executable, __file__, str(tmp / "in.npz"), str(tmp / "out.npz")],
