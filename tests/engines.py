@@ -11,12 +11,17 @@ from ignis.ipc.messages import EngineRequest, RequestDelta
 from ignis.params import SamplingParams
 
 
-def make_engine(ckpt: Path, backend: str = "off", draft_tokens: int = 0, **engine: Any) -> Engine:
+def make_engine(
+    ckpt: Path, backend: str = "off", draft_tokens: int = 0, *, profile: str = "cpu",
+    model: dict[str, Any] | None = None, **engine: Any,
+) -> Engine:
+    """An engine over `ckpt`; `model` and `engine` override keys of those config sections."""
     overrides: dict[str, Any] = {"model.path": str(ckpt), "spec.backend": backend, "log.level": "warning"}
     if draft_tokens:
         overrides["spec.draft_tokens"] = draft_tokens
+    overrides.update({f"model.{k}": v for k, v in (model or {}).items()})
     overrides.update({f"engine.{k}": v for k, v in engine.items()})
-    return Engine(load_config(profile="cpu", overrides=overrides))
+    return Engine(load_config(profile=profile, overrides=overrides))
 
 
 def run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams] | SamplingParams) -> dict[str, RequestDelta]:

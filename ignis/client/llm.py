@@ -8,6 +8,7 @@ any is queued, collecting the outputs in order, and their metrics. Does not own:
 from __future__ import annotations
 
 import itertools
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,7 @@ class LLM:
             client = ProcessClient(self.config, address)
         self.client = client
         self._ids = itertools.count()
+        self._prefix = uuid.uuid4().hex[:12]  # request ids stay unique when several clients share one engine
 
     def generate(
         self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | None = None
@@ -120,7 +122,7 @@ class LLM:
         for i, (_, ids) in enumerate(encoded):
             for j in range(params.n):
                 sample = params if params.seed is None else _with_seed(params, params.seed + j)
-                rid = f"{next(self._ids)}"
+                rid = f"{self._prefix}-{next(self._ids)}"
                 self.client.add(EngineRequest(id=rid, prompt_token_ids=ids, params=sample, stop_token_ids=stop_ids))
                 states[rid] = (i, j, OutputState(rid, sample, self.tokenizer))
         stats: dict[str, RequestStats | None] = {}

@@ -16,6 +16,8 @@ from collections.abc import Callable
 
 import torch
 
+from ignis.model.ops import l2norm
+
 CHUNK = 64
 
 
@@ -96,10 +98,40 @@ def chunked(
 
 
 @functools.cache
-def fla_chunk() -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
-    """fla's chunk_gated_delta_rule if fla is installed (a GPU extra), else None. Imported on first use only."""
+def fla_chunk(
+    hk: int, hv: int, dk: int, dv: int, dtype: torch.dtype, device: torch.device
+) -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
+    """fla's chunk_gated_delta_rule for this layer shape, if fla is installed and agrees with the torch chunked form
+    here; else None (use torch). Imported and checked on first use only, once per shape.
+
+    fla's entry points have been seen to return NaN or miscompile for some shapes and Triton versions, so each shape is
+    checked on random data against `chunked` before the kernel is trusted with a prefill."""
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule  # type: ignore[import-not-found]
     except Exception:  # noqa: BLE001 - any failure to import (missing, no triton, no GPU) means "use torch"
         return None
-    return chunk_gated_delta_rule  # type: ignore[no-any-return]
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    length, r = 150, hv // hk
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(device)
+
+    q, k, v = rnd(length, hk, dk), rnd(length, hk, dk), rnd(length, hv, dv)
+    g = -torch.rand(length, hv, generator=gen).to(device)
+    beta = torch.rand(length, hv, generator=gen).to(device)
+    state = rnd(hv, dk, dv) * 0.1
+    try:
+        o, s = chunk_gated_delta_rule(
+            q[None].to(dtype), k[None].to(dtype), v[None].to(dtype), g=g[None], beta=beta[None].to(dtype),
+            scale=dk**-0.5, initial_state=state[None].clone(), output_final_state=True, use_qk_l2norm_in_kernel=True,
+        )
+    except Exception:  # noqa: BLE001 - a kernel that cannot run this shape is as good as absent
+        return None
+    qn = l2norm(q).repeat_interleave(r, dim=1) * dk**-0.5
+    kn = l2norm(k).repeat_interleave(r, dim=1)
+    ref_s, ref_o = chunked(state, qn, kn, v, g, beta)
+    err = max(
+        float((o[0].float() - ref_o).norm() / ref_o.norm()), float((s[0].float() - ref_s).norm() / ref_s.norm())
+    )
+    tolerance = 1e-3 if dtype == torch.float32 else 2e-2
+    return chunk_gated_delta_rule if err == err and err < tolerance else None  # type: ignore[no-any-return]

@@ -72,7 +72,9 @@ class GatedDeltaNet(nn.Module):
             rows = slice(seg.offset, seg.offset + seg.length)
             raw = qkv[rows][None]
             window = cache.conv[seg.lane][None]
-            fla = None if ex or x.device.type != "cuda" else delta_rule.fla_chunk()
+            fla = None
+            if not ex and x.device.type == "cuda":
+                fla = delta_rule.fla_chunk(self.hk, self.hv, self.dk, self.dv, x.dtype, x.device)
             if fla is not None:
                 out[rows] = self._fla(fla, raw, window, weight, g[rows], beta[rows], cache, seg.lane)
             else:

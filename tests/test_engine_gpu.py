@@ -1,0 +1,74 @@
+"""The model and the round on a real GPU: fla agrees with the torch path, bf16 logits track the exact CPU model, and
+speculative greedy output equals plain decoding up to near-ties. Needs CUDA; CI has none."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engines import make_engine
+from ignis.artifact import BUILTIN
+from ignis.ipc.messages import EngineRequest
+from ignis.model.batch import Batch, Segment
+from ignis.model.cache import LaneCache
+from ignis.model.delta_rule import fla_chunk
+from ignis.model.loader import load_model
+from ignis.params import SamplingParams
+from ignis.tokenizer import Tokenizer
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+
+PROMPT = "import os\nimport sys\n\n\ndef main(argv):\n    \"\"\"Parse the arguments and run.\"\"\"\n"
+
+
+def _prefill_logits(device: str, dtype: torch.dtype, exact: bool) -> torch.Tensor:
+    model = load_model(BUILTIN, device=device, dtype=dtype, exact=exact)
+    ids = torch.tensor(Tokenizer.from_dir(BUILTIN).encode(PROMPT), device=device)
+    n = ids.shape[0]
+    cache = LaneCache(model.config, lanes=1, context=256, max_cols=1, device=device, dtype=dtype)
+    batch = Batch(ids, torch.arange(n, device=device), (Segment(0, 0, 0, n, prefill=True),), torch.arange(n, device=device))
+    return model(batch, cache).logits.float().cpu()
+
+
+def test_fla_is_used_only_where_it_agrees_with_torch() -> None:
+    pytest.importorskip("fla")
+    cfg = load_model(BUILTIN, device="cpu", dtype=torch.float32, exact=True).config
+    kernel = fla_chunk(cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                       cfg.linear_value_head_dim, torch.bfloat16, torch.device("cuda"))
+    assert kernel is not None, "fla is installed but disagrees with the torch chunked form at the built-in shape"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_logits_track_the_exact_cpu_model(dtype: torch.dtype) -> None:
+    ref = _prefill_logits("cpu", torch.float32, exact=True)
+    got = _prefill_logits("cuda", dtype, exact=False)
+    err = float((got - ref).norm() / ref.norm())
+    assert err < (1e-3 if dtype == torch.float32 else 3e-2), err
+    agree = float((got.argmax(-1) == ref.argmax(-1)).float().mean())
+    assert agree > (0.99 if dtype == torch.float32 else 0.9)
+
+
+def _greedy(engine, ids: list[int], n: int) -> tuple[list[int], list[dict[int, float]]]:
+    engine.add(EngineRequest(id="g", prompt_token_ids=ids, params=SamplingParams(max_tokens=n, temperature=0.0,
+                                                                                 ignore_eos=True, logprobs=2)))
+    tokens: list[int] = []
+    logprobs: list[dict[int, float]] = []
+    while True:
+        for d in engine.step():
+            tokens += d.token_ids
+            logprobs += d.logprobs or []
+            if d.finished:
+                return tokens, logprobs
+
+
+@pytest.mark.parametrize("backend,k", [("mtp", 3)])
+def test_speculative_greedy_equals_off_up_to_near_ties(backend: str, k: int) -> None:
+    ids = Tokenizer.from_dir(BUILTIN).encode(PROMPT)
+    fp32 = {"device": "cuda", "dtype": "float32"}
+    off, off_lp = _greedy(make_engine(BUILTIN, "off", model=fp32, lanes=1), ids, 96)
+    spec, _ = _greedy(make_engine(BUILTIN, backend, draft_tokens=k, model=fp32, lanes=1), ids, 96)
+    if off != spec:
+        i = next(j for j, (a, b) in enumerate(zip(off, spec)) if a != b)
+        top = sorted(off_lp[i].values(), reverse=True)
+        assert top[0] - top[1] < 1e-3, f"diverged at {i} without a near-tie (gap {top[0] - top[1]:.2e})"
