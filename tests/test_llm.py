@@ -62,5 +62,5 @@ def test_bad_prompt_is_refused_before_any_request_runs(llm: LLM) -> None:
         llm.generate(["fine", ""], SamplingParams(max_tokens=2))
     assert e.value.field == "prompts[1].prompt"
     with pytest.raises(InputError):
-        llm.generate(["y" * 20000], SamplingParams(max_tokens=2))
+        llm.generate([{"prompt_token_ids": [5] * 5000}], SamplingParams(max_tokens=2))
     assert llm.client.stats().running == 0 and llm.client.stats().waiting == 0
