@@ -1,0 +1,127 @@
+"""The `dflash2` backend: a DFlash-family block drafter that proposes every lane's drafts in one pass.
+
+Owns: loading the drafter beside the target (config, weights, proposal head), the per-lane context it keeps, and
+the propose / observe steps of the round. Does not own: the drafter's layer math (.model), the context's storage
+(.context), the choice of drafts (.selector) or acceptance (ignis.engine.accept).
+
+observe: the target's outputs at `target_layer_ids` for the committed rows become each drafter layer's context K/V,
+once per token. propose: the block [anchor, MASK x k] of every lane, embedded with the target's embedding, at
+positions anchor..anchor+k, runs through the drafter against that context; the rows after the anchor go through the
+proposal head (the target's output head, or the 4-bit shortlist head) and the selector (DFlash2) or argmax (v1).
+Neither step reads a device value on the host: lane lengths and positions of committed rows are known from
+`Observation` fields that are plain ints.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ignis.backends.base import BackendContext, Observation, Proposal, ProposeIn
+from ignis.backends.dflash2.config import DrafterConfig
+from ignis.backends.dflash2.context import ContextCache
+from ignis.backends.dflash2.selector import Choice, pick, select
+from ignis.backends.dflash2.shortlist import ShortlistHead
+from ignis.backends.dflash2.weights import SHORTLIST, load_drafter
+from ignis.errors import ConfigError
+from ignis.logging import get_logger
+
+log = get_logger(__name__)
+
+
+class DFlash2:
+    name = "dflash2"
+
+    def __init__(self, ctx: BackendContext) -> None:
+        spec = ctx.config.spec
+        path = spec.drafter_dir(ctx.model_path)
+        target = ctx.model.config
+        self.cfg = cfg = DrafterConfig.from_dir(path, target)
+        if spec.draft_tokens > cfg.width:
+            raise ConfigError(
+                "spec.draft_tokens",
+                f"got {spec.draft_tokens}, but the drafter in {path} was trained for at most {cfg.width} drafts a round "
+                f"(block_size {cfg.block_size}); set spec.draft_tokens to 1..{cfg.width}",
+            )
+        self.target = ctx.model
+        self.device = ctx.device
+        self.vocab = target.vocab_size
+        self.draft_tokens = spec.draft_tokens
+        self.tap_layers = cfg.target_layer_ids
+        self.model = load_drafter(path, cfg, device=ctx.device, dtype=ctx.dtype)
+        self.shortlist: ShortlistHead | None = None
+        if spec.draft_head == "shortlist":
+            self.shortlist = ShortlistHead(path / SHORTLIST, hidden=target.hidden_size, vocab=self.vocab,
+                                           device=ctx.device, dtype=ctx.dtype)
+        self.cache = ContextCache(cfg, lanes=ctx.lanes, context=ctx.context, device=ctx.device, dtype=ctx.dtype)
+        self.offsets = torch.arange(cfg.block_size, dtype=torch.long, device=ctx.device)  # [B] int64, device
+        self.masks = torch.full((cfg.width,), cfg.mask_token_id, dtype=torch.long, device=ctx.device)  # [B-1] int64
+        log.info(
+            "ignis.runtime.draft_head",
+            draft_head=spec.draft_head,
+            drafter=str(path),
+            variant=cfg.variant,
+            draft_tokens=self.draft_tokens,
+            width=cfg.width,
+            layers=cfg.num_layers,
+            sliding_window=cfg.sliding_window,
+            taps=list(cfg.target_layer_ids),
+            shortlist_tokens=self.shortlist.size if self.shortlist is not None else None,
+        )
+
+    def nbytes(self) -> int:
+        weights = sum(p.nbytes for p in self.model.parameters())
+        head = self.shortlist.nbytes() if self.shortlist is not None else 0
+        return weights + head + self.cache.nbytes() + self.offsets.nbytes + self.masks.nbytes
+
+    def reset(self, lane: int) -> None:
+        self.cache.reset(lane)
+
+    @torch.inference_mode()
+    def observe(self, obs: list[Observation]) -> None:
+        lanes, starts, counts, taps, positions = [], [], [], [], []
+        for o in obs:
+            if o.taps is None:
+                raise RuntimeError("dflash2 needs the target's tapped layer outputs; the round passed none")
+            n = o.tokens.shape[0]
+            skip = max(0, n - self.cache.keep)  # rows no layer of the drafter can show again
+            lanes.append(o.lane)
+            starts.append(o.start + skip)
+            counts.append(n - skip)
+            taps.append(o.taps[skip:])
+            positions.extend(range(o.start + skip, o.start + n))
+        if len(set(lanes)) != len(lanes):
+            raise RuntimeError(f"observe got lanes {lanes}: at most one set of committed rows per lane and round")
+        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
+        kv = self.model.context_kv(torch.cat(taps), pos)
+        self.cache.write(lanes, starts, counts, kv, self.device)
+
+    @torch.inference_mode()
+    def propose(self, inp: ProposeIn) -> Proposal:
+        hidden = self.hidden(inp)
+        if self.shortlist is not None:
+            logits, columns = self.shortlist.logits(hidden), self.shortlist.token_ids
+        else:
+            logits, columns = self.target.logits(hidden), None
+        choice = Choice.build(inp.temperatures, inp.generators, inp.k, self.device)
+        if self.model.candidate_selector is not None:
+            tokens, q = select(self.cfg, self.model.candidate_selector, hidden, logits, columns, inp.anchors, choice,
+                               self.vocab)
+        else:
+            tokens, q = pick(self.cfg, logits, columns, choice, self.vocab)
+        return Proposal(tokens=tokens, q=q)
+
+    def hidden(self, inp: ProposeIn) -> torch.Tensor:
+        """The drafter's final-normed rows after each lane's anchor, [n, k, H]."""
+        n, k = len(inp.lanes), inp.k
+        lane_ix = torch.tensor(inp.lanes, dtype=torch.long, device=self.device)
+        q_pos = inp.positions[:, None] + self.offsets[: k + 1]  # [n, k+1]
+        ids = torch.cat([inp.anchors[:, None], self.masks[:k].expand(n, k)], dim=1)
+        x = self.target.embed(ids)
+        if self.cfg.input_embedding_scale != 1.0:
+            x = x * self.cfg.input_embedding_scale
+        kv, masks = self.cache.gather(inp.lanes, lane_ix, q_pos)
+        return self.model.block(x, q_pos, kv, masks)[:, 1:]  # the anchor row proposes nothing
+
+
+def load(ctx: BackendContext) -> DFlash2:
+    return DFlash2(ctx)

@@ -1,0 +1,228 @@
+"""The DFlash-family drafter network: context projection, decoder layers with injected context K/V, grouped convs.
+
+Owns: `DrafterModel` (parameters named exactly as the checkpoint's tensors), `context_kv` (what one committed token
+contributes to every layer, computed once) and `block` (one pass over the lanes' blocks against their context).
+Does not own: which context rows a lane keeps (.context), the output head and the choice of drafts (.heads,
+.selector), or file formats (.weights). Training (tools/artifact/train_drafter.py) runs this same module.
+
+Per layer (research/dflash.md §1.4, dflash2.md §1): Q comes from the block rows only; K/V are the context's
+(k_norm(k_proj(c)) with RoPE at the token's absolute position, v_proj(c)) followed by the block rows' own. Norms are
+Qwen3's (x / rms(x) * w), not the target's zero-centred ones. DFlash2 wraps the attention and the MLP in grouped
+dynamic causal convs over block rows, whose output-side coefficients are predicted from the sublayer's input.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ignis.backends.dflash2.config import DrafterConfig
+from ignis.model.ops import Rope, apply_rope
+
+
+class Norm(nn.Module):
+    """Qwen3 RMSNorm: x / rms(x) * w in fp32, cast back before the weight (HF Qwen3RMSNorm)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class GroupedConv(nn.Module):
+    """DFlash2's grouped dynamic causal conv over the rows of each block (row 0 is the anchor, zero-padded before).
+
+    out[t, c] = sum_tap (base[side, tap, c] + dyn[t, side, tap, c // group]) * x[t - tap, c]
+    `prepare` convolves the sublayer input (side 0) and returns the coefficients of side 1, which `finish` applies
+    to the sublayer output: both sides' dynamic taps are predicted from the normalised input rows.
+    """
+
+    def __init__(self, hidden: int, kernel: int, group: int) -> None:
+        super().__init__()
+        self.kernel = kernel
+        self.group = group
+        self.groups = hidden // group
+        base = torch.zeros(2, kernel, hidden)
+        base[:, 0] = 1.0  # identity until trained: an untrained DFlash2 layer is a DFlash layer
+        self.base_kernel = nn.Parameter(base)
+        self.kernel_projection = nn.Linear(hidden, 2 * kernel * self.groups, bias=False)
+        nn.init.zeros_(self.kernel_projection.weight)
+
+    def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [n, B, H] -> (convolved x [n, B, H], side-1 coefficients [n, B, kernel, groups])."""
+        dyn = self.kernel_projection(x).view(*x.shape[:-1], 2, self.kernel, self.groups)
+        return self._convolve(x, dyn[..., 0, :, :], 0), dyn[..., 1, :, :]
+
+    def finish(self, y: torch.Tensor, dyn: torch.Tensor) -> torch.Tensor:
+        return self._convolve(y, dyn, 1)
+
+    def _convolve(self, x: torch.Tensor, dyn: torch.Tensor, side: int) -> torch.Tensor:
+        n, rows, hidden = x.shape
+        blocks = x.view(n, rows, self.groups, self.group)
+        out = torch.zeros_like(blocks)
+        for tap in range(self.kernel):
+            if tap >= rows:
+                break
+            past = blocks if tap == 0 else F.pad(blocks[:, :-tap], (0, 0, 0, 0, tap, 0))
+            base = self.base_kernel[side, tap].view(1, 1, self.groups, self.group).to(x.dtype)
+            out = out + (base + dyn[:, :, tap, :, None]) * past
+        return out.view(n, rows, hidden)
+
+
+class Attention(nn.Module):
+    def __init__(self, c: DrafterConfig) -> None:
+        super().__init__()
+        self.num_heads = c.num_heads
+        self.num_kv = c.num_kv_heads
+        self.head_dim = c.head_dim
+        self.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
+        self.q_norm = Norm(c.head_dim, c.rms_norm_eps)
+        self.k_norm = Norm(c.head_dim, c.rms_norm_eps)
+
+    def keys(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, H] -> K, V [T, nkv, hd]: K normed and rotated at the rows' positions (cos/sin [T, rd])."""
+        k = self.k_norm(self.k_proj(x).view(x.shape[0], self.num_kv, self.head_dim))
+        return apply_rope(k, cos, sin), self.v_proj(x).view(x.shape[0], self.num_kv, self.head_dim)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [n, B, H] the block rows, normed (and convolved)
+        cos: torch.Tensor,  # [n*B, rd] model dtype, device
+        sin: torch.Tensor,  # [n*B, rd] model dtype, device
+        ctx_k: torch.Tensor,  # [n, C, nkv, hd] model dtype, device: context keys, normed and rotated
+        ctx_v: torch.Tensor,  # [n, C, nkv, hd] model dtype, device
+        mask: torch.Tensor,  # [n, B, C + B] bool, device: key visible to query row
+    ) -> torch.Tensor:
+        n, rows, _ = x.shape
+        flat = x.reshape(n * rows, -1)
+        q = apply_rope(self.q_norm(self.q_proj(flat).view(n * rows, self.num_heads, self.head_dim)), cos, sin)
+        k, v = self.keys(flat, cos, sin)
+        k = torch.cat([ctx_k, k.view(n, rows, self.num_kv, self.head_dim)], dim=1)
+        v = torch.cat([ctx_v, v.view(n, rows, self.num_kv, self.head_dim)], dim=1)
+        group = self.num_heads // self.num_kv
+        qh = q.view(n, rows, self.num_heads, self.head_dim).transpose(1, 2)  # [n, nh, B, hd]
+        kh = k.transpose(1, 2).repeat_interleave(group, dim=1)  # [n, nh, C+B, hd]
+        vh = v.transpose(1, 2).repeat_interleave(group, dim=1)
+        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask[:, None], scale=self.head_dim**-0.5)
+        return self.o_proj(o.transpose(1, 2).reshape(n, rows, self.num_heads * self.head_dim))
+
+
+class Mlp(nn.Module):
+    def __init__(self, c: DrafterConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, c: DrafterConfig) -> None:
+        super().__init__()
+        self.input_layernorm = Norm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Attention(c)
+        self.post_attention_layernorm = Norm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = Mlp(c)
+        self.attention_conv: GroupedConv | None = None
+        self.mlp_conv: GroupedConv | None = None
+        if c.is_v2:
+            self.attention_conv = GroupedConv(c.hidden_size, c.conv_kernel_size, c.conv_group_size)
+            self.mlp_conv = GroupedConv(c.hidden_size, c.conv_kernel_size, c.conv_group_size)
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx_k: torch.Tensor,
+                ctx_v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = self.input_layernorm(h)
+        if self.attention_conv is not None:
+            x, dyn = self.attention_conv.prepare(x)
+            h = h + self.attention_conv.finish(self.self_attn(x, cos, sin, ctx_k, ctx_v, mask), dyn)
+        else:
+            h = h + self.self_attn(x, cos, sin, ctx_k, ctx_v, mask)
+        y = self.post_attention_layernorm(h)
+        if self.mlp_conv is not None:
+            y, dyn = self.mlp_conv.prepare(y)
+            return h + self.mlp_conv.finish(self.mlp(y), dyn)
+        return h + self.mlp(y)
+
+
+class Selector(nn.Module):
+    """DFlash2's candidate selector weights: a rank-r trilinear Markov edge between consecutive drafts."""
+
+    def __init__(self, c: DrafterConfig) -> None:
+        super().__init__()
+        self.hidden_projection = nn.Linear(c.hidden_size, c.selector_rank, bias=False)
+        # Bare tensors in the checkpoint (no `.weight`), so plain parameters rather than nn.Embedding.
+        self.predecessor_codebook = nn.Parameter(torch.zeros(c.vocab_size, c.selector_rank))
+        self.successor_codebook = nn.Parameter(torch.zeros(c.vocab_size, c.selector_rank))
+
+
+class DrafterModel(nn.Module):
+    def __init__(self, c: DrafterConfig) -> None:
+        super().__init__()
+        self.config = c
+        self.fc = nn.Linear(len(c.target_layer_ids) * c.hidden_size, c.hidden_size, bias=False)
+        self.hidden_norm = Norm(c.hidden_size, c.rms_norm_eps)
+        self.layers = nn.ModuleList(Layer(c) for _ in range(c.num_layers))
+        self.norm = Norm(c.hidden_size, c.rms_norm_eps)
+        self.candidate_selector = Selector(c) if c.is_v2 else None
+        self.rope = Rope(c.rotary_dim, c.rope_theta)
+
+    def context_kv(
+        self,
+        taps: torch.Tensor,  # [T, len(target_layer_ids) * H] model dtype, device: the target's tapped outputs
+        positions: torch.Tensor,  # [T] int64, device: the rows' absolute positions
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's (K, V) [T, nkv, hd] for committed context rows: fc + hidden_norm, then k/v projections."""
+        c = self.hidden_norm(self.fc(taps))
+        cos, sin = self.rope.tables(positions, c.dtype)
+        return [layer.self_attn.keys(c, cos, sin) for layer in self.layers]
+
+    def block(
+        self,
+        x: torch.Tensor,  # [n, B, H] model dtype, device: embedded [anchor, MASK...] rows (already scaled)
+        positions: torch.Tensor,  # [n, B] int64, device: absolute positions of the rows
+        context: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (K, V) [n, C_l, nkv, hd]
+        masks: list[torch.Tensor],  # per layer [n, B, C_l + B] bool: key visible to query row
+    ) -> torch.Tensor:
+        """The final-normed hidden state of every block row, [n, B, H]."""
+        cos, sin = self.rope.tables(positions.reshape(-1), x.dtype)
+        h = x
+        for layer, (k, v), mask in zip(self.layers, context, masks):
+            h = layer(h, cos, sin, k, v, mask)
+        return self.norm(h)
+
+
+def block_mask(
+    c: DrafterConfig,
+    layer: int,
+    ctx_pos: torch.Tensor,  # [n, C] int64, device: position held in each context slot, -1 if empty
+    q_pos: torch.Tensor,  # [n, B] int64, device: positions of the block rows
+) -> torch.Tensor:
+    """[n, B, C + B] bool: which context slots and block rows each block row attends to, as the format defines.
+
+    Context rows must precede the block's anchor (they always do: only committed rows are context). Sliding layers
+    see a key iff q_pos - k_pos < window (and, non-causal, k_pos - q_pos < window); causal layers see block rows
+    up to their own."""
+    window = c.sliding_window if c.layer_types[layer] == "sliding_attention" else None
+    anchor = q_pos[:, :1]
+    ctx = (ctx_pos >= 0) & (ctx_pos < anchor)  # [n, C]
+    ctx = ctx[:, None, :].expand(-1, q_pos.shape[1], -1)
+    if window is not None:
+        ctx = ctx & (q_pos[:, :, None] - ctx_pos[:, None, :] < window)
+    dq = q_pos[:, :, None] - q_pos[:, None, :]  # [n, B, B]: query minus key position
+    own = torch.ones_like(dq, dtype=torch.bool)
+    if c.causal[layer]:
+        own = own & (dq >= 0)
+    if window is not None:
+        own = own & (dq < window) & (-dq < window)
+    return torch.cat([ctx, own], dim=-1)

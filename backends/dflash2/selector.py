@@ -1,0 +1,132 @@
+"""Choosing drafts from the drafter's logits: DFlash2's candidate selector, and the plain pick of a v1 drafter.
+
+Owns: the top-k over the proposal head's logits, the logit transform (output_multiplier, softcap), the Markov walk
+over the candidates, greedy and sampled choice, and the draft distribution q handed to rejection sampling. Does
+not own: the logits themselves (.backend runs the head) or acceptance (ignis.engine.accept).
+
+Selector (research/dflash2.md §2): per slot t, the K best tokens by logit get the score
+    s[t, c] = unary[t, c] + sum_r A[prev, r] * (P h_t)[r] * B[cand[t, c], r]
+with prev the draft chosen at slot t-1 (the anchor for t = 0). Greedy lanes take argmax s (ties to the better
+logit); sampling lanes draw from q_t = softmax(s / T) over the K candidates, using T alone (the request's top-k/top-p
+shape only the target side). q_t depends on the drafted prefix, which is also what the target conditions on, so
+chained rejection sampling with these q stays exact. All lanes are handled in one batch: greedy lanes simply
+ignore their uniforms, and nothing here reads a device value on the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ignis.backends.dflash2.config import DrafterConfig
+from ignis.backends.dflash2.model import Selector
+
+
+def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [R, V] -> (values, ids) [R, k]: largest first, ties to the smaller id (the kernels' reference order)."""
+    values, ids = torch.sort(x, dim=-1, descending=True, stable=True)
+    return values[:, :k], ids[:, :k]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """How each lane chooses: temperature 0 is greedy; others draw with their pre-drawn uniforms."""
+
+    temperatures: torch.Tensor  # [n] float32, device
+    uniforms: torch.Tensor | None  # [n, k] float64, device: one per slot from the lane's generator; None = all greedy
+
+    @staticmethod
+    def build(temperatures: list[float], generators: list[torch.Generator], k: int, device: torch.device) -> Choice:
+        temps = torch.tensor(temperatures, dtype=torch.float32, device=device)
+        if all(t <= 0.0 for t in temperatures):
+            return Choice(temps, None)
+        rows = [torch.rand(k, generator=g, dtype=torch.float64) if t > 0.0 else torch.zeros(k, dtype=torch.float64)
+                for t, g in zip(temperatures, generators)]
+        return Choice(temps, torch.stack(rows).to(device, non_blocking=True))
+
+
+def transform(cfg: DrafterConfig, logits: torch.Tensor) -> torch.Tensor:
+    """The format's logit processing: times output_multiplier, then the tanh softcap when set."""
+    x = logits * cfg.output_multiplier if cfg.output_multiplier != 1.0 else logits
+    cap = cfg.final_logit_softcapping
+    return torch.tanh(x / cap) * cap if cap else x
+
+
+def select(
+    cfg: DrafterConfig,
+    selector: Selector,
+    hidden: torch.Tensor,  # [n, k, H] model dtype, device: final-normed drafter rows of slots 1..k
+    logits: torch.Tensor,  # [n, k, W] float32, device: the proposal head's raw logits (W = V, or the shortlist's N)
+    ids: torch.Tensor | None,  # [W] int64, device: target id of each logit column (shortlist), None = identity
+    anchors: torch.Tensor,  # [n] int64, device
+    choice: Choice,
+    vocab: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Drafts [n, k] int64 and q [n, k, vocab] float32 (None when every lane is greedy)."""
+    n, k, width = logits.shape
+    # A shortlist narrower than top_k offers all its tokens.
+    values, cand = topk(logits.reshape(n * k, width), min(cfg.selector_top_k, width))
+    cand = cand.view(n, k, -1)
+    if ids is not None:
+        cand = ids[cand]
+    unary = transform(cfg, values.view(n, k, -1))  # [n, k, K] float32; monotonic, so the candidate set is the same
+    hp = selector.hidden_projection(hidden).float()  # [n, k, r]
+    succ = selector.successor_codebook[cand].float()  # [n, k, K, r]
+    prev = anchors
+    drafts, probs = [], []
+    for t in range(k):
+        edge = torch.einsum("nr,nkr->nk", selector.predecessor_codebook[prev].float() * hp[:, t], succ[:, t])
+        scores = unary[:, t] + edge
+        pick = scores.argmax(dim=-1)
+        if choice.uniforms is not None:
+            p, pick = _draw(scores, pick, choice, t)
+            probs.append(p)
+        prev = cand[:, t].gather(-1, pick[:, None])[:, 0]
+        drafts.append(prev)
+    tokens = torch.stack(drafts, dim=1)
+    if choice.uniforms is None:
+        return tokens, None
+    q = torch.zeros((n, k, vocab), dtype=torch.float32, device=logits.device)
+    return tokens, q.scatter_(-1, cand, torch.stack(probs, dim=1))
+
+
+def pick(
+    cfg: DrafterConfig,
+    logits: torch.Tensor,  # [n, k, W] float32, device: raw logits of the proposal head
+    ids: torch.Tensor | None,  # [W] int64, device: target id of each column, None = identity
+    choice: Choice,
+    vocab: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A v1 drafter's drafts: argmax per slot, or a draw from softmax(logits / T); slots are independent."""
+    n, k, width = logits.shape
+    x = transform(cfg, logits)
+    best = x.argmax(dim=-1)  # [n, k]
+    if choice.uniforms is None:
+        return (best if ids is None else ids[best]), None
+    p, chosen = _draw(x, best, choice, None)
+    q = p if ids is None else torch.zeros((n, k, vocab), dtype=torch.float32, device=x.device).index_copy_(2, ids, p)
+    return (chosen if ids is None else ids[chosen]), q
+
+
+def _draw(
+    scores: torch.Tensor,  # [n, C] or [n, k, C] float32
+    greedy: torch.Tensor,  # scores' shape without C: the argmax
+    choice: Choice,
+    slot: int | None,  # the slot these scores belong to, None = scores hold every slot
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q over the C columns, chosen column): inverse CDF of softmax(scores / T) for sampling lanes; greedy lanes
+    keep their argmax and get a one-hot q, so q always describes how the draft was chosen."""
+    assert choice.uniforms is not None
+    temps = choice.temperatures
+    sampling = temps > 0
+    shape = (-1,) + (1,) * (scores.dim() - 1)
+    probs = torch.softmax(scores / torch.where(sampling, temps, 1.0).view(shape), dim=-1)
+    u = choice.uniforms[:, slot] if slot is not None else choice.uniforms
+    cdf = torch.cumsum(probs.double(), dim=-1)
+    drawn = torch.searchsorted(cdf, (u * cdf[..., -1]).unsqueeze(-1), right=True).squeeze(-1)
+    drawn = drawn.clamp(max=scores.shape[-1] - 1)
+    lanes = sampling.view((-1,) + (1,) * (greedy.dim() - 1))
+    chosen = torch.where(lanes, drawn, greedy)
+    one_hot = torch.zeros_like(probs).scatter_(-1, greedy.unsqueeze(-1), 1.0)
+    return torch.where(lanes.unsqueeze(-1), probs, one_hot), chosen

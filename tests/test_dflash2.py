@@ -1,0 +1,144 @@
+"""The dflash2 backend in the engine: greedy output equals `off` token for token, whatever the drafter proposes.
+
+Two drafters in the published layouts beside a tiny target: a DFlash2 drafter whose selector holds the bigram table
+of the target's own greedy outputs (so most drafts are accepted and every commit path runs: several rows per lane,
+lanes finishing mid-block), and a random plain DFlash (v1) drafter (so nearly every draft is rejected). Each runs
+with the target's output head and with a 4-bit shortlist head.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from engines import prompts, run
+from ignis.backends.dflash2.config import DFLASH, DrafterConfig
+from ignis.backends.dflash2.weights import SHORTLIST, load_drafter, save_drafter, save_random_drafter
+from ignis.config import load_config
+from ignis.engine.core import Engine
+from ignis.model.config import ModelConfig
+from ignis.model.loader import load_model
+from ignis.params import SamplingParams
+from tiny import tiny_checkpoint
+from tools.artifact.build_shortlist import build as build_shortlist
+from tools.artifact.build_shortlist import count_ids
+
+VOCAB = 512
+
+
+def make_engine(ckpt: Path, drafter: Path, k: int, lanes: int, head: str = "full") -> Engine:
+    overrides: dict[str, Any] = {
+        "model.path": str(ckpt), "spec.backend": "dflash2", "spec.draft_tokens": k, "spec.drafter": str(drafter),
+        "spec.draft_head": head, "engine.lanes": lanes, "log.level": "warning",
+    }
+    return Engine(load_config(profile="cpu", overrides=overrides))
+
+
+def bigram_drafter(path: Path, ckpt: Path, sequences: list[list[int]]) -> Path:
+    """A DFlash2 drafter that proposes each token's most frequent successor in `sequences`.
+
+    The selector's codebooks hold the table (predecessor = identity, successor row = the successor's one-hot
+    column). The hidden projection reads one coordinate j of the rows' final hidden state, and no layer writes to j,
+    so on MASK rows it is the MASK embedding's, scaled by a positive 1/rms: the table's gain stays positive while
+    the random layers, attending to the context, still move the logits."""
+    target = ModelConfig.from_dir(ckpt)
+    save_random_drafter(path, target, seed=5, num_layers=2, taps=3, selector_rank=VOCAB, selector_top_k=VOCAB)
+    config = json.loads((path / "config.json").read_text())
+    model = load_drafter(path, DrafterConfig.from_dict(config, target), device=torch.device("cpu"), dtype=torch.float32)
+    mask = target.vocab_size - 1
+    with torch.no_grad():
+        emb = load_model(ckpt, device="cpu", dtype=torch.float32, exact=False).embed(torch.tensor(mask))
+        j = int(emb.argmax())
+        for layer in model.layers:
+            layer.self_attn.o_proj.weight[j] = 0.0
+            layer.mlp.down_proj.weight[j] = 0.0
+        # The MASK embedding is small beside what the random layers add: a large gain keeps the table decisive.
+        gain = 1e4 * float(emb.pow(2).mean().sqrt()) / float(emb[j])
+        projection = torch.zeros(VOCAB, target.hidden_size)
+        projection[:, j] = gain / model.norm.weight[j]
+        model.candidate_selector.hidden_projection.weight.copy_(projection)
+        model.candidate_selector.predecessor_codebook.copy_(torch.eye(VOCAB))
+        successors: dict[int, Counter[int]] = {}
+        for seq in sequences:
+            for a, b in zip(seq, seq[1:]):
+                successors.setdefault(a, Counter())[b] += 1
+        table = torch.zeros(VOCAB, VOCAB)
+        for a, counts in successors.items():
+            table[counts.most_common(1)[0][0], a] = 1.0  # successor codebook row c, column a: edge a -> c
+        model.candidate_selector.successor_codebook.copy_(table)
+    save_drafter(path, config, model, torch.float32)
+    return path
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_checkpoint(tmp_path_factory.mktemp("ckpt"), seed=3, mtp=False, vocab_size=VOCAB)
+
+
+@pytest.fixture(scope="module")
+def work() -> tuple[list[list[int]], list[SamplingParams]]:
+    ps = prompts(20, VOCAB, seed=1, lo=2, hi=40)
+    return ps, [SamplingParams(max_tokens=5 + (3 * i) % 11, temperature=0.0, ignore_eos=True) for i in range(len(ps))]
+
+
+@pytest.fixture(scope="module")
+def reference(ckpt: Path, work) -> dict[str, list[int]]:
+    ps, params = work
+    overrides = {"model.path": str(ckpt), "engine.lanes": 4, "log.level": "warning"}
+    out = run(Engine(load_config(profile="cpu", overrides=overrides)), ps, params)
+    return {k: v.token_ids for k, v in out.items()}
+
+
+@pytest.fixture(scope="module")
+def drafters(ckpt: Path, work, reference, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    ps, _ = work
+    root = tmp_path_factory.mktemp("drafters")
+    sequences = [p[-1:] + reference[str(i)] for i, p in enumerate(ps)]
+    target = ModelConfig.from_dir(ckpt)
+    found = {
+        "dflash2": bigram_drafter(root / "dflash2", ckpt, sequences),
+        "dflash": save_random_drafter(root / "dflash", target, variant=DFLASH, seed=7, num_layers=2, taps=2,
+                                      output_multiplier=0.5, final_logit_softcapping=8.0),
+    }
+    counts = count_ids(torch.tensor([t for s in sequences for t in s]), VOCAB)
+    for path in found.values():
+        build_shortlist(ckpt, path / SHORTLIST, counts, size=200, group=16, exclude=(VOCAB - 1,))
+    return found
+
+
+@pytest.mark.parametrize("head", ["full", "shortlist"])
+@pytest.mark.parametrize("k", [1, 3, 7])
+@pytest.mark.parametrize("lanes", [1, 4])
+@pytest.mark.parametrize("variant", ["dflash2", "dflash"])
+def test_dflash2_greedy_equals_off_token_for_token(
+    ckpt: Path, work, reference, drafters, variant: str, lanes: int, k: int, head: str
+) -> None:
+    ps, params = work
+    engine = make_engine(ckpt, drafters[variant], k, lanes, head)
+    out = run(engine, ps, params)
+    for rid, ref in reference.items():
+        assert out[rid].token_ids == ref, f"request {rid} diverged from off"
+    s = engine.stats()
+    assert s.rounds > 0 and s.drafted > 0
+    assert all(a <= d for a, d in zip(s.position_accepted, s.position_drafted))
+    if variant == "dflash2":
+        # The bigram drafter knows most continuations: commits of several rows per lane happen at every width.
+        assert s.accepted > s.drafted / 4
+
+
+def test_sampled_drafts_are_reproducible_and_accepted(ckpt: Path, work, drafters) -> None:
+    """Seeded sampling with the selector's own q: the same request gives the same tokens, and drafts get accepted."""
+    ps, _ = work
+    params = [SamplingParams(max_tokens=24, temperature=t, top_p=0.95, top_k=20, seed=11 + i, ignore_eos=True)
+              for i, t in enumerate([0.6, 1.0, 0.0, 0.8])]
+    runs = []
+    for _ in range(2):
+        engine = make_engine(ckpt, drafters["dflash2"], 7, 4)
+        runs.append(run(engine, ps[:4], params))
+    assert all(runs[0][r].token_ids == runs[1][r].token_ids for r in runs[0])
+    assert engine.stats().accepted > 0
