@@ -21,12 +21,18 @@ import torch
 
 from ignis.backends.dflash2.config import DrafterConfig
 from ignis.backends.dflash2.model import Selector
+from ignis.kernels.topk import MAX_K, topk_reference
+from ignis.kernels.topk import topk as kernel_topk
 
 
 def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [R, V] -> (values, ids) [R, k]: largest first, ties to the smaller id (the kernels' reference order)."""
-    values, ids = torch.sort(x, dim=-1, descending=True, stable=True)
-    return values[:, :k], ids[:, :k]
+    """x [R, V] -> (values, ids) [R, k]: largest first, ties to the smaller id, on every device.
+
+    The numba-cuda kernel on GPU (the torch reference on CPU); a k beyond the kernel's register lists takes the
+    reference, which selects the same way."""
+    if k <= MAX_K:
+        return kernel_topk(x, k)
+    return topk_reference(x, k)
 
 
 @dataclass(frozen=True)
