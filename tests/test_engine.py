@@ -115,3 +115,12 @@ def test_a_full_queue_refuses_without_queueing(ckpt: Path) -> None:
     with pytest.raises(QueueFullError):
         engine.add(EngineRequest(id="2", prompt_token_ids=[1], params=params))
     assert engine.scheduler.find("2") is None
+
+
+def test_speculation_allocates_nothing_when_off(ckpt: Path) -> None:
+    from ignis.model.cache import GDNState
+
+    off, mtp = make_engine(ckpt, "off"), make_engine(ckpt, "mtp", draft_tokens=3)
+    assert off.backend.nbytes() == 0
+    assert all(s.rec_states is None and s.rec_inputs is None for s in off.runner.cache.layers if isinstance(s, GDNState))
+    assert mtp.backend.nbytes() > 0 and mtp.runner.cache.nbytes() > off.runner.cache.nbytes()
