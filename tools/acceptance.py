@@ -7,8 +7,16 @@ Free-running: each prompt is decoded by the engine with the backend under test; 
     python -m tools.acceptance --backend off --backend mtp:3 --backend dflash2:7 --limit 32 --max-tokens 128
     python -m tools.acceptance --mode sampled --temperature 1.0 --top-p 0.95 --top-k 20 --backend dflash2:7
 
+Teacher-forced replay (the seeds' "sampled acceptance" method): recorded turns are replayed token for token; at each
+round the backend drafts from the recorded context, the acceptance rule (rejection sampling at the given temperature,
+top-p and top-k) decides how many drafts it would keep, and the lane then advances along the record (over the drafts
+that equal it, plus the next recorded token). Turns are recorded from the target itself with --record:
+
+    python -m tools.acceptance --record turns.jsonl --limit 200 --max-tokens 256
+    python -m tools.acceptance --replay turns.jsonl --backend mtp:3 --backend dflash2:7
+
 Prompts come from the built-in artifact's held-out set (`heldout_prompts.jsonl`: files the model never trained on)
-unless --prompts names another JSONL file with a "prompt" (text) or "prompt_token_ids" field per line.
+unless --prompts names another JSONL file with a "prompt" (text), "messages" (chat) or "prompt_token_ids" field.
 """
 
 from __future__ import annotations
@@ -75,30 +83,80 @@ def load_prompts(path: Path, tokenizer: Tokenizer, limit: int) -> list[list[int]
         if not line.strip():
             continue
         rec = json.loads(line)
-        ids = rec.get("prompt_token_ids") or tokenizer.encode(rec["prompt"])
+        if "prompt_token_ids" in rec:
+            ids = rec["prompt_token_ids"]
+        elif "messages" in rec:
+            ids = tokenizer.encode(tokenizer.apply_chat_template(rec["messages"]))
+        else:
+            ids = tokenizer.encode(rec["prompt"])
         out.append(ids)
         if len(out) == limit:
             break
     return out
 
 
-def measure(model: str, profile: str | None, backend: str, k: int, prompts: list[list[int]],
-            params: SamplingParams, mode: str, lanes: int) -> Tally:
+def _engine(model: str, profile: str | None, backend: str, k: int, lanes: int) -> Engine:
     overrides = {"model.path": model, "spec.backend": backend, "engine.lanes": lanes, "log.level": "warning"}
     if k:
         overrides["spec.draft_tokens"] = k
-    engine = Engine(load_config(profile=profile, overrides=overrides))
+    return Engine(load_config(profile=profile, overrides=overrides))
+
+
+def _drain(engine: Engine, n: int, tally: Tally | None = None) -> dict[str, list[int]]:
+    tokens: dict[str, list[int]] = {}
+    done = 0
+    while done < n:
+        for d in engine.step():
+            tokens.setdefault(d.id, []).extend(d.token_ids)
+            if d.finished:
+                done += 1
+                if tally is not None and d.stats is not None:
+                    tally.add(d.stats)
+    return tokens
+
+
+def measure(model: str, profile: str | None, backend: str, k: int, prompts: list[list[int]],
+            params: SamplingParams, mode: str, lanes: int) -> Tally:
+    """Free-running: decode every prompt with the backend; tally what each round committed."""
+    engine = _engine(model, profile, backend, k, lanes)
     tally = Tally(backend, engine.backend.draft_tokens, mode)
     stop = engine.info.eos_token_ids
     t0 = time.perf_counter()
     for i, ids in enumerate(prompts):
         engine.add(EngineRequest(id=str(i), prompt_token_ids=ids, params=params, stop_token_ids=list(stop)))
-    done = 0
-    while done < len(prompts):
-        for d in engine.step():
-            if d.finished:
-                done += 1
-                tally.add(d.stats)
+    _drain(engine, len(prompts), tally)
+    tally.seconds = time.perf_counter() - t0
+    return tally
+
+
+def record(model: str, profile: str | None, prompts: list[list[int]], params: SamplingParams,
+           lanes: int) -> list[dict]:
+    """Turns as the target itself answers them (plain decoding): {"prompt_token_ids", "response_token_ids"}."""
+    engine = _engine(model, profile, "off", 0, lanes)
+    stop = engine.info.eos_token_ids
+    for i, ids in enumerate(prompts):
+        engine.add(EngineRequest(id=str(i), prompt_token_ids=ids, params=params, stop_token_ids=list(stop)))
+    out = _drain(engine, len(prompts))
+    return [{"prompt_token_ids": ids, "response_token_ids": out[str(i)]} for i, ids in enumerate(prompts)]
+
+
+def replay(model: str, profile: str | None, backend: str, k: int, turns: list[dict], params: SamplingParams,
+           lanes: int) -> Tally:
+    """Teacher-forced: each turn emits its recorded response; the stats count what the rule would have accepted."""
+    import msgspec
+
+    engine = _engine(model, profile, backend, k, lanes)
+    tally = Tally(backend, engine.backend.draft_tokens, "replay")
+    t0 = time.perf_counter()
+    n = 0
+    for i, turn in enumerate(turns):
+        response = turn["response_token_ids"]
+        if len(response) < 2:
+            continue
+        p = msgspec.structs.replace(params, max_tokens=len(response))
+        engine.add(EngineRequest(id=str(i), prompt_token_ids=turn["prompt_token_ids"], params=p), forced=response)
+        n += 1
+    _drain(engine, n, tally)
     tally.seconds = time.perf_counter() - t0
     return tally
 
@@ -118,19 +176,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top-k", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--record", default=None, help="record turns from the target into this JSONL, then stop")
+    ap.add_argument("--replay", default=None, help="teacher-forced replay of the turns in this JSONL")
     args = ap.parse_args(argv)
     model = Path(args.model)
-    prompts = load_prompts(Path(args.prompts) if args.prompts else model / "heldout_prompts.jsonl",
-                           Tokenizer.from_dir(model), args.limit)
-    modes = ("greedy", "sampled") if args.mode == "both" else (args.mode,)
+    sampled = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                             top_k=args.top_k, seed=args.seed)
+    if args.replay is None:
+        prompts = load_prompts(Path(args.prompts) if args.prompts else model / "heldout_prompts.jsonl",
+                               Tokenizer.from_dir(model), args.limit)
+    if args.record:
+        turns = record(str(model), args.profile, prompts, sampled, args.lanes)
+        Path(args.record).write_text("".join(json.dumps(t) + "\n" for t in turns))
+        print(f"recorded {len(turns)} turns into {args.record}")
+        return 0
+    modes = ("replay",) if args.replay else ("greedy", "sampled") if args.mode == "both" else (args.mode,)
+    turns = [json.loads(x) for x in Path(args.replay).read_text().splitlines() if x.strip()][: args.limit] if args.replay else []
     results = []
     for spec in args.backend or ["off"]:
         name, _, k = spec.partition(":")
         for mode in modes:
-            params = (SamplingParams(max_tokens=args.max_tokens, temperature=0.0) if mode == "greedy" else
-                      SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                                     top_k=args.top_k, seed=args.seed))
-            t = measure(str(model), args.profile, name, int(k or 0), prompts, params, mode, args.lanes)
+            if mode == "replay":
+                t = replay(str(model), args.profile, name, int(k or 0), turns, sampled, args.lanes)
+            else:
+                params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0) if mode == "greedy" else sampled
+                t = measure(str(model), args.profile, name, int(k or 0), prompts, params, mode, args.lanes)
             results.append(t)
             pos = " ".join(f"{x:.2f}" for x in t.per_position())
             print(f"{t.backend:8s} k={t.k} {mode:7s} prompts={t.prompts} rounds={t.rounds} "

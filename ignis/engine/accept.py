@@ -26,6 +26,18 @@ from ignis.engine.sampling import draw, uniform
 class Verdict:
     accepted: int  # drafts kept, 0..k
     token: int  # the model's own token after them (correction or bonus)
+    measured: int | None = None  # under teacher forcing: what the rule accepted, while `accepted` follows the record
+
+
+def teacher_forced(v: Verdict, drafts: list[int], record: list[int], at: int) -> Verdict:
+    """Keep the recorded continuation record[at:] instead of the rule's choice, and remember what the rule accepted.
+
+    The lane advances over the drafts that equal the record (their rows are valid) plus the next recorded token, so
+    replaying a recorded turn measures acceptance at the contexts the turn really had."""
+    m = 0
+    while m < len(drafts) and drafts[m] == record[at + m]:
+        m += 1
+    return Verdict(m, record[at + m], measured=v.accepted)
 
 
 def accept_greedy(drafts: list[int], argmax: list[int]) -> Verdict:

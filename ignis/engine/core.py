@@ -77,11 +77,16 @@ class Engine:
             backend_mib=round(self.backend.nbytes() / 2**20, 1),
         )
 
-    def add(self, req: EngineRequest) -> None:
-        """Validate and queue one request. Raises InputError or QueueFullError; nothing is queued then."""
+    def add(self, req: EngineRequest, *, forced: list[int] | None = None) -> None:
+        """Validate and queue one request. Raises InputError or QueueFullError; nothing is queued then.
+
+        forced: teacher forcing for acceptance replay (tools.acceptance): the request emits exactly these tokens,
+        while its stats count what the acceptance rule would have accepted at each round."""
         check_prompt(req.prompt_token_ids, context=self.config.engine.context, vocab_size=self.model.config.vocab_size)
         if self.scheduler.find(req.id) is not None:
             raise InputError("request_id", f"{req.id!r} is already running; use a unique id")
+        if forced is not None and (not forced or len(forced) != req.params.max_tokens):
+            raise InputError("forced", "needs one token per max_tokens (the recorded continuation)")
         if self.scheduler.queue_full():
             raise QueueFullError(f"the queue is full ({self.config.engine.max_waiting} waiting); retry later")
         seed = req.params.seed
@@ -95,6 +100,7 @@ class Engine:
                 stop_ids=frozenset(req.stop_token_ids),
                 generator=make_generator(seed),
                 client=req.client,
+                forced=forced,
             )
         )
         self._stats.requests_total += 1

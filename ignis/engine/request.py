@@ -23,6 +23,7 @@ class Request:
     stop_ids: frozenset[int]
     generator: torch.Generator
     client: int = 0
+    forced: list[int] | None = None  # teacher forcing (acceptance replay): the tokens this request must emit
     tokens: list[int] = field(default_factory=list)  # prompt + generated; the last generated one is the anchor
     computed: int = 0  # positions 0..computed-1 are in the lane's caches
     lane: int = -1

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ignis.backends.base import Observation, Proposal, ProposeIn, SpecBackend
-from ignis.engine.accept import Verdict, accept_greedy, accept_sampled
+from ignis.engine.accept import Verdict, accept_greedy, accept_sampled, teacher_forced
 from ignis.engine.request import Request
 from ignis.engine.sampling import draw, target_probs
 from ignis.engine.scheduler import RoundPlan
@@ -121,11 +121,12 @@ class Runner:
             mine = drafts[i][: d.drafts] if drafts else []
             r = d.request
             if r.params.greedy:
-                verdicts.append(accept_greedy(mine, argmax[lr.logit_offset : lr.logit_offset + lr.length]))
-                continue
-            p = target_probs(out.logits[lr.logit_offset : lr.logit_offset + lr.length], r.params)
-            q = proposal.q[i, : d.drafts] if proposal.q is not None else None
-            verdicts.append(accept_sampled(mine, p, q, r.generator))
+                v = accept_greedy(mine, argmax[lr.logit_offset : lr.logit_offset + lr.length])
+            else:
+                p = target_probs(out.logits[lr.logit_offset : lr.logit_offset + lr.length], r.params)
+                q = proposal.q[i, : d.drafts] if proposal.q is not None else None
+                v = accept_sampled(mine, p, q, r.generator)
+            verdicts.append(v if r.forced is None else teacher_forced(v, mine, r.forced, r.generated))
         return verdicts
 
     def commit(
@@ -149,7 +150,7 @@ class Runner:
             observed.append(self._observe(r, batch, out, lr.offset, kept, following=v.token))
             r.computed += kept
             lp = _logprobs(out, lr.logit_offset, tokens, r.params.logprobs)
-            emissions.append(Emission(r, tokens, d.drafts, v.accepted, lp))
+            emissions.append(Emission(r, tokens, d.drafts, v.accepted if v.measured is None else v.measured, lp))
         for p, lr in zip(plan.prefill, prefill_rows):
             r = p.request
             if lr.logit_offset < 0:
@@ -157,7 +158,12 @@ class Runner:
                 r.computed += lr.length
                 continue
             row = out.logits[lr.logit_offset]
-            first = int(row.argmax()) if r.params.greedy else draw(target_probs(row[None], r.params)[0], r.generator)
+            if r.forced is not None:
+                first = r.forced[0]
+            elif r.params.greedy:
+                first = int(row.argmax())
+            else:
+                first = draw(target_probs(row[None], r.params)[0], r.generator)
             observed.append(self._observe(r, batch, out, lr.offset, lr.length, following=first))
             r.computed += lr.length
             emissions.append(Emission(r, [first], 0, 0, _logprobs(out, lr.logit_offset, [first], r.params.logprobs)))
