@@ -49,6 +49,7 @@ class EngineSection:
     prefill_chunk: int = integer(64, 64, multiple_of=64)  # prefill splits only at multiples of this
     max_waiting: int = integer(256, 0)  # queued requests beyond the lanes; more are refused (503)
     seed: int = integer(0, 0, 2**63 - 1)  # seed for requests that bring none
+    cpu_threads: int = integer(1, 0, 1024)  # torch intra-op threads on the CPU (0: torch's default); small models run best on 1
 
     def __post_init__(self) -> None:
         check_section(self.section, self)

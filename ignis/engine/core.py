@@ -36,6 +36,9 @@ class Engine:
         path = resolve_model_path(config)
         device = resolve_device(config)
         dtype = resolve_dtype(config, device)
+        if device.type == "cpu" and config.engine.cpu_threads:
+            # Many small ops a round: extra intra-op threads mostly synchronise, and stall badly on shared cores.
+            torch.set_num_threads(config.engine.cpu_threads)
         self.model = load_model(path, device=device, dtype=dtype, exact=resolve_exact(config, device))
         ec = config.engine
         ctx = BackendContext(self.model, config, path, ec.lanes, ec.context, device, dtype)
