@@ -112,6 +112,8 @@ class Attention(nn.Module):
         qh = q.view(n, rows, self.num_heads, self.head_dim).transpose(1, 2)  # [n, nh, B, hd]
         kh = k.transpose(1, 2).repeat_interleave(group, dim=1)  # [n, nh, C+B, hd]
         vh = v.transpose(1, 2).repeat_interleave(group, dim=1)
+        # Under training autocast the cached context keys may be fp32 beside bf16 values: one dtype for the kernel.
+        kh, vh = kh.to(qh.dtype), vh.to(qh.dtype)
         o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask[:, None], scale=self.head_dim**-0.5)
         return self.o_proj(o.transpose(1, 2).reshape(n, rows, self.num_heads * self.head_dim))
 
@@ -161,9 +163,10 @@ class Selector(nn.Module):
     def __init__(self, c: DrafterConfig) -> None:
         super().__init__()
         self.hidden_projection = nn.Linear(c.hidden_size, c.selector_rank, bias=False)
-        # Bare tensors in the checkpoint (no `.weight`), so plain parameters rather than nn.Embedding.
-        self.predecessor_codebook = nn.Parameter(torch.zeros(c.vocab_size, c.selector_rank))
-        self.successor_codebook = nn.Parameter(torch.zeros(c.vocab_size, c.selector_rank))
+        # Bare tensors in the checkpoint (no `.weight`), so plain parameters rather than nn.Embedding. Not zero:
+        # in a trilinear product two zero factors would hold each other's gradient at zero.
+        self.predecessor_codebook = nn.Parameter(torch.randn(c.vocab_size, c.selector_rank) * 0.02)
+        self.successor_codebook = nn.Parameter(torch.randn(c.vocab_size, c.selector_rank) * 0.02)
 
 
 class DrafterModel(nn.Module):

@@ -59,12 +59,33 @@ def load_drafter(path: Path, cfg: DrafterConfig, *, device: torch.device, dtype:
     return model.eval().requires_grad_(False)
 
 
-def save_drafter(path: Path, config: dict, model: DrafterModel, dtype: torch.dtype = torch.bfloat16) -> None:
-    """Write config.json and model.safetensors in the published layout (codebooks as bare tensors)."""
+def save_drafter(path: Path, config: dict, model: DrafterModel, dtype: torch.dtype = torch.bfloat16,
+                 max_shard_bytes: int = 15 * 2**20) -> None:
+    """Write config.json and the tensors in the published layout (codebooks as bare tensors): model.safetensors,
+    or shards of at most `max_shard_bytes` plus model.safetensors.index.json."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(path / WEIGHTS), metadata={"format": "pt"})
+    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in sorted(model.state_dict().items())}
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in state.items():
+        if shards[-1] and size + t.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += t.nbytes
+    for old in [*path.glob("model*.safetensors"), path / INDEX]:
+        old.unlink(missing_ok=True)
+    if len(shards) == 1:
+        save_file(shards[0], str(path / WEIGHTS), metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(path / name), metadata={"format": "pt"})
+        weight_map.update({k: name for k in shard})
+    total = sum(t.nbytes for t in state.values())
+    (path / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
 
 
 def spread_layer_ids(target_layers: int, n: int) -> list[int]:

@@ -6,6 +6,7 @@ tokens, and writing `<drafter>/shortlist.safetensors`. Does not own: the file fo
 
     python -m tools.artifact.build_shortlist --model ignis/builtin --size 4096 --text FILE...
     python -m tools.artifact.build_shortlist --model DIR --size 131072 --ids ids.npy
+    python -m tools.artifact.build_shortlist --model ignis/builtin --size 4096 --counts RUN/counts.npy --exclude 3
 
 Frequencies should come from text like what the drafter will propose (the target's own completions): a token
 outside the shortlist can never be drafted.
@@ -70,6 +71,7 @@ def main() -> None:
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", type=Path, nargs="+", help="text files, tokenized with <model>/tokenizer.json")
     src.add_argument("--ids", type=Path, nargs="+", help=".npy files of token ids")
+    src.add_argument("--counts", type=Path, help=".npy of per-token counts [vocab] (train_drafter writes one)")
     ap.add_argument("--exclude", type=int, nargs="*", default=[], help="ids never to include (the mask token)")
     args = ap.parse_args()
     from ignis.model.config import ModelConfig
@@ -77,6 +79,8 @@ def main() -> None:
     vocab = ModelConfig.from_dir(args.model).vocab_size
     if args.text:
         counts = count_text(args.text, args.model / "tokenizer.json", vocab)
+    elif args.counts:
+        counts = torch.from_numpy(np.load(args.counts)).to(torch.int64)[:vocab]
     else:
         counts = sum(count_ids(torch.from_numpy(np.load(f)), vocab) for f in args.ids)
     out = (args.drafter or args.model / "drafter") / SHORTLIST
