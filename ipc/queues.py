@@ -21,6 +21,7 @@ import os
 import stat
 import threading
 import time
+import weakref
 
 import msgspec
 import zmq
@@ -35,6 +36,7 @@ log = get_logger(__name__)
 
 PROBE_WINDOW_S = 0.5  # how long after a disconnect event the engine keeps probing its clients
 PROBE_EVERY_S = 0.02
+PROBE_SETTLE_S = 0.01
 MAX_WAIT_S = 0.05  # the engine's longest wait on its socket, which its heartbeat thread waits behind
 MAX_FRAMES_PER_RECV = 4096  # a flood of frames cannot keep the engine loop from its next round
 
@@ -67,6 +69,7 @@ class EngineSocket:
         self._sock.setsockopt(zmq.LINGER, 2000)  # long enough for the engine-dead frame to leave
         self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._sock.bind(address)
+        self._finalizer = weakref.finalize(self, _shut, self._sock, self._monitor, self._ctx, address)
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._monitor, zmq.POLLIN)
@@ -97,6 +100,7 @@ class EngineSocket:
             while self._monitor.poll(0):
                 self._monitor.recv_multipart()
             self._probe_until = time.monotonic() + PROBE_WINDOW_S
+            self._probe_now()
         out: list[tuple[int, ClientMessage]] = []
         for _ in range(MAX_FRAMES_PER_RECV):
             try:
@@ -118,6 +122,15 @@ class EngineSocket:
             self._last_probe = now
             self.beat()
         return out
+
+    def _probe_now(self) -> None:
+        """Right after a disconnect: the socket drops the dead peer's route once it has processed the pipe's end,
+        which a send triggers; a few tries over a few milliseconds name the peer before this round starts."""
+        deadline = time.monotonic() + PROBE_SETTLE_S
+        while not self._gone and time.monotonic() < deadline:
+            self.beat()
+            time.sleep(0.001)
+        self._last_probe = time.monotonic()
 
     def send(self, client: int, msg: msgspec.Struct) -> bool:
         """Send to one client; False (and the client is marked gone) when its connection no longer exists."""
@@ -157,13 +170,20 @@ class EngineSocket:
 
     def close(self, linger_s: float = 2.0) -> None:
         with self._lock:
-            if self._sock.closed:
-                return
-            self._sock.disable_monitor()
-            self._monitor.close(linger=0)
-            self._sock.close(linger=int(linger_s * 1000))
-            self._ctx.term()
-            _unlink_ipc(self.address)
+            if self._finalizer.alive:
+                self._sock.setsockopt(zmq.LINGER, int(linger_s * 1000))
+                self._finalizer()
+
+
+def _shut(sock: zmq.Socket, monitor: zmq.Socket, ctx: zmq.Context, address: str | None) -> None:
+    """Close a socket, its monitor and their context. Also run when the owner is dropped without `close`, so a
+    forgotten socket never leaves a context whose termination would block the interpreter's exit."""
+    sock.disable_monitor()
+    monitor.close(linger=0)
+    sock.close()
+    ctx.term()
+    if address is not None:
+        _unlink_ipc(address)
 
 
 def _unlink_ipc(address: str) -> None:
@@ -187,6 +207,7 @@ class _ClientEnd:
         self.sock.setsockopt(zmq.LINGER, 0)  # frames for a dead engine must never hold up an exit; close() sets its own
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self.sock.connect(address)
+        self._finalizer = weakref.finalize(self, _shut, self.sock, self.monitor, self._ctx, None)
         # Non-blocking reads and sends go through plain sockets even when the owner is asyncio.
         self._sync: zmq.Socket = zmq.Socket.shadow(self.sock.underlying)
         self._sync_monitor: zmq.Socket = zmq.Socket.shadow(self.monitor.underlying)
@@ -220,12 +241,9 @@ class _ClientEnd:
         return out
 
     def close(self, linger_s: float) -> None:
-        if self.sock.closed:
-            return
-        self.sock.disable_monitor()
-        self.monitor.close(linger=0)
-        self.sock.close(linger=int(linger_s * 1000))
-        self._ctx.term()
+        if self._finalizer.alive:
+            self.sock.setsockopt(zmq.LINGER, int(linger_s * 1000))
+            self._finalizer()
 
 
 class ClientSocket(_ClientEnd):

@@ -140,8 +140,9 @@ def _engine_recv_until(eng: EngineSocket, n: int, timeout: float = 3.0) -> list:
     return got
 
 
-def test_router_names_senders_and_routes_replies_to_each_client_only() -> None:
-    addr = private_ipc_address()
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_router_names_senders_and_routes_replies_to_each_client_only(transport: str) -> None:
+    addr = engine_address(transport, "")
     eng = EngineSocket(addr.address)
     a, b = ClientSocket(addr.address, 11), ClientSocket(addr.address, 22)
     try:
@@ -161,8 +162,9 @@ def test_router_names_senders_and_routes_replies_to_each_client_only() -> None:
         addr.close()
 
 
-def test_engine_notices_a_vanished_client_within_a_second_and_a_client_notices_the_engine() -> None:
-    addr = private_ipc_address()
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_engine_notices_a_vanished_client_within_a_second_and_a_client_notices_the_engine(transport: str) -> None:
+    addr = engine_address(transport, "")
     eng = EngineSocket(addr.address)
     a, b = ClientSocket(addr.address, 1), ClientSocket(addr.address, 2)
     try:

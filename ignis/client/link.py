@@ -54,6 +54,7 @@ class EngineLink:
         self.last_seen = now
         if isinstance(item, Ready):
             self.info, self.ready, self.down_reason, self.dead, self._stalled = item.info, True, None, None, False
+            self.round_s = 0.0
         elif isinstance(item, EngineDead):
             self.dead = item
             self.mark_down(f"the engine died: {item.reason}")

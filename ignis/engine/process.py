@@ -92,14 +92,15 @@ def _loop(engine: Engine, sock: EngineSocket, owners: dict[str, int], ready: Rea
     """The loop: take every message (aborts take effect at once), run one round, send each client its deltas."""
     next_check = 0.0
     while not stop.is_set():
-        for client, msg in sock.recv(0.0 if engine.has_work() else 1.0):
-            _take(engine, sock, owners, ready, client, msg)
+        messages = sock.recv(0.0 if engine.has_work() else 1.0)
         for client in sock.take_gone():
             ids = [rid for rid, c in owners.items() if c == client]
             engine.abort(ids)  # nobody to tell: the deltas would go to the departed client
             for rid in ids:
                 del owners[rid]
             log.info("ignis.engine.client_gone", client=client, aborted=len(ids))
+        for client, msg in messages:
+            _take(engine, sock, owners, ready, client, msg)
         if engine.has_work():
             with beat.round():
                 deltas = engine.step()

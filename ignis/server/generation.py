@@ -32,6 +32,9 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     watch = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()  # the handler itself was cancelled (shutdown): the work must not outlive it
+        raise
     finally:
         watch.cancel()
     if task.done():

@@ -56,13 +56,13 @@ async def completions(request: Request, llm: AsyncLLM) -> Response:
     req = decode_body(await request.body(), CompletionRequest)
     req.check()
     model = _check_model(llm, req.model)
-    prompts = []
-    for i, p in enumerate(req.prompts()):
+    prompts, given = [], req.prompts()
+    for i, p in enumerate(given):
         try:
             prompts.append(llm.prompt_ids(p))
         except InputError as e:
-            raise InputError(e.field if len(req.prompts()) == 1 else f"prompt[{i}]", e.message) from None
-    params = sampling_params(req, max_tokens=req.max_tokens or 16, logprobs=req.logprobs)
+            raise InputError(e.field if len(given) == 1 else f"prompt[{i}]", e.message) from None
+    params = sampling_params(req, max_tokens=16 if req.max_tokens is None else req.max_tokens, logprobs=req.logprobs)
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": model}
     count = len(prompts) * params.n
     offsets = [0] * count
@@ -110,7 +110,8 @@ async def chat_completions(request: Request, llm: AsyncLLM) -> Response:
     text = llm.tokenizer.apply_chat_template(req.conversation(), add_generation_prompt=True,
                                              **(req.chat_template_kwargs or {}))
     ids = llm.prompt_ids(text)
-    limit = req.max_completion_tokens or req.max_tokens or llm.client.info.context - len(ids)
+    limit = next((m for m in (req.max_completion_tokens, req.max_tokens) if m is not None),
+                 llm.client.info.context - len(ids))  # unset: up to the end of the context, as OpenAI does
     top = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling_params(req, max_tokens=limit, logprobs=top)
     prompts = [ids]
