@@ -134,7 +134,8 @@ class EngineSocket:
 
     def send(self, client: int, msg: msgspec.Struct) -> bool:
         """Send to one client; False (and the client is marked gone) when its connection no longer exists."""
-        return self.send_bytes(client, encode(msg))
+        with self._lock:  # the heartbeat thread encodes too; one encoder, one thread at a time
+            return self.send_bytes(client, encode(msg))
 
     def send_bytes(self, client: int, payload: bytes) -> bool:
         with self._lock:
@@ -152,8 +153,8 @@ class EngineSocket:
                 return False
 
     def broadcast(self, msg: msgspec.Struct) -> None:
-        payload = encode(msg)
         with self._lock:
+            payload = encode(msg)
             for client in list(self.clients):
                 self.send_bytes(client, payload)
 

@@ -45,7 +45,7 @@ from ignis.logging import configure, get_logger
 if TYPE_CHECKING:
     from ignis.engine.core import Engine
 
-log = get_logger(__name__)
+log = get_logger("ignis.engine.process")  # not __name__: this module runs as __main__
 
 START_FAILURE_GRACE_S = 1.0  # after a failed start, answer late hellos with the reason for this long
 

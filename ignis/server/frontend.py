@@ -21,7 +21,7 @@ from ignis.config import IgnisConfig
 from ignis.ipc.spawn import parent_gone, read_config
 from ignis.logging import configure, get_logger
 
-log = get_logger(__name__)
+log = get_logger("ignis.server.frontend")  # not __name__: this module runs as __main__
 
 DRAIN_S = 60  # how long SIGTERM waits for in-flight responses before cancelling them
 
