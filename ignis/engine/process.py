@@ -1,9 +1,10 @@
 """The GPU process: one engine behind one socket, and the handle a parent uses to start and stop it.
 
-Owns: the process's entry point (`run`), its loop (`serve`: take messages -> round -> send deltas, with eager
-aborts and a heartbeat), which client owns which request, freeing the lanes of a client that vanished, and the
-engine-dead frame on an unrecoverable error. Does not own: the round (ignis.engine.core), the wire
-(ignis.ipc), tokenizing or HTTP (front-ends), or restarting a dead process (its parent).
+Owns: the process's entry point (`python -m ignis.engine.process`, `run`), its loop (`serve`: take messages ->
+round -> send deltas, with eager aborts), the heartbeat thread, which client owns which request, freeing the
+lanes of a client that vanished, the engine-dead frame on an unrecoverable error, and `EngineProcess`, a parent's
+handle on it. Does not own: the round (ignis.engine.core), the wire (ignis.ipc), tokenizing or HTTP
+(front-ends), or restarting a dead process (its parent).
 
 A client is detected as gone by the socket (ignis.ipc.queues): a disconnect makes the engine probe its clients,
 and the unreachable one is gone; its requests are aborted and their lanes freed before the next round.
