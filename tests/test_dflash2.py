@@ -142,3 +142,28 @@ def test_sampled_drafts_are_reproducible_and_accepted(ckpt: Path, work, drafters
         runs.append(run(engine, ps[:4], params))
     assert all(runs[0][r].token_ids == runs[1][r].token_ids for r in runs[0])
     assert engine.stats().accepted > 0
+
+
+def test_builtin_drafter_keeps_greedy_output_and_commits_several_tokens_a_round() -> None:
+    """The shipped pair: with the trained drafter (full and shortlist heads) greedy output is the target's own, and
+    rounds commit well over one token on held-out code."""
+    from tokenizers import Tokenizer
+
+    from ignis.artifact import BUILTIN
+
+    tok = Tokenizer.from_file(str(BUILTIN / "tokenizer.json"))
+    lines = (BUILTIN / "heldout_prompts.jsonl").read_text().splitlines()[:4]
+    ps = [tok.encode(json.loads(line)["prompt"]).ids[-96:] for line in lines]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+    def engine(**spec: Any) -> Engine:
+        overrides = {"engine.lanes": 2, "log.level": "warning", **{f"spec.{k}": v for k, v in spec.items()}}
+        return Engine(load_config(profile="cpu", overrides=overrides))
+
+    want = run(engine(), ps, params)
+    for head in ("full", "shortlist"):
+        spec = engine(backend="dflash2", draft_tokens=7, draft_head=head)
+        got = run(spec, ps, params)
+        assert all(got[r].token_ids == want[r].token_ids for r in want), head
+        s = spec.stats()
+        assert s.accepted > s.rounds, f"{head}: {s.accepted} drafts accepted in {s.rounds} rounds"

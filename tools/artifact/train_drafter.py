@@ -177,7 +177,9 @@ def main() -> None:
     embed = net.model.embed_tokens.weight.detach()
     tokens, mask, greedy = tokens.to(device), mask.to(device), greedy.to(device)
     log(f"data: {tokens.shape[0]} sequences, {int(mask.sum())} completion tokens; taps {tuple(taps.shape)}")
-    held = max(1, tokens.shape[0] // 25)
+    # Every 25th sequence is held out, so every generation batch (each decoded in one mode) is represented.
+    is_held = torch.arange(tokens.shape[0], device=device) % 25 == 0
+    held, train = is_held.nonzero()[:, 0], (~is_held).nonzero()[:, 0]
 
     torch.manual_seed(args.seed)
     model = DrafterModel(cfg).to(device)
@@ -186,7 +188,7 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
     gen = torch.Generator().manual_seed(args.seed)
     total, step, timed_from = args.max_steps or 10**9, 0, 0.0
-    batch = min(args.batch, tokens.shape[0] - held)
+    batch = min(args.batch, train.numel())
     while step < total and time.monotonic() < deadline - RESERVE_S:
         if step == 10:
             timed_from = _sync_time(device)
@@ -199,7 +201,7 @@ def main() -> None:
             lr = args.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, (step - WARMUP_STEPS) / (total - WARMUP_STEPS)))))
         for group in opt.param_groups:
             group["lr"] = lr
-        rows = (held + torch.randint(tokens.shape[0] - held, (batch,), generator=gen)).to(device)
+        rows = train[torch.randint(train.numel(), (batch,), generator=gen).to(device)]
         anchors = anchors_for(batch, tokens.shape[1], args.prompt_len, args.anchors, gen, device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             out = losses(model, embed, taps[rows], tokens[rows], mask[rows], anchors)
@@ -214,11 +216,11 @@ def main() -> None:
             log(f"step {step} loss {seen['loss']:.4f} unary {seen['unary']:.4f} selector "
                 f"{seen.get('selector', 0.0):.4f} tau {tau:.2f} gnorm {norm.item():.2f} lr {lr:.2e}")
 
-    result = evaluate(model, embed, taps[:held], tokens[:held], mask[:held], greedy[:held], args.prompt_len, 64)
+    result = evaluate(model, embed, taps[held], tokens[held], mask[held], greedy[held], args.prompt_len, 64)
     save_drafter(args.out / "drafter", config, model, torch.bfloat16)
-    counts = torch.bincount(tokens[held:][mask[held:]].reshape(-1), minlength=target.vocab_size)
+    counts = torch.bincount(tokens[train][mask[train]].reshape(-1), minlength=target.vocab_size)
     np.save(args.out / "counts.npy", counts.cpu().numpy())
-    summary = {"steps": step, "sequences": tokens.shape[0], "held_out_sequences": held,
+    summary = {"steps": step, "sequences": tokens.shape[0], "held_out_sequences": held.numel(),
                "completion_tokens": int(mask.sum()), "params": params, "seconds": time.monotonic() - t0,
                "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", **result}
     log("summary " + json.dumps(summary))
