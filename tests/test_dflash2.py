@@ -82,8 +82,8 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def work() -> tuple[list[list[int]], list[SamplingParams]]:
-    ps = prompts(20, VOCAB, seed=1, lo=2, hi=40)
-    return ps, [SamplingParams(max_tokens=5 + (3 * i) % 11, temperature=0.0, ignore_eos=True) for i in range(len(ps))]
+    ps = prompts(20, VOCAB, seed=1, lo=2, hi=32)
+    return ps, [SamplingParams(max_tokens=4 + (3 * i) % 10, temperature=0.0, ignore_eos=True) for i in range(len(ps))]
 
 
 @pytest.fixture(scope="module")

@@ -78,7 +78,11 @@ class DFlash2:
 
     @torch.inference_mode()
     def observe(self, obs: list[Observation]) -> None:
-        lanes, starts, counts, taps, positions = [], [], [], [], []
+        lanes: list[int] = []
+        starts: list[int] = []
+        counts: list[int] = []
+        taps: list[torch.Tensor] = []
+        positions: list[int] = []
         for o in obs:
             if o.taps is None:
                 raise RuntimeError("dflash2 needs the target's tapped layer outputs; the round passed none")

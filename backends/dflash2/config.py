@@ -128,7 +128,7 @@ class DrafterConfig:
             rotary_dim=int(int(head_dim) * partial),
             vocab_size=int(d.get("vocab_size", target.vocab_size)),
             layer_types=layer_types,
-            sliding_window=int(window) if "sliding_attention" in layer_types else None,
+            sliding_window=window if "sliding_attention" in layer_types else None,
             causal=causal,
             block_size=int(value("block_size", 16)),
             mask_token_id=_required_int(value("mask_token_id"), "dflash_config.mask_token_id"),

@@ -67,7 +67,9 @@ class ContextCache:
     ) -> None:
         """Store rows start..start+count-1 of each lane (T = sum(counts)); rows a layer can never show are skipped."""
         for layer, (k, v) in zip(self.layers, kv):
-            rows, lane_ix, slots, positions = [], [], [], []
+            rows: list[int] = []
+            lane_ix: list[int] = []
+            positions: list[int] = []
             offset = 0
             for lane, start, n in zip(lanes, starts, counts):
                 first = max(start, start + n - layer.size)

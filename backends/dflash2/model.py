@@ -13,6 +13,8 @@ dynamic causal convs over block rows, whose output-side coefficients are predict
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -188,7 +190,7 @@ class DrafterModel(nn.Module):
         """Each layer's (K, V) [T, nkv, hd] for committed context rows: fc + hidden_norm, then k/v projections."""
         c = self.hidden_norm(self.fc(taps))
         cos, sin = self.rope.tables(positions, c.dtype)
-        return [layer.self_attn.keys(c, cos, sin) for layer in self.layers]
+        return [cast(Layer, layer).self_attn.keys(c, cos, sin) for layer in self.layers]
 
     def block(
         self,

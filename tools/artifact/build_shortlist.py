@@ -82,7 +82,9 @@ def main() -> None:
     elif args.counts:
         counts = torch.from_numpy(np.load(args.counts)).to(torch.int64)[:vocab]
     else:
-        counts = sum(count_ids(torch.from_numpy(np.load(f)), vocab) for f in args.ids)
+        counts = torch.zeros(vocab, dtype=torch.int64)
+        for f in args.ids:
+            counts += count_ids(torch.from_numpy(np.load(f)), vocab)
     out = (args.drafter or args.model / "drafter") / SHORTLIST
     ids = build(args.model, out, counts, args.size, group=args.group, exclude=tuple(args.exclude))
     covered = float(counts[ids].sum()) / max(float(counts.sum()), 1.0)

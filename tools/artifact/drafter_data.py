@@ -17,6 +17,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -100,7 +101,7 @@ def build_prompts(tok: Tokenizer, files: list[SourceFile], count: int, length: i
 
 
 @torch.no_grad()
-def generate(net: torch.nn.Module, prompts: torch.Tensor, new_tokens: int, batch: int, device: torch.device,
+def generate(net: Any, prompts: torch.Tensor, new_tokens: int, batch: int, device: torch.device,
              seed: int, log: Callable[[str], None], deadline: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Completions by the target, the modes taking turns batch by batch, until all prompts are done or `deadline`
     (time.monotonic) passes. Returns tokens [N, P + new_tokens] int64, mask [N, P + new_tokens] bool (completion
@@ -129,7 +130,7 @@ def generate(net: torch.nn.Module, prompts: torch.Tensor, new_tokens: int, batch
 
 
 @torch.no_grad()
-def tap_features(net: torch.nn.Module, tokens: torch.Tensor, layer_ids: tuple[int, ...], batch: int,
+def tap_features(net: Any, tokens: torch.Tensor, layer_ids: tuple[int, ...], batch: int,
                  device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """[N, S, len(layer_ids) * H] in `dtype` on `device`: outputs of the target's decoder layers `layer_ids`.
 

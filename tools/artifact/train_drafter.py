@@ -22,6 +22,7 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -165,7 +166,8 @@ def main() -> None:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    net = Qwen3_5ForCausalLM.from_pretrained(args.target, dtype=dtype).to(device).eval().requires_grad_(False)
+    net: Any = Qwen3_5ForCausalLM.from_pretrained(args.target, dtype=dtype)
+    net = net.to(device).eval().requires_grad_(False)
     gen_deadline = t0 + args.gen_share * args.time_budget
     tokens, mask, greedy = drafter_data.generate(net, prompts, args.gen_len, args.gen_batch, device, args.seed, log,
                                                 gen_deadline)
