@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import torch
 
-from ignis.engine.accept import accept_greedy, accept_sampled
+from ignis.engine.accept import Verdict, accept_greedy, accept_sampled
 from ignis.engine.sampling import make_generator, target_probs
 from ignis.params import SamplingParams
 
 
 def test_greedy_keeps_longest_matching_run_then_the_models_token() -> None:
-    assert accept_greedy([5, 6, 7], [5, 6, 9, 1]).__dict__ == {"accepted": 2, "token": 9}
-    assert accept_greedy([5, 6, 7], [5, 6, 7, 1]).__dict__ == {"accepted": 3, "token": 1}
-    assert accept_greedy([5, 6, 7], [4, 6, 7, 1]).__dict__ == {"accepted": 0, "token": 4}
-    assert accept_greedy([], [3]).__dict__ == {"accepted": 0, "token": 3}
+    assert accept_greedy([5, 6, 7], [5, 6, 9, 1]) == Verdict(2, 9)
+    assert accept_greedy([5, 6, 7], [5, 6, 7, 1]) == Verdict(3, 1)
+    assert accept_greedy([5, 6, 7], [4, 6, 7, 1]) == Verdict(0, 4)
+    assert accept_greedy([], [3]) == Verdict(0, 3)
 
 
 def _emitted_marginals(
