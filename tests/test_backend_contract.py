@@ -12,6 +12,8 @@ import ignis.backends.registry as registry
 import ignis.config as config
 from engines import make_engine, prompts, run
 from ignis.backends.base import BackendContext, Observation, Proposal, ProposeIn
+from ignis.config import load_config
+from ignis.engine.core import Engine
 from ignis.params import SamplingParams
 from tiny import tiny_checkpoint
 
@@ -82,3 +84,22 @@ def test_garbage_drafts_give_one_token_a_round_and_the_same_output(setup) -> Non
     for rid, d in out.items():
         assert d.token_ids == ref[rid]
         assert d.stats.accepted == 0 and d.stats.rounds == params.max_tokens - 1
+
+
+@pytest.mark.parametrize("draft_sampling", ["sampled", "greedy"])
+def test_draft_sampling_decides_what_temperature_backends_draft_at(setup, monkeypatch: pytest.MonkeyPatch,
+                                                                  draft_sampling: str) -> None:
+    ckpt, ps, _, _ = setup
+    seen: list[float] = []
+
+    def spy(self: Scripted, inp: ProposeIn) -> Proposal:
+        seen.extend(inp.temperatures)
+        return Proposal(tokens=torch.zeros((len(inp.lanes), inp.k), dtype=torch.long), q=None)
+
+    monkeypatch.setattr(Scripted, "propose", spy)
+    engine = make_engine(ckpt, "oracle", draft_tokens=K, lanes=1) if draft_sampling == "sampled" else Engine(
+        load_config(profile="cpu", overrides={"model.path": str(ckpt), "spec.backend": "oracle", "spec.draft_tokens": K,
+                                              "spec.draft_sampling": "greedy", "log.level": "warning"}))
+    sampled = SamplingParams(max_tokens=6, temperature=0.7, seed=1, ignore_eos=True)
+    run(engine, ps[:1], sampled)
+    assert seen and all(t == (0.7 if draft_sampling == "sampled" else 0.0) for t in seen)

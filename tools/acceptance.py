@@ -6,6 +6,7 @@ Free-running: each prompt is decoded by the engine with the backend under test; 
 
     python -m tools.acceptance --backend off --backend mtp:3 --backend dflash2:7 --limit 32 --max-tokens 128
     python -m tools.acceptance --mode sampled --temperature 1.0 --top-p 0.95 --top-k 20 --backend dflash2:7
+    python -m tools.acceptance --mode sampled --backend dflash2:7 --set spec.draft_sampling=greedy   # one-hot q
 
 Teacher-forced replay (the seeds' "sampled acceptance" method): recorded turns are replayed token for token; at each
 round the backend drafts from the recorded context, the acceptance rule (rejection sampling at the given temperature,
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ignis.artifact import BUILTIN
-from ignis.config import load_config
+from ignis.config import load_config, parse_overrides
 from ignis.engine.core import Engine
 from ignis.ipc.messages import EngineRequest, RequestStats
 from ignis.params import SamplingParams
@@ -95,10 +96,14 @@ def load_prompts(path: Path, tokenizer: Tokenizer, limit: int) -> list[list[int]
     return out
 
 
+SETTINGS: list[str] = []  # extra "key=value" config overrides from --set, for every engine the tool builds
+
+
 def _engine(model: str, profile: str | None, backend: str, k: int, lanes: int) -> Engine:
     overrides = {"model.path": model, "spec.backend": backend, "engine.lanes": lanes, "log.level": "warning"}
     if k:
         overrides["spec.draft_tokens"] = k
+    overrides.update(parse_overrides(SETTINGS))
     return Engine(load_config(profile=profile, overrides=overrides))
 
 
@@ -178,7 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--record", default=None, help="record turns from the target into this JSONL, then stop")
     ap.add_argument("--replay", default=None, help="teacher-forced replay of the turns in this JSONL")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override for every engine, e.g. spec.draft_head=shortlist, spec.draft_sampling=greedy")
     args = ap.parse_args(argv)
+    SETTINGS[:] = args.set
     model = Path(args.model)
     sampled = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                              top_k=args.top_k, seed=args.seed)

@@ -47,7 +47,7 @@ class Engine:
         cache = LaneCache(
             self.model.config, lanes=ec.lanes, context=ec.context, max_cols=k + 1, device=device, dtype=dtype
         )
-        self.runner = Runner(self.model, cache, self.backend, device)
+        self.runner = Runner(self.model, cache, self.backend, device, config.spec.draft_sampling == "sampled")
         self.scheduler = Scheduler(
             lanes=ec.lanes,
             max_rows=ec.max_rows,

@@ -47,7 +47,10 @@ class _Rows:
 
 
 class Runner:
-    def __init__(self, model: HybridModel, cache: LaneCache, backend: SpecBackend, device: torch.device) -> None:
+    def __init__(
+        self, model: HybridModel, cache: LaneCache, backend: SpecBackend, device: torch.device, sample_drafts: bool = True
+    ) -> None:
+        self.sample_drafts = sample_drafts  # False: one-hot drafts (the drafter's argmax) for sampled requests too
         self.model = model
         self.cache = cache
         self.backend = backend
@@ -74,7 +77,7 @@ class Runner:
             anchors=torch.tensor([r.anchor for r in reqs], dtype=torch.long, device=self.device),
             positions=torch.tensor([len(r.tokens) - 1 for r in reqs], dtype=torch.long, device=self.device),
             k=k,
-            temperatures=[r.params.temperature for r in reqs],
+            temperatures=[r.params.temperature if self.sample_drafts else 0.0 for r in reqs],
             generators=[r.generator for r in reqs],
         )
         return self.backend.propose(inp)
