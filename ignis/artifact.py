@@ -7,15 +7,16 @@ Owns: resolving `model.path` (empty = the built-in artifact shipped inside the p
 from __future__ import annotations
 
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from ignis.config import IgnisConfig
 from ignis.errors import ArtifactError
 
-BUILTIN = Path(__file__).resolve().parent / "builtin"
+if TYPE_CHECKING:
+    import torch
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Front-ends resolve the model path too and never touch tensors: torch is imported only where a device is resolved.
+BUILTIN = Path(__file__).resolve().parent / "builtin"
 
 
 def resolve_model_path(cfg: IgnisConfig) -> Path:
@@ -27,6 +28,8 @@ def resolve_model_path(cfg: IgnisConfig) -> Path:
 
 
 def resolve_device(cfg: IgnisConfig) -> torch.device:
+    import torch
+
     if cfg.model.device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(cfg.model.device)
@@ -36,9 +39,12 @@ def resolve_device(cfg: IgnisConfig) -> torch.device:
 
 
 def resolve_dtype(cfg: IgnisConfig, device: torch.device) -> torch.dtype:
+    import torch
+
     if cfg.model.dtype == "auto":
         return torch.float32 if device.type == "cpu" else torch.bfloat16
-    return _DTYPES[cfg.model.dtype]
+    dtype: torch.dtype = getattr(torch, cfg.model.dtype)  # float32 | bfloat16 | float16, checked by the config
+    return dtype
 
 
 def resolve_exact(cfg: IgnisConfig, device: torch.device) -> bool:

@@ -64,3 +64,13 @@ def test_bad_prompt_is_refused_before_any_request_runs(llm: LLM) -> None:
     with pytest.raises(InputError):
         llm.generate([{"prompt_token_ids": [5] * 5000}], SamplingParams(max_tokens=2))
     assert llm.client.stats().running == 0 and llm.client.stats().waiting == 0
+
+
+def test_a_batch_larger_than_lanes_and_queue_runs_whole(tmp_path: Path) -> None:
+    path = tiny_checkpoint(tmp_path, seed=4, mtp=False, vocab_size=8192)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(BUILTIN / name, path / name)
+    overrides = {"log.level": "warning", "engine.lanes": 1, "engine.max_waiting": 1}
+    with LLM(str(path), profile="cpu", overrides=overrides) as small:
+        outs = small.generate([f"x{i} = " for i in range(5)], SamplingParams(max_tokens=3, ignore_eos=True))
+    assert [len(o.outputs[0].token_ids) for o in outs] == [3] * 5

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
+from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -119,28 +120,42 @@ class LLM:
     def _run(self, encoded: list[tuple[str | None, list[int]]], params: SamplingParams) -> list[RequestOutput]:
         states: dict[str, tuple[int, int, OutputState]] = {}
         stop_ids = self._stop_ids(params)
+        pending: deque[tuple[str, list[int], SamplingParams]] = deque()
         for i, (_, ids) in enumerate(encoded):
             for j in range(params.n):
                 sample = params if params.seed is None else _with_seed(params, params.seed + j)
                 rid = f"{self._prefix}-{next(self._ids)}"
-                self.client.add(EngineRequest(id=rid, prompt_token_ids=ids, params=sample, stop_token_ids=stop_ids))
                 states[rid] = (i, j, OutputState(rid, sample, self.tokenizer))
+                pending.append((rid, ids, sample))
         stats: dict[str, RequestStats | None] = {}
         reasons: dict[str, tuple[str | None, int | str | None]] = {}
         logprobs: dict[str, list[dict[int, float]]] = {}
-        while len(reasons) < len(states):
-            for delta in self.client.get_deltas(timeout=None):
-                if delta.id not in states or delta.id in reasons:
-                    continue
-                st = states[delta.id][2]
-                td = st.feed(delta)
-                if td.logprobs:
-                    logprobs.setdefault(delta.id, []).extend(td.logprobs)
-                if td.stop_hit and not delta.finished:
-                    self.client.abort([delta.id])
-                if td.finished:
-                    reasons[delta.id] = (td.finish_reason, td.stop_reason)
-                    stats[delta.id] = td.stats
+        live: set[str] = set()
+        # A batch larger than the engine's lanes and queue goes in as room frees up.
+        room = self.client.info.lanes + self.config.engine.max_waiting
+        try:
+            while len(reasons) < len(states):
+                while pending and len(live) < room:
+                    rid, ids, sample = pending.popleft()
+                    self.client.add(EngineRequest(id=rid, prompt_token_ids=ids, params=sample, stop_token_ids=stop_ids))
+                    live.add(rid)
+                for delta in self.client.get_deltas(timeout=None):
+                    if delta.id not in live:
+                        continue
+                    st = states[delta.id][2]
+                    td = st.feed(delta)
+                    if td.logprobs:
+                        logprobs.setdefault(delta.id, []).extend(td.logprobs)
+                    if td.stop_hit and not delta.finished:
+                        self.client.abort([delta.id])
+                    if td.finished:
+                        reasons[delta.id] = (td.finish_reason, td.stop_reason)
+                        stats[delta.id] = td.stats
+                        live.discard(delta.id)
+        except BaseException:
+            if live:
+                self.client.abort(sorted(live))  # nothing that was accepted keeps running for nobody
+            raise
         outputs = [
             RequestOutput(request_id=str(i), prompt=text, prompt_token_ids=ids, outputs=[], finished=True)
             for i, (text, ids) in enumerate(encoded)
