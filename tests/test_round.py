@@ -71,3 +71,22 @@ def test_rejected_drafts_leave_no_trace_in_any_layer(ckpt: Path) -> None:
         assert sa.keys() == sb.keys() and sa
         for name in sa:
             assert torch.equal(sa[name], sb[name]), f"prompt {i}: {name} differs after speculation"
+
+
+def test_the_builtin_artifact_keeps_greedy_output_under_mtp() -> None:
+    """The speculation guarantee on the shipped model: mtp at every width gives plain decoding's tokens."""
+    import json
+
+    from ignis.artifact import BUILTIN
+    from ignis.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(BUILTIN)
+    lines = (BUILTIN / "heldout_prompts.jsonl").read_text().splitlines()[4:8]
+    ps = [tok.encode(json.loads(line)["prompt"])[-80:] for line in lines]
+    params = [_greedy(12 + 5 * i) for i in range(len(ps))]
+    want = run(make_engine(BUILTIN, "off", lanes=4), ps, params)
+    for k, lanes in ((1, 4), (3, 4), (7, 4), (7, 1)):
+        engine = make_engine(BUILTIN, "mtp", draft_tokens=k, lanes=lanes)
+        got = run(engine, ps, params)
+        assert all(got[r].token_ids == want[r].token_ids for r in want), (k, lanes)
+        assert engine.stats().accepted > 0
