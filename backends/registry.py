@@ -6,7 +6,7 @@ in pyproject.toml; each entry point is a callable `load(ctx: BackendContext) -> 
 
 from __future__ import annotations
 
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from typing import Callable
 
 from ignis.backends.base import BackendContext, SpecBackend
@@ -16,11 +16,16 @@ GROUP = "ignis.spec_backends"
 
 
 def installed() -> dict[str, Callable[[BackendContext], SpecBackend]]:
-    """Every backend installed in this environment, by name (loading each entry point lazily on call)."""
-    found = {}
-    for ep in entry_points(group=GROUP):
-        found[ep.name] = ep
-    return {name: (lambda ctx, ep=ep: ep.load()(ctx)) for name, ep in sorted(found.items())}
+    """Every backend installed in this environment, by name (each entry point is imported only when called)."""
+    return {ep.name: _lazy(ep) for ep in sorted(entry_points(group=GROUP), key=lambda ep: ep.name)}
+
+
+def _lazy(ep: EntryPoint) -> Callable[[BackendContext], SpecBackend]:
+    def load(ctx: BackendContext) -> SpecBackend:
+        factory: Callable[[BackendContext], SpecBackend] = ep.load()
+        return factory(ctx)
+
+    return load
 
 
 def load_backend(name: str, ctx: BackendContext) -> SpecBackend:

@@ -122,8 +122,8 @@ def _serve(args: argparse.Namespace) -> int:
     log_resolved(cfg)
     from ignis.server.serve import main as serve_main
 
-    code = serve_main(cfg)
-    return code if isinstance(code, int) else 0
+    serve_main(cfg)
+    return 0
 
 
 if __name__ == "__main__":

@@ -54,9 +54,10 @@ class Tokenizer:
         cfg_path = path / "tokenizer_config.json"
         config = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
         eos: list[int] = []
-        for name in (_token_name(config.get("eos_token")),):
-            if name is not None and tok.token_to_id(name) is not None:
-                eos.append(tok.token_to_id(name))
+        name = _token_name(config.get("eos_token"))
+        eos_id = tok.token_to_id(name) if name is not None else None
+        if eos_id is not None:
+            eos.append(eos_id)
         model_cfg = path / "config.json"
         if model_cfg.is_file():
             mc = json.loads(model_cfg.read_text())

@@ -12,7 +12,7 @@ import uuid
 from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ignis.artifact import resolve_model_path
 from ignis.client.base import EngineClient
@@ -84,7 +84,8 @@ class LLM:
         params: SamplingParams | None = None,
         **template_kwargs: Any,
     ) -> list[RequestOutput]:
-        convs = [messages] if messages and isinstance(messages[0], Mapping) else messages
+        one = bool(messages) and isinstance(messages[0], Mapping)
+        convs = cast(Sequence[Sequence[Mapping[str, Any]]], [messages] if one else messages)
         texts = [self.tokenizer.apply_chat_template([dict(m) for m in c], **template_kwargs) for c in convs]
         return self.generate(texts, params)
 
