@@ -11,13 +11,12 @@ does. `DFlash2DraftModel` adds grouped dynamic convs and a candidate selector (t
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ignis.errors import ArtifactError
-from ignis.model.config import ModelConfig
+from ignis.model.config import ModelConfig, read_config_json
 
 DFLASH2 = "DFlash2DraftModel"
 DFLASH = "DFlashDraftModel"
@@ -63,17 +62,9 @@ class DrafterConfig:
     @classmethod
     def from_dir(cls, path: Path, target: ModelConfig) -> DrafterConfig:
         file = path / "config.json"
-        if not file.is_file():
-            raise ArtifactError(
-                f"{file}: no drafter config.json; spec.backend 'dflash2' needs a DFlash drafter beside the weights "
-                "(<model>/drafter) or at spec.drafter"
-            )
-        try:
-            data = json.loads(file.read_text())
-        except (OSError, ValueError) as e:
-            raise ArtifactError(f"{file}: not readable JSON ({e})") from e
-        if not isinstance(data, dict):
-            raise ArtifactError(f"{file}: expected a JSON object")
+        data = read_config_json(
+            file, "spec.backend 'dflash2' needs a DFlash drafter beside the weights (<model>/drafter) or at spec.drafter"
+        )
         try:
             return cls.from_dict(data, target)
         except ArtifactError as e:

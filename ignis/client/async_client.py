@@ -35,12 +35,8 @@ class AsyncEngineClient:
 
     def __init__(self, config: IgnisConfig, address: str | None = None) -> None:
         self.config = config
-        self._owned: OwnedEngine | None = None
-        if address is None:
-            self._owned = OwnedEngine(config)
-            self._finalizer = self._owned.finalize_with(self)
-            address = self._owned.address.address
-        self.address = address
+        self._owned = OwnedEngine(config, self) if address is None else None
+        self.address: str = self._owned.address.address if self._owned is not None else str(address)
         self.client_id = new_client_id()
         self._link = EngineLink(self.client_id, config.server.engine_timeout_s)
         self._sock: AsyncClientSocket | None = None
@@ -140,7 +136,7 @@ class AsyncEngineClient:
             self._sock.close(linger_s=0.5 if self._link.ready else 0.0)
             self._sock = None
         if self._owned is not None:
-            await asyncio.to_thread(self._finalizer)
+            await asyncio.to_thread(self._owned.finalize)
 
     async def _read(self) -> None:
         assert self._sock is not None

@@ -117,11 +117,13 @@ class OwnedEngine:
     Stopped by `close`, or when its owner is garbage-collected or the interpreter exits, whichever comes first.
     """
 
-    def __init__(self, cfg: IgnisConfig) -> None:
+    def __init__(self, cfg: IgnisConfig, owner: object) -> None:
         from ignis.engine.process import EngineProcess
 
         self.address: EngineAddress = engine_address("ipc", "")
         self.process = EngineProcess(cfg, self.address.address)
+        # Call to stop the child now; runs by itself when `owner` is collected or the interpreter exits.
+        self.finalize = weakref.finalize(owner, self.close)
 
     def exit_reason(self) -> str | None:
         """Why the child is gone, or None while it runs."""
@@ -133,5 +135,3 @@ class OwnedEngine:
         self.process.stop()
         self.address.close()
 
-    def finalize_with(self, owner: object) -> weakref.finalize:
-        return weakref.finalize(owner, self.close)

@@ -40,16 +40,12 @@ class ProcessClient:
 
     def __init__(self, config: IgnisConfig, address: str | None = None, *, start_timeout_s: float | None = None) -> None:
         self.config = config
-        self._owned: OwnedEngine | None = None
-        if address is None:
-            self._owned = OwnedEngine(config)
-            self._finalizer = self._owned.finalize_with(self)
-            address = self._owned.address.address
-        self.address = address
+        self._owned = OwnedEngine(config, self) if address is None else None
+        self.address: str = self._owned.address.address if self._owned is not None else str(address)
         self.client_id = new_client_id()
         # Ids on the wire carry the client's prefix, so callers of different clients may reuse the same ids.
         self._prefix = f"{self.client_id:08x}-"
-        self._sock = ClientSocket(address, self.client_id)
+        self._sock = ClientSocket(self.address, self.client_id)
         self._link = EngineLink(self.client_id, config.server.engine_timeout_s)
         self._live: set[str] = set()
         self._pending: list[RequestDelta] = []
@@ -130,7 +126,7 @@ class ProcessClient:
         if hasattr(self, "_sock"):
             self._sock.close(linger_s=0.5 if self._link.ready else 0.0)
         if self._owned is not None:
-            self._finalizer()
+            self._owned.finalize()
 
     def __enter__(self) -> ProcessClient:
         return self

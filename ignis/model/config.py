@@ -70,15 +70,7 @@ class ModelConfig:
     @classmethod
     def from_dir(cls, path: str | Path) -> ModelConfig:
         file = Path(path) / "config.json"
-        if not file.is_file():
-            raise ArtifactError(f"{file}: no config.json; a model directory holds config.json + safetensors weights")
-        try:
-            data = json.loads(file.read_text())
-        except (OSError, ValueError) as e:
-            raise ArtifactError(f"{file}: not readable JSON ({e})") from e
-        if not isinstance(data, dict):
-            raise ArtifactError(f"{file}: expected a JSON object")
-        return cls.from_dict(data)
+        return cls.from_dict(read_config_json(file, "a model directory holds config.json + safetensors weights"))
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelConfig:
@@ -177,6 +169,20 @@ def _int(d: dict[str, Any], key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ArtifactError(f"config.json {key}: expected a non-negative integer, found {value!r}")
     return value
+
+
+def read_config_json(file: Path, missing: str) -> dict[str, Any]:
+    """The JSON object in `file`; ArtifactError naming the file when it is absent (with `missing` as the fix),
+    unreadable or not an object."""
+    if not file.is_file():
+        raise ArtifactError(f"{file}: no config.json; {missing}")
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        raise ArtifactError(f"{file}: not readable JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise ArtifactError(f"{file}: expected a JSON object")
+    return data
 
 
 def _check_architecture(d: dict) -> None:
