@@ -1,12 +1,20 @@
 """The contract between the round and a speculation backend: one struct in, one struct out.
 
 Owns: `BackendContext` (what a backend gets at load), `Observation` (what was committed), `ProposeIn` / `Proposal`
-(drafts for the lanes decoding this round) and the `SpecBackend` protocol. Does not own: the round itself
-(ignis.engine.round), acceptance (ignis.engine.accept) or discovery (ignis.backends.registry).
+(drafts for the lanes decoding this round), `Choice` (how each lane picks its drafts), `Committed` (a device round's
+verify rows and how many each lane kept) and the `SpecBackend` protocol. Does not own: the round itself
+(ignis.engine.round, ignis.engine.device_round), acceptance or discovery (ignis.backends.registry).
 
 The round calls, per lane and in this order: `reset` when a request takes the lane; `observe` after every forward with
 the rows that lane committed (prefill chunks, or anchor plus accepted drafts) together with the token that follows
-them; `propose` before the next verify. A backend never sees rejected drafts.
+them; `propose` before the next verify. A backend never sees rejected drafts as committed.
+
+Two forms of propose and observe: the host form (`propose`, `observe`: lists and host ints, any shapes; prefill and
+the reference round use it) and, for backends with `graph_safe = True`, the device form (`propose_lanes`,
+`observe_lanes`: device tensors only, static shapes for a bucket of B lanes, no host read) that a CUDA graph captures.
+In the device form every lane's rows come as [B, C] and the backend itself keeps rows 0..accepted of each lane,
+sending the rest to the scratch lane (index `lanes`) of its own per-lane buffers. A backend without `graph_safe` runs
+every round through the host form.
 """
 
 from __future__ import annotations
@@ -53,6 +61,7 @@ class ProposeIn:
     k: int  # drafts wanted per lane
     temperatures: list[float]  # per lane; 0 = the request is greedy (draft deterministically, q may be None)
     generators: list[torch.Generator]  # per lane, for backends that sample their drafts
+    span: int = 0  # the largest anchor position among the lanes (rows any lane has committed)
 
 
 @dataclass
@@ -61,10 +70,42 @@ class Proposal:
     q: torch.Tensor | None  # [n, k, V] float32: draft distribution per slot; None = one-hot at `tokens`
 
 
+@dataclass(frozen=True)
+class Choice:
+    """How each lane chooses its drafts: temperature 0 is greedy; others draw with their uniforms."""
+
+    temperatures: torch.Tensor  # [n] float32, device
+    uniforms: torch.Tensor | None  # [n, k] float64, device: one per slot; None = every lane greedy
+
+    @staticmethod
+    def build(temperatures: list[float], generators: list[torch.Generator], k: int, device: torch.device) -> Choice:
+        """The host form: uniforms from each sampling lane's own generator."""
+        temps = torch.tensor(temperatures, dtype=torch.float32, device=device)
+        if all(t <= 0.0 for t in temperatures):
+            return Choice(temps, None)
+        rows = [torch.rand(k, generator=g, dtype=torch.float64) if t > 0.0 else torch.zeros(k, dtype=torch.float64)
+                for t, g in zip(temperatures, generators)]
+        return Choice(temps, torch.stack(rows).to(device, non_blocking=True))
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A device round's verify rows for B lanes x C columns, and how many rows each lane kept."""
+
+    lanes: torch.Tensor  # [B] int64, device (padding: the scratch lane)
+    positions: torch.Tensor  # [B, C] int64, device
+    tokens: torch.Tensor  # [B, C] int64, device: anchor, d1..dK
+    following: torch.Tensor  # [B, C] int64, device: the token after each row (valid for kept rows)
+    hidden: torch.Tensor  # [B, C, H] model dtype, device: final-normed hidden states
+    taps: torch.Tensor | None  # [B, C, len(tap_layers) * H] model dtype, device
+    accepted: torch.Tensor  # [B] int64, device: rows 0..accepted are kept
+
+
 class SpecBackend(Protocol):
     name: str
     draft_tokens: int  # K per round (0 for off)
     tap_layers: tuple[int, ...]  # target decoder layers whose outputs `observe` needs (empty: none)
+    graph_safe: bool  # propose_lanes / observe_lanes exist and read no host value
 
     def nbytes(self) -> int:
         """Device memory the backend holds (weights of its own plus per-lane caches)."""
@@ -75,3 +116,19 @@ class SpecBackend(Protocol):
     def observe(self, obs: list[Observation]) -> None: ...
 
     def propose(self, inp: ProposeIn) -> Proposal: ...
+
+    def propose_lanes(
+        self,
+        lanes: torch.Tensor,  # [B] int64, device
+        anchors: torch.Tensor,  # [B] int64, device
+        positions: torch.Tensor,  # [B] int64, device: the anchors' positions
+        k: int,
+        choice: Choice,
+        span: int,  # key slots the target's attention reads this round (> every position in the round)
+    ) -> Proposal:
+        """Device form of `propose` (graph_safe backends)."""
+        ...
+
+    def observe_lanes(self, rows: Committed, span: int) -> None:
+        """Device form of `observe` (graph_safe backends)."""
+        ...

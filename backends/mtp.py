@@ -1,20 +1,25 @@
 """The `mtp` backend: the checkpoint's own multi-token-prediction layer, applied recursively for K drafts.
 
-Owns: the MTP layer's per-lane attention cache and the drafting loop. Does not own: the MTP weights or layer math
-(ignis.model.model.MTPHead, loaded with the target) or acceptance.
+Owns: the MTP layer's per-lane attention cache and the drafting loop, in the host form and the device form (see
+ignis.backends.base). Does not own: the MTP weights or layer math (ignis.model.model.MTPHead, loaded with the
+target) or acceptance.
 
 At committed position t the layer reads the target's final-normed hidden h_t and the embedding of the token after it,
 x_{t+1}, and predicts x_{t+2}. `observe` runs it over every committed row (filling its cache at those positions) and
 keeps the output at the lane's last committed row, whose logits are the first draft. Each further draft feeds the
 previous draft's embedding and the layer's own previous output one position on. Drafting is greedy (one-hot q);
 rejection sampling keeps sampled requests exact.
+
+The device form runs the layer over all C verify rows of every lane (a rejected row's keys sit past the lane's
+committed positions, where the next observe or propose overwrites them before any query can see them) and keeps
+the output at each lane's last kept row.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ignis.backends.base import BackendContext, Observation, Proposal, ProposeIn
+from ignis.backends.base import BackendContext, Choice, Committed, Observation, Proposal, ProposeIn
 from ignis.errors import ArtifactError
 from ignis.model.batch import Segment
 
@@ -22,6 +27,7 @@ from ignis.model.batch import Segment
 class Mtp:
     name = "mtp"
     tap_layers: tuple[int, ...] = ()
+    graph_safe = True
 
     def __init__(self, ctx: BackendContext) -> None:
         model = ctx.model
@@ -35,11 +41,11 @@ class Mtp:
         self.draft_tokens = ctx.config.spec.draft_tokens or 1
         cfg = model.config
         slots = ctx.context + self.draft_tokens + 1
-        shape = (ctx.lanes, slots, cfg.num_key_value_heads, cfg.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=ctx.dtype, device=ctx.device)  # [lanes, slots, nkv, hd]
-        self.v_cache = torch.zeros(shape, dtype=ctx.dtype, device=ctx.device)  # [lanes, slots, nkv, hd]
-        self.last = torch.zeros((ctx.lanes, cfg.hidden_size), dtype=ctx.dtype, device=ctx.device)  # [lanes, H]
-        self.last_pos = [0] * ctx.lanes  # position of each lane's last committed row
+        rows = ctx.lanes + 1  # + the scratch lane
+        shape = (rows, slots, cfg.num_key_value_heads, cfg.head_dim)
+        self.k_cache = torch.zeros(shape, dtype=ctx.dtype, device=ctx.device)  # [lanes + 1, slots, nkv, hd]
+        self.v_cache = torch.zeros(shape, dtype=ctx.dtype, device=ctx.device)  # [lanes + 1, slots, nkv, hd]
+        self.last = torch.zeros((rows, cfg.hidden_size), dtype=ctx.dtype, device=ctx.device)  # [lanes + 1, H]
 
     def nbytes(self) -> int:
         return self.k_cache.nbytes + self.v_cache.nbytes + self.last.nbytes
@@ -62,7 +68,6 @@ class Mtp:
         )
         for s in segments:
             self.last[s.lane] = out[s.offset + s.length - 1]
-            self.last_pos[s.lane] = s.start + s.length - 1
 
     def propose(self, inp: ProposeIn) -> Proposal:
         lanes = inp.lanes
@@ -76,6 +81,25 @@ class Mtp:
             hidden = self.mtp(self.model.embed(drafts[-1]), hidden, positions, segments, self.k_cache, self.v_cache)
             drafts.append(self.model.logits(hidden).argmax(dim=-1))
         return Proposal(tokens=torch.stack(drafts, dim=1), q=None)
+
+    def propose_lanes(self, lanes: torch.Tensor, anchors: torch.Tensor, positions: torch.Tensor, k: int,
+                      choice: Choice, span: int) -> Proposal:
+        hidden = self.last.index_select(0, lanes)  # [B, H]
+        drafts = [self.model.logits(hidden).argmax(dim=-1)]  # d1: [B]
+        for step in range(1, k):
+            at = (positions + (step - 1))[:, None]  # [B, 1]
+            dstep = self.model.decode_step(lanes, at, span=span, record=False)
+            hidden = self.mtp.decode(self.model.embed(drafts[-1]), hidden, dstep, self.k_cache, self.v_cache)
+            drafts.append(self.model.logits(hidden).argmax(dim=-1))
+        return Proposal(tokens=torch.stack(drafts, dim=1), q=None)
+
+    def observe_lanes(self, rows: Committed, span: int) -> None:
+        b, c = rows.tokens.shape
+        dstep = self.model.decode_step(rows.lanes, rows.positions, span=span, record=False)
+        out = self.mtp.decode(self.model.embed(rows.following.reshape(-1)), rows.hidden.reshape(b * c, -1), dstep,
+                              self.k_cache, self.v_cache)
+        kept = out.view(b, c, -1).gather(1, rows.accepted[:, None, None].expand(b, 1, out.shape[-1]))[:, 0]
+        self.last.index_copy_(0, rows.lanes, kept)
 
 
 def load(ctx: BackendContext) -> Mtp:

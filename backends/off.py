@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from ignis.backends.base import BackendContext, Observation, Proposal, ProposeIn
+from ignis.backends.base import BackendContext, Choice, Committed, Observation, Proposal, ProposeIn
 
 
 class Off:
     name = "off"
     draft_tokens = 0
     tap_layers: tuple[int, ...] = ()
+    graph_safe = True
 
     def __init__(self, ctx: BackendContext) -> None:
         self.device = ctx.device
@@ -26,6 +27,13 @@ class Off:
 
     def propose(self, inp: ProposeIn) -> Proposal:
         return Proposal(tokens=torch.empty((len(inp.lanes), 0), dtype=torch.long, device=self.device), q=None)
+
+    def propose_lanes(self, lanes: torch.Tensor, anchors: torch.Tensor, positions: torch.Tensor, k: int,
+                      choice: Choice, span: int) -> Proposal:
+        return Proposal(tokens=torch.empty((lanes.shape[0], 0), dtype=torch.long, device=self.device), q=None)
+
+    def observe_lanes(self, rows: Committed, span: int) -> None:
+        pass
 
 
 def load(ctx: BackendContext) -> Off:

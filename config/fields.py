@@ -1,6 +1,6 @@
 """Field declarations for the config sections and the checks they imply.
 
-Owns: the helpers that declare a field together with what it accepts (`choice`, `integer`, `number`, `text`),
+Owns: the helpers that declare a field together with what it accepts (`choice`, `flag`, `integer`, `number`, `text`),
 the per-field type and range check every section runs on construction, and the wording of the "what is allowed"
 part of a refusal. Does not own: the sections themselves (ignis.config.schema) or rules that tie fields
 together (each section's `__post_init__`).
@@ -31,6 +31,11 @@ def integer(default: int, lo: int, hi: int | None = None, *, multiple_of: int = 
     return dataclasses.field(default=default, metadata=meta)
 
 
+def flag(default: bool) -> Any:
+    """A boolean field (TOML true / false)."""
+    return dataclasses.field(default=default, metadata={})
+
+
 def number(default: float) -> Any:
     """A float field that must be finite and > 0 (every float in the schema is a duration)."""
     return dataclasses.field(default=default, metadata={"positive": True})
@@ -57,6 +62,8 @@ def describe(f: dataclasses.Field[Any], typ: type) -> str:
         return f"an integer from {lo} to {hi}"
     if typ is float:
         return "a finite number > 0"
+    if typ is bool:
+        return "true or false"
     return "a string"
 
 
@@ -77,6 +84,10 @@ def check_section(section: str, obj: Any) -> None:
         allowed = describe(f, typ)
         shown = json.dumps(value) if isinstance(value, str) else repr(value)
         # bool is an int subclass in Python; `lanes = true` is a mistake, not 1.
+        if typ is bool:
+            if not isinstance(value, bool):
+                raise ConfigError(key, f"got {shown}, {_type_name(value)}; expected {allowed}")
+            continue
         if typ is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
             object.__setattr__(obj, f.name, value)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ignis.config.fields import check_section, choice, integer, number, text
+from ignis.config.fields import check_section, choice, flag, integer, number, text
 from ignis.errors import ConfigError
 
 MAX_DRAFT_TOKENS = 7
@@ -50,6 +50,7 @@ class EngineSection:
     max_waiting: int = integer(256, 0)  # queued requests beyond the lanes; more are refused (503)
     seed: int = integer(0, 0, 2**63 - 1)  # seed for requests that bring none
     cpu_threads: int = integer(1, 0, 1024)  # torch intra-op threads on the CPU (0: torch's default); small models run best on 1
+    cuda_graphs: bool = flag(True)  # capture the decode/verify rounds at start-up and replay them (CUDA only)
 
     def __post_init__(self) -> None:
         check_section(self.section, self)

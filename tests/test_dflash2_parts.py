@@ -14,11 +14,11 @@ import structlog
 import torch
 from safetensors.torch import load_file, save_file
 
-from ignis.backends.base import BackendContext, Observation, ProposeIn
+from ignis.backends.base import BackendContext, Choice, Observation, ProposeIn
 from ignis.backends.dflash2.backend import DFlash2
 from ignis.backends.dflash2.config import DFLASH, DrafterConfig, drafter_config_json
 from ignis.backends.dflash2.model import Selector
-from ignis.backends.dflash2.selector import Choice, pick, select, transform
+from ignis.backends.dflash2.selector import pick, select, transform
 from ignis.backends.dflash2.shortlist import dequantize, quantize
 from ignis.backends.dflash2.weights import SHORTLIST, WEIGHTS, save_random_drafter
 from ignis.config import load_config
@@ -98,8 +98,8 @@ def test_context_longer_than_the_window_gives_the_drafts_of_a_from_scratch_windo
             be.observe([_observation(0, a, taps[0][a:b]), *extra])
         anchors = torch.tensor([5, 6])
         inp = ProposeIn(lanes=[0, 1], anchors=anchors, positions=torch.tensor([45, 9]), k=7, temperatures=[0.0, 0.0],
-                        generators=[g, g])
-        got = be.hidden(inp)
+                        generators=[g, g], span=45)
+        got = be.hidden(torch.tensor([0, 1]), anchors, inp.positions, 7, 45)
         want = torch.stack([_reference_hidden(be, taps[i], int(anchors[i]), window) for i in range(2)])
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         # The check can tell the window from one position more.

@@ -72,3 +72,42 @@ def test_speculative_greedy_equals_off_up_to_near_ties(backend: str, k: int) -> 
         i = next(j for j, (a, b) in enumerate(zip(off, spec)) if a != b)
         top = sorted(off_lp[i].values(), reverse=True)
         assert top[0] - top[1] < 1e-3, f"diverged at {i} without a near-tie (gap {top[0] - top[1]:.2e})"
+
+
+def _heldout(n: int) -> list[list[int]]:
+    import json
+
+    tok = Tokenizer.from_dir(BUILTIN)
+    lines = (BUILTIN / "heldout_prompts.jsonl").read_text().splitlines()[:n]
+    return [tok.encode(json.loads(line)["prompt"])[-200:] for line in lines]
+
+
+@pytest.mark.parametrize("backend,k", [("off", 0), ("mtp", 3), ("dflash2", 7)])
+@pytest.mark.parametrize("lanes", [1, 8])
+def test_graph_rounds_give_the_eager_rounds_tokens(backend: str, k: int, lanes: int) -> None:
+    """The captured round replays exactly the kernels the eager device round runs: same bf16 tokens."""
+    from engines import run
+
+    ps = _heldout(8)
+    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+    outs = []
+    for graphs in (True, False):
+        engine = make_engine(BUILTIN, backend, draft_tokens=k, profile="h200", lanes=lanes, context=1024,
+                             cuda_graphs=graphs)
+        assert engine.runner.device_round is not None
+        assert bool(engine.runner.device_round.graphs) == graphs
+        outs.append({rid: d.token_ids for rid, d in run(engine, ps, params).items()})
+    assert outs[0] == outs[1]
+
+
+def test_seeded_sampling_on_the_gpu_is_the_same_alone_and_beside_others() -> None:
+    from engines import run
+
+    ps = _heldout(4)
+    sampled = SamplingParams(max_tokens=40, temperature=0.8, top_p=0.95, top_k=20, seed=99, ignore_eos=True)
+    others = [SamplingParams(max_tokens=40, temperature=1.0, seed=i, ignore_eos=True) for i in range(3)]
+    alone = run(make_engine(BUILTIN, "dflash2", draft_tokens=7, profile="h200", lanes=4, context=1024),
+                ps[:1], sampled)["0"].token_ids
+    crowd = run(make_engine(BUILTIN, "dflash2", draft_tokens=7, profile="h200", lanes=4, context=1024),
+                ps, [sampled] + others)["0"].token_ids
+    assert alone == crowd

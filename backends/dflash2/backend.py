@@ -9,17 +9,19 @@ once per token. propose: the block [anchor, MASK x k] of every lane, embedded wi
 positions anchor..anchor+k, runs through the drafter against that context; the rows after the anchor go through the
 proposal head (the target's output head, or the 4-bit shortlist head) and the selector (DFlash2) or argmax (v1).
 Neither step reads a device value on the host: lane lengths and positions of committed rows are known from
-`Observation` fields that are plain ints.
+`Observation` fields that are plain ints. The device form (`propose_lanes`, `observe_lanes`) does the same from
+device tensors, sending each lane's rejected verify rows to the context's scratch lane.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ignis.backends.base import BackendContext, Observation, Proposal, ProposeIn
+from ignis.backends.base import BackendContext, Choice, Committed, Observation, Proposal, ProposeIn
 from ignis.backends.dflash2.config import DrafterConfig
 from ignis.backends.dflash2.context import ContextCache
-from ignis.backends.dflash2.selector import Choice, pick, select
+from ignis.backends.dflash2.model import DrafterModel
+from ignis.backends.dflash2.selector import pick, select
 from ignis.backends.dflash2.shortlist import ShortlistHead
 from ignis.backends.dflash2.weights import SHORTLIST, load_drafter
 from ignis.errors import ConfigError
@@ -30,12 +32,14 @@ log = get_logger(__name__)
 
 class DFlash2:
     name = "dflash2"
+    graph_safe = True
 
-    def __init__(self, ctx: BackendContext) -> None:
+    def __init__(self, ctx: BackendContext, drafter: DrafterModel | None = None) -> None:
+        """drafter: an already built drafter (benchmarks at shapes no file holds); None = load it from its directory."""
         spec = ctx.config.spec
         path = spec.drafter_dir(ctx.model_path)
         target = ctx.model.config
-        self.cfg = cfg = DrafterConfig.from_dir(path, target)
+        self.cfg = cfg = DrafterConfig.from_dir(path, target) if drafter is None else drafter.config
         if spec.draft_tokens > cfg.width:
             raise ConfigError(
                 "spec.draft_tokens",
@@ -47,7 +51,7 @@ class DFlash2:
         self.vocab = target.vocab_size
         self.draft_tokens = spec.draft_tokens
         self.tap_layers = cfg.target_layer_ids
-        self.model = load_drafter(path, cfg, device=ctx.device, dtype=ctx.dtype)
+        self.model = load_drafter(path, cfg, device=ctx.device, dtype=ctx.dtype) if drafter is None else drafter
         self.shortlist: ShortlistHead | None = None
         if spec.draft_head == "shortlist":
             self.shortlist = ShortlistHead(path / SHORTLIST, hidden=target.hidden_size, vocab=self.vocab,
@@ -100,30 +104,51 @@ class DFlash2:
         self.cache.write(lanes, starts, counts, kv, self.device)
 
     @torch.inference_mode()
+    def observe_lanes(self, rows: Committed, span: int) -> None:
+        if rows.taps is None:
+            raise RuntimeError("dflash2 needs the target's tapped layer outputs; the round passed none")
+        b, c = rows.tokens.shape
+        kept = torch.arange(c, device=self.device)[None, :] <= rows.accepted[:, None]  # [B, C]
+        lane_ix = torch.where(kept, rows.lanes[:, None], self.cache.scratch).reshape(-1)
+        positions = rows.positions.reshape(-1)
+        self.cache.write_rows(lane_ix, positions, self.model.context_kv(rows.taps.reshape(b * c, -1), positions))
+
+    @torch.inference_mode()
     def propose(self, inp: ProposeIn) -> Proposal:
-        hidden = self.hidden(inp)
+        lane_ix = torch.tensor(inp.lanes, dtype=torch.long, device=self.device)
+        choice = Choice.build(inp.temperatures, inp.generators, inp.k, self.device)
+        return self._draft(lane_ix, inp.anchors, inp.positions, inp.k, choice, inp.span)
+
+    @torch.inference_mode()
+    def propose_lanes(self, lanes: torch.Tensor, anchors: torch.Tensor, positions: torch.Tensor, k: int,
+                      choice: Choice, span: int) -> Proposal:
+        return self._draft(lanes, anchors, positions, k, choice, span)
+
+    def _draft(self, lane_ix: torch.Tensor, anchors: torch.Tensor, positions: torch.Tensor, k: int, choice: Choice,
+               span: int) -> Proposal:
+        hidden = self.hidden(lane_ix, anchors, positions, k, span)
         if self.shortlist is not None:
             logits, columns = self.shortlist.logits(hidden), self.shortlist.token_ids
         else:
             logits, columns = self.target.logits(hidden), None
-        choice = Choice.build(inp.temperatures, inp.generators, inp.k, self.device)
         if self.model.candidate_selector is not None:
-            tokens, q = select(self.cfg, self.model.candidate_selector, hidden, logits, columns, inp.anchors, choice,
+            tokens, q = select(self.cfg, self.model.candidate_selector, hidden, logits, columns, anchors, choice,
                                self.vocab)
         else:
             tokens, q = pick(self.cfg, logits, columns, choice, self.vocab)
         return Proposal(tokens=tokens, q=q)
 
-    def hidden(self, inp: ProposeIn) -> torch.Tensor:
-        """The drafter's final-normed rows after each lane's anchor, [n, k, H]."""
-        n, k = len(inp.lanes), inp.k
-        lane_ix = torch.tensor(inp.lanes, dtype=torch.long, device=self.device)
-        q_pos = inp.positions[:, None] + self.offsets[: k + 1]  # [n, k+1]
-        ids = torch.cat([inp.anchors[:, None], self.masks[:k].expand(n, k)], dim=1)
+    def hidden(self, lane_ix: torch.Tensor, anchors: torch.Tensor, positions: torch.Tensor, k: int,
+               span: int) -> torch.Tensor:
+        """The drafter's final-normed rows after each lane's anchor, [n, k, H]. lane_ix, anchors, positions: [n]
+        int64, device; span: a host bound on the rows any of these lanes has committed."""
+        n = lane_ix.shape[0]
+        q_pos = positions[:, None] + self.offsets[: k + 1]  # [n, k+1]
+        ids = torch.cat([anchors[:, None], self.masks[:k].expand(n, k)], dim=1)
         x = self.target.embed(ids)
         if self.cfg.input_embedding_scale != 1.0:
             x = x * self.cfg.input_embedding_scale
-        kv, masks = self.cache.gather(inp.lanes, lane_ix, q_pos)
+        kv, masks = self.cache.gather(lane_ix, q_pos, span)
         return self.model.block(x, q_pos, kv, masks)[:, 1:]  # the anchor row proposes nothing
 
 

@@ -15,10 +15,9 @@ ignore their uniforms, and nothing here reads a device value on the host.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from ignis.backends.base import Choice
 from ignis.backends.dflash2.config import DrafterConfig
 from ignis.backends.dflash2.model import Selector
 from ignis.kernels.topk import MAX_K, topk_reference
@@ -33,23 +32,6 @@ def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     if k <= MAX_K:
         return kernel_topk(x, k)
     return topk_reference(x, k)
-
-
-@dataclass(frozen=True)
-class Choice:
-    """How each lane chooses: temperature 0 is greedy; others draw with their pre-drawn uniforms."""
-
-    temperatures: torch.Tensor  # [n] float32, device
-    uniforms: torch.Tensor | None  # [n, k] float64, device: one per slot from the lane's generator; None = all greedy
-
-    @staticmethod
-    def build(temperatures: list[float], generators: list[torch.Generator], k: int, device: torch.device) -> Choice:
-        temps = torch.tensor(temperatures, dtype=torch.float32, device=device)
-        if all(t <= 0.0 for t in temperatures):
-            return Choice(temps, None)
-        rows = [torch.rand(k, generator=g, dtype=torch.float64) if t > 0.0 else torch.zeros(k, dtype=torch.float64)
-                for t, g in zip(temperatures, generators)]
-        return Choice(temps, torch.stack(rows).to(device, non_blocking=True))
 
 
 def transform(cfg: DrafterConfig, logits: torch.Tensor) -> torch.Tensor:

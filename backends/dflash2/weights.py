@@ -138,22 +138,29 @@ def save_random_drafter(
         output_multiplier=output_multiplier,
         final_logit_softcapping=final_logit_softcapping,
     )
-    cfg = DrafterConfig.from_dict(config, target)
-    model = DrafterModel(cfg)
-    g = torch.Generator().manual_seed(seed)
+    model = random_drafter(DrafterConfig.from_dict(config, target), seed=seed, device=torch.device("cpu"),
+                           dtype=torch.float32)
+    save_drafter(path, config, model, dtype)
+    return path
+
+
+def random_drafter(cfg: DrafterConfig, *, seed: int, device: torch.device, dtype: torch.dtype) -> DrafterModel:
+    """A drafter with random weights built on `device` (save_random_drafter's distributions), ready for inference."""
+    with torch.device(device):
+        model = DrafterModel(cfg)
+    g = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g, device=device))
             elif name.endswith("base_kernel"):
-                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+                p.copy_(0.5 * torch.randn(p.shape, generator=g, device=device))
                 p[:, 0] += 1.0
             elif name.endswith("codebook"):
-                p.copy_(torch.randn(p.shape, generator=g))
+                p.copy_(torch.randn(p.shape, generator=g, device=device))
             else:
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
-    save_drafter(path, config, model, dtype)
-    return path
+                p.copy_(torch.randn(p.shape, generator=g, device=device) / math.sqrt(p.shape[-1]))
+    return model.to(dtype).eval().requires_grad_(False)
 
 
 def _files(path: Path) -> list[Path]:

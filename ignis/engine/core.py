@@ -16,8 +16,10 @@ from ignis.artifact import model_name, resolve_device, resolve_dtype, resolve_ex
 from ignis.backends.base import BackendContext
 from ignis.backends.registry import load_backend
 from ignis.config import IgnisConfig
+from ignis.engine.device_round import DeviceRound
 from ignis.engine.request import Request
 from ignis.engine.round import Emission, Runner
+from ignis.engine.warmup import warm_prefill
 from ignis.engine.sampling import make_generator
 from ignis.engine.scheduler import Scheduler
 from ignis.errors import InputError, QueueFullError
@@ -47,7 +49,17 @@ class Engine:
         cache = LaneCache(
             self.model.config, lanes=ec.lanes, context=ec.context, max_cols=k + 1, device=device, dtype=dtype
         )
-        self.runner = Runner(self.model, cache, self.backend, device, config.spec.draft_sampling == "sampled")
+        sample_drafts = config.spec.draft_sampling == "sampled"
+        started = time.perf_counter()
+        warm_prefill(self.model, cache, self.backend, rows=min(ec.max_rows, ec.context, 2 * ec.prefill_chunk + 3))
+        device_round = None
+        graphs = 0
+        if not self.model.exact and getattr(self.backend, "graph_safe", False):
+            device_round = DeviceRound(self.model, cache, self.backend, device, sample_drafts=sample_drafts)
+            if device.type == "cuda" and ec.cuda_graphs:
+                device_round.capture()
+                graphs = len(device_round.graphs)
+        self.runner = Runner(self.model, cache, self.backend, device, sample_drafts, device_round)
         self.scheduler = Scheduler(
             lanes=ec.lanes,
             max_rows=ec.max_rows,
@@ -78,6 +90,9 @@ class Engine:
             context=ec.context,
             cache_mib=round(cache.nbytes() / 2**20, 1),
             backend_mib=round(self.backend.nbytes() / 2**20, 1),
+            round="device" if device_round is not None else "host",
+            cuda_graphs=graphs,
+            warmup_s=round(time.perf_counter() - started, 2),
         )
 
     def add(self, req: EngineRequest, *, forced: list[int] | None = None) -> None:
@@ -102,6 +117,7 @@ class Engine:
                 params=req.params,
                 stop_ids=frozenset(req.stop_token_ids),
                 generator=make_generator(seed),
+                seed=seed,
                 client=req.client,
                 forced=forced,
             )

@@ -21,7 +21,8 @@ class Request:
     prompt: list[int]
     params: SamplingParams
     stop_ids: frozenset[int]
-    generator: torch.Generator
+    generator: torch.Generator  # the host round's draws
+    seed: int = 0  # the device round's counter-based draws
     client: int = 0
     forced: list[int] | None = None  # teacher forcing (acceptance replay): the tokens this request must emit
     tokens: list[int] = field(default_factory=list)  # prompt + generated; the last generated one is the anchor

@@ -1,7 +1,12 @@
 """One round for every lane: propose -> verify -> accept -> commit.
 
-Owns: turning a `RoundPlan` into one target forward and each lane's committed tokens. Does not own: policy (which
-lanes, how many rows: ignis.engine.scheduler), stop rules (ignis.engine.request) or drafting (ignis.backends).
+Owns: turning a `RoundPlan` into each lane's committed tokens, and the choice of how: decoding lanes go through the
+device round (ignis.engine.device_round: static shapes, CUDA graphs, one sync) when the model is not in exact mode
+and the backend is graph-safe; prefill chunks, exact mode (the CPU reference) and teacher-forced requests go through
+the host round below, one target forward over packed segments with acceptance on the host. Does not own: policy
+(which lanes, how many rows: ignis.engine.scheduler), stop rules (ignis.engine.request) or drafting (ignis.backends).
+
+The host round:
 
 1. propose  the backend drafts k tokens after each decoding lane's anchor (off: none).
 2. verify   one target forward over every decoding lane's [anchor, d1..dk] and every prefill chunk. Attention layers
@@ -19,6 +24,7 @@ import torch
 
 from ignis.backends.base import Observation, Proposal, ProposeIn, SpecBackend
 from ignis.engine.accept import Verdict, accept_greedy, accept_sampled, teacher_forced
+from ignis.engine.device_round import DeviceRound
 from ignis.engine.request import Request
 from ignis.engine.sampling import draw, target_probs
 from ignis.engine.scheduler import RoundPlan
@@ -48,19 +54,40 @@ class _Rows:
 
 class Runner:
     def __init__(
-        self, model: HybridModel, cache: LaneCache, backend: SpecBackend, device: torch.device, sample_drafts: bool = True
+        self,
+        model: HybridModel,
+        cache: LaneCache,
+        backend: SpecBackend,
+        device: torch.device,
+        sample_drafts: bool = True,
+        device_round: DeviceRound | None = None,
     ) -> None:
         self.sample_drafts = sample_drafts  # False: one-hot drafts (the drafter's argmax) for sampled requests too
         self.model = model
         self.cache = cache
         self.backend = backend
         self.device = device
+        self.device_round = device_round
 
     @torch.inference_mode()
     def run(self, plan: RoundPlan) -> list[Emission]:
         for r in plan.admitted:
             self.cache.reset(r.lane)
             self.backend.reset(r.lane)
+        if self.device_round is None or any(d.request.forced is not None for d in plan.decode):
+            return self.host_round(plan)
+        emissions: list[Emission] = []
+        if plan.decode:
+            for e in self.device_round.run(plan.decode):
+                r = e.request
+                r.computed += e.accepted + 1
+                lp = _logprobs(e.rows, e.tokens, r.params.logprobs)
+                emissions.append(Emission(r, e.tokens, e.drafted, e.accepted, lp))
+        if plan.prefill:
+            emissions += self.host_round(RoundPlan([], [], plan.prefill))
+        return emissions
+
+    def host_round(self, plan: RoundPlan) -> list[Emission]:
         proposal = self.propose(plan)
         batch, decode_rows, prefill_rows = self.pack(plan, proposal)
         out = self.model(batch, self.cache, taps=self.backend.tap_layers)
@@ -79,6 +106,7 @@ class Runner:
             k=k,
             temperatures=[r.params.temperature if self.sample_drafts else 0.0 for r in reqs],
             generators=[r.generator for r in reqs],
+            span=max(len(r.tokens) - 1 for r in reqs),
         )
         return self.backend.propose(inp)
 
@@ -152,7 +180,7 @@ class Runner:
             tokens = drafts[i][: v.accepted] + [v.token]
             observed.append(self._observe(r, batch, out, lr.offset, kept, following=v.token))
             r.computed += kept
-            lp = _logprobs(out, lr.logit_offset, tokens, r.params.logprobs)
+            lp = _logprobs(out.logits[lr.logit_offset :], tokens, r.params.logprobs)
             emissions.append(Emission(r, tokens, d.drafts, v.accepted if v.measured is None else v.measured, lp))
         for p, lr in zip(plan.prefill, prefill_rows):
             r = p.request
@@ -169,7 +197,8 @@ class Runner:
                 first = draw(target_probs(row[None], r.params)[0], r.generator)
             observed.append(self._observe(r, batch, out, lr.offset, lr.length, following=first))
             r.computed += lr.length
-            emissions.append(Emission(r, [first], 0, 0, _logprobs(out, lr.logit_offset, [first], r.params.logprobs)))
+            emissions.append(Emission(r, [first], 0, 0, _logprobs(out.logits[lr.logit_offset :], [first],
+                                                                   r.params.logprobs)))
         if observed:
             self.backend.observe(observed)
         return emissions
@@ -187,11 +216,12 @@ class Runner:
         )
 
 
-def _logprobs(out: ForwardOut, first_row: int, tokens: list[int], top: int | None) -> list[dict[int, float]] | None:
-    """Log-probabilities of the raw model distribution for each emitted token, plus the `top` most likely."""
+def _logprobs(logits: torch.Tensor, tokens: list[int], top: int | None) -> list[dict[int, float]] | None:
+    """Log-probabilities of the raw model distribution for each emitted token, plus the `top` most likely.
+    logits: [>= len(tokens), V]: the rows that chose the tokens, first row first."""
     if top is None:
         return None
-    rows = torch.log_softmax(out.logits[first_row : first_row + len(tokens)].float(), dim=-1)
+    rows = torch.log_softmax(logits[: len(tokens)].float(), dim=-1)
     result = []
     for row, t in zip(rows, tokens):
         entry = {t: float(row[t])}

@@ -1,7 +1,8 @@
 """Gated full attention (Qwen3.5's `self_attn` layers, and the MTP layer) over a per-lane K/V cache.
 
-Owns: `GatedAttention` (projections, q/k norms, partial RoPE, output gate) and the two ways of attending: exact
-(each query row alone against its causal prefix) and SDPA (per segment). Does not own: the cache tensors (passed in
+Owns: `GatedAttention` (projections, q/k norms, partial RoPE, output gate) and the three ways of attending: exact
+(each query row alone against its causal prefix), SDPA per segment, and `decode` (B lanes x C columns against their
+key slots with a position mask: static shapes, so a round can be captured). Does not own: the cache tensors (passed in
 as `AttnState`, so the MTP backend can hand its own) or the lane bookkeeping.
 """
 
@@ -13,6 +14,7 @@ from torch import nn
 
 from ignis.model.cache import AttnState
 from ignis.model.config import ModelConfig
+from ignis.model.decode import DecodeStep
 from ignis.model.ops import RMSNorm, Step, apply_rope, linear, sigmoid
 
 
@@ -54,6 +56,29 @@ class GatedAttention(nn.Module):
             out[rows] = attend(q[rows], cache.k[seg.lane], cache.v[seg.lane], seg.start)
         out = out.reshape(t, self.num_heads * self.head_dim) * sigmoid(gate.reshape(t, -1), ex)
         return linear(out, self.o_proj.weight, ex)
+
+    def decode(self, x: torch.Tensor, step: DecodeStep, cache: AttnState) -> torch.Tensor:
+        """x [B*C, H] (normed) -> [B*C, H]; writes every column's K/V at its position in its lane first."""
+        b, c = step.positions.shape
+        t, nh, nkv, hd = b * c, self.num_heads, self.num_kv, self.head_dim
+        qg = F.linear(x, self.q_proj.weight).view(t, nh, 2 * hd)
+        q, gate = self.q_norm(qg[..., :hd]), qg[..., hd:]
+        k = self.k_norm(F.linear(x, self.k_proj.weight).view(t, nkv, hd))
+        v = F.linear(x, self.v_proj.weight).view(t, nkv, hd)
+        q = apply_rope(q, step.cos, step.sin)
+        k = apply_rope(k, step.cos, step.sin)
+        where = (step.lanes[:, None].expand(b, c), step.positions)
+        cache.k.index_put_(where, k.view(b, c, nkv, hd))
+        cache.v.index_put_(where, v.view(b, c, nkv, hd))
+        span = step.span
+        keys = cache.k[:, :span].index_select(0, step.lanes).transpose(1, 2)  # [B, nkv, span, hd]
+        vals = cache.v[:, :span].index_select(0, step.lanes).transpose(1, 2)
+        group = nh // nkv
+        # The query heads of one KV head attend together as group*C rows: no copy of K/V per query head.
+        qh = q.view(b, c, nkv, group, hd).permute(0, 2, 3, 1, 4).reshape(b, nkv, group * c, hd)
+        o = F.scaled_dot_product_attention(qh, keys, vals, attn_mask=step.mask, scale=self.scale)
+        o = o.view(b, nkv, group, c, hd).permute(0, 3, 1, 2, 4).reshape(t, nh * hd)
+        return F.linear(o * torch.sigmoid(gate.reshape(t, -1)), self.o_proj.weight)
 
     def _attend_exact(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
         """q [L, nh, hd] at positions start..start+L-1; k/v [context, nkv, hd] of the lane -> [L, nh, hd].

@@ -6,7 +6,13 @@ or how long a lane's sequence is (ignis.engine); the math that fills the state (
 
 Attention K/V need no rollback: a rejected column's keys sit past the lane's length and are overwritten later. The
 recurrent layers do: a record=True segment leaves the lane's state alone and keeps, per column, the state after it
-and the raw conv input, so `commit` can pick the state after the last accepted column.
+and the raw conv input, so `commit` (one lane, host count) or `commit_lanes` (many lanes, device counts) can pick the
+state after the last accepted column.
+
+Every tensor has one lane more than asked for, the scratch lane (index `lanes`): the padding rows of a static decode
+bucket and start-up warm-ups point there, so they never touch a request's state. Attention keeps `context + max_cols`
+slots per lane: a verify near the end of the context writes its overhanging columns' keys there, past any position a
+lane can commit.
 """
 
 from __future__ import annotations
@@ -20,16 +26,16 @@ from ignis.model.config import ModelConfig
 
 @dataclass
 class AttnState:
-    k: torch.Tensor  # [lanes, context, nkv, hd] model dtype, device
-    v: torch.Tensor  # [lanes, context, nkv, hd] model dtype, device
+    k: torch.Tensor  # [lanes + 1, context + max_cols, nkv, hd] model dtype, device
+    v: torch.Tensor  # [lanes + 1, context + max_cols, nkv, hd] model dtype, device
 
 
 @dataclass
 class GDNState:
-    conv: torch.Tensor  # [lanes, Kc-1, conv_dim] model dtype, device: the last Kc-1 raw conv inputs
-    state: torch.Tensor  # [lanes, Hv, dk, dv] float32, device
-    rec_inputs: torch.Tensor | None  # [lanes, max_cols, conv_dim] model dtype, device: raw conv input per column
-    rec_states: torch.Tensor | None  # [lanes, max_cols, Hv, dk, dv] float32, device: state after each column
+    conv: torch.Tensor  # [lanes + 1, Kc-1, conv_dim] model dtype, device: the last Kc-1 raw conv inputs
+    state: torch.Tensor  # [lanes + 1, Hv, dk, dv] float32, device
+    rec_inputs: torch.Tensor | None  # [lanes + 1, max_cols, conv_dim] model dtype, device: raw conv input per column
+    rec_states: torch.Tensor | None  # [lanes + 1, max_cols, Hv, dk, dv] float32, device: state after each column
 
 
 class LaneCache:
@@ -49,28 +55,30 @@ class LaneCache:
             raise ValueError(f"LaneCache needs lanes, context, max_cols >= 1, got {lanes}, {context}, {max_cols}")
         self.config = config
         self.lanes = lanes
+        self.scratch = lanes  # the extra lane padding rows and warm-ups write to
         self.context = context
         self.max_cols = max_cols
-        self.recorded = [0] * lanes  # columns of the pending record=True segment, per lane
+        self.recorded = [0] * (lanes + 1)  # columns of the pending record=True segment, per lane
         c = config
         kc = c.linear_conv_kernel_dim
         state_shape = (c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim)
         record = max_cols > 1
+        rows = lanes + 1
         self.layers: list[AttnState | GDNState] = []
         for kind in c.layer_types:
             if kind == "full_attention":
-                shape = (lanes, context, c.num_key_value_heads, c.head_dim)
+                shape = (rows, context + max_cols, c.num_key_value_heads, c.head_dim)
                 k = torch.zeros(shape, dtype=dtype, device=device)
                 self.layers.append(AttnState(k, torch.zeros_like(k)))
             else:
                 self.layers.append(
                     GDNState(
-                        conv=torch.zeros(lanes, kc - 1, c.conv_dim, dtype=dtype, device=device),
-                        state=torch.zeros(lanes, *state_shape, dtype=torch.float32, device=device),
-                        rec_inputs=torch.zeros(lanes, max_cols, c.conv_dim, dtype=dtype, device=device)
+                        conv=torch.zeros(rows, kc - 1, c.conv_dim, dtype=dtype, device=device),
+                        state=torch.zeros(rows, *state_shape, dtype=torch.float32, device=device),
+                        rec_inputs=torch.zeros(rows, max_cols, c.conv_dim, dtype=dtype, device=device)
                         if record
                         else None,
-                        rec_states=torch.zeros(lanes, max_cols, *state_shape, dtype=torch.float32, device=device)
+                        rec_states=torch.zeros(rows, max_cols, *state_shape, dtype=torch.float32, device=device)
                         if record
                         else None,
                     )
@@ -98,6 +106,23 @@ class LaneCache:
                 window = torch.cat([s.conv[lane], s.rec_inputs[lane, :cols]])
                 s.conv[lane].copy_(window[-s.conv.shape[1] :])
         self.recorded[lane] = 0
+
+    def commit_lanes(
+        self,
+        lanes: torch.Tensor,  # [B] int64, device
+        last: torch.Tensor,  # [B] int64, device: index of each lane's last committed column (accepted drafts)
+    ) -> None:
+        """After a static verify (`DecodeStep.record`): keep each lane's state after column `last` and the conv window
+        ending there. Device tensors only, no host read: capturable."""
+        taps = torch.arange(1, self.config.linear_conv_kernel_dim, device=last.device)  # [Kc-1]
+        for s in self.layers:
+            if isinstance(s, GDNState):
+                assert s.rec_states is not None and s.rec_inputs is not None
+                s.state.index_copy_(0, lanes, s.rec_states[lanes, last])
+                # Rows of [old window | column inputs]: the window ending at column `last` is rows last+1..last+Kc-1.
+                window = torch.cat([s.conv.index_select(0, lanes), s.rec_inputs.index_select(0, lanes)], dim=1)
+                rows = (last[:, None] + taps)[:, :, None].expand(-1, -1, window.shape[-1])
+                s.conv.index_copy_(0, lanes, window.gather(1, rows))
 
     def lane_state(self, lane: int, upto: int) -> dict[str, torch.Tensor]:
         """Copies of everything the lane carries for positions 0..upto-1, by name (for inspection and tests)."""
@@ -127,5 +152,5 @@ class LaneCache:
             raise ValueError(f"record=True segment of {length} columns exceeds max_cols={self.max_cols}")
 
     def _check_lane(self, lane: int) -> None:
-        if not 0 <= lane < self.lanes:
-            raise ValueError(f"lane {lane} out of range 0..{self.lanes - 1}")
+        if not 0 <= lane <= self.scratch:
+            raise ValueError(f"lane {lane} out of range 0..{self.lanes - 1} (or the scratch lane {self.scratch})")

@@ -1,18 +1,21 @@
 """The Gated DeltaNet layer (Qwen3.5's `linear_attn`): projections, short conv, gates, delta rule, gated norm.
 
 Owns: `GatedDeltaNet` and the choice, per segment, between the recurrent form (record=True or one row: decode and
-verify share it, so their bits agree) and the chunked form (prefill; fla's kernel on CUDA when installed). Does not
+verify share it, so their bits agree) and the chunked form (prefill; fla's kernel on CUDA when installed); and
+`decode`, the recurrent form over B lanes x C columns with device lane ids (static shapes, capturable). Does not
 own: the state tensors (ignis.model.cache) or the rule's arithmetic (ignis.model.delta_rule).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ignis.model import delta_rule
 from ignis.model.cache import GDNState
 from ignis.model.config import ModelConfig
+from ignis.model.decode import DecodeStep
 from ignis.model.ops import Step, gated_rms_norm, l2norm, linear, sigmoid, silu, softplus
 
 
@@ -86,6 +89,36 @@ class GatedDeltaNet(nn.Module):
 
         y = gated_rms_norm(out.to(x.dtype), z, self.norm.weight, self.eps, ex)
         return linear(y.reshape(t, self.value_dim), self.out_proj.weight, ex)
+
+    def decode(self, x: torch.Tensor, step: DecodeStep, cache: GDNState) -> torch.Tensor:
+        """x [B*C, H] (normed) -> [B*C, H]. One column (decode) advances each lane's state in place; C columns
+        (verify, step.record) keep the state after every column and the raw conv inputs for `LaneCache.commit_lanes`."""
+        b, c = step.positions.shape
+        t, lanes = b * c, step.lanes
+        qkv = F.linear(x, self.in_proj_qkv.weight).view(b, c, -1)  # [B, C, conv_dim] raw conv input
+        z = F.linear(x, self.in_proj_z.weight).view(t, self.hv, self.dv)
+        beta = torch.sigmoid(F.linear(x, self.in_proj_b.weight).float()).view(b, c, self.hv)
+        a = F.linear(x, self.in_proj_a.weight).float()
+        g = (-torch.exp(self.A_log.float()) * F.softplus(a + self.dt_bias.float())).view(b, c, self.hv)
+        window = cache.conv.index_select(0, lanes)  # [B, Kc-1, conv_dim]
+        mixed = F.silu(delta_rule.short_conv(window, qkv, self.conv1d.weight[:, 0, :]))
+        if step.record:
+            assert cache.rec_inputs is not None and cache.rec_states is not None
+            cache.rec_inputs[:, :c].index_copy_(0, lanes, qkv)
+        else:
+            cache.conv.index_copy_(0, lanes, torch.cat([window, qkv], dim=1)[:, -window.shape[1] :])
+        q, k, v = self._heads(mixed)
+        state = cache.state.index_select(0, lanes)  # [B, Hv, dk, dv] f32
+        out = torch.empty(b, c, self.hv, self.dv, dtype=torch.float32, device=x.device)
+        for j in range(c):
+            state, out[:, j] = delta_rule.recurrent_step(state, q[:, j], k[:, j], v[:, j], g[:, j], beta[:, j])
+            if step.record:
+                assert cache.rec_states is not None
+                cache.rec_states[lanes, j] = state
+        if not step.record:
+            cache.state.index_copy_(0, lanes, state)
+        y = gated_rms_norm(out.view(t, self.hv, self.dv).to(x.dtype), z, self.norm.weight, self.eps, False)
+        return F.linear(y.reshape(t, self.value_dim), self.out_proj.weight)
 
     def _heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """mixed [n, L, conv_dim] f32 -> q, k [n, L, Hv, dk] (l2-normed, q scaled, repeated to value heads), v."""

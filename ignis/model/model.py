@@ -20,6 +20,7 @@ from ignis.model.attention import GatedAttention
 from ignis.model.batch import Batch, ForwardOut, Segment
 from ignis.model.cache import AttnState, GDNState, LaneCache
 from ignis.model.config import ModelConfig
+from ignis.model.decode import DecodeStep
 from ignis.model.gdn import GatedDeltaNet
 from ignis.model.ops import RMSNorm, Rope, Step, linear, silu
 
@@ -50,9 +51,16 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, step: Step, state: AttnState | GDNState) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, step: Step | DecodeStep, state: AttnState | GDNState) -> torch.Tensor:
         """x [T, H] -> [T, H], the layer's output (the residual stream after it)."""
         h = self.input_layernorm(x)
+        if isinstance(step, DecodeStep):
+            if isinstance(state, AttnState):
+                h = self.self_attn.decode(h, step, state)
+            else:
+                h = self.linear_attn.decode(h, step, state)
+            x = x + h
+            return x + self.mlp(self.post_attention_layernorm(x), False)
         if isinstance(state, AttnState):
             h = self.self_attn(h, step, state)
         else:
@@ -105,6 +113,32 @@ class HybridModel(nn.Module):
         )
 
     @torch.no_grad()
+    def decode(
+        self,
+        tokens: torch.Tensor,  # [B, C] int64, device
+        step: DecodeStep,
+        cache: LaneCache,
+        taps: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The static decode/verify forward: (final-normed hidden [B*C, H], tapped outputs [B*C, len(taps) * H] or
+        None). No host value is read, so it can be captured; logits are the caller's (`logits`)."""
+        x = self.embed(tokens.reshape(-1))
+        tapped: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            x = layer(x, step, cache.layers[i])
+            if i in taps:
+                tapped[i] = x
+        return self.norm(x), torch.cat([tapped[t] for t in taps], dim=-1) if taps else None
+
+    def decode_step(
+        self, lanes: torch.Tensor, positions: torch.Tensor, *, span: int, record: bool
+    ) -> DecodeStep:
+        """The `DecodeStep` of this model's attention shape for lanes [B] at positions [B, C]."""
+        c = self.config
+        return DecodeStep.build(lanes, positions, self.rope, self.embed_tokens.weight.dtype, span=span,
+                                group=c.num_attention_heads // c.num_key_value_heads, record=record)
+
+    @torch.no_grad()
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [..] int64 -> [.., H] model dtype."""
         return F.embedding(ids, self.embed_tokens.weight)
@@ -148,3 +182,17 @@ class MTPHead(nn.Module):
         step = Step.build(tuple(segments), positions, self.rope, x.dtype, self.exact)
         x = self.layers[0](x, step, AttnState(k_cache, v_cache))
         return self.norm(x)
+
+    @torch.no_grad()
+    def decode(
+        self,
+        embeds: torch.Tensor,  # [B*C, H] model dtype
+        hidden: torch.Tensor,  # [B*C, H] model dtype
+        step: DecodeStep,  # over the MTP layer's own K/V slots
+        k_cache: torch.Tensor,  # [lanes + 1, slots, nkv, hd] model dtype
+        v_cache: torch.Tensor,  # [lanes + 1, slots, nkv, hd] model dtype
+    ) -> torch.Tensor:
+        """`forward` for B lanes x C columns at device positions (static shapes, capturable)."""
+        u = torch.cat([self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)], dim=-1)
+        x = F.linear(u, self.fc.weight)
+        return self.norm(self.layers[0](x, step, AttnState(k_cache, v_cache)))

@@ -65,17 +65,34 @@ def _full_config(config: dict, *, mtp: bool) -> dict[str, Any]:
     return full
 
 
+def random_model(config: dict, *, seed: int, mtp: bool, device: str | torch.device, dtype: torch.dtype) -> HybridModel:
+    """A random model of the architecture `config` built directly on `device` (no checkpoint on disk; for benchmarks
+    at shapes too large to write out), with the same distributions as `save_random_checkpoint`."""
+    model_config = ModelConfig.from_dict(_full_config(config, mtp=mtp))
+    with torch.device("meta"):
+        model = HybridModel(model_config, mtp=mtp)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    tensors = {}
+    for name, t in model.state_dict().items():
+        keep_fp32 = name.rsplit(".", 1)[-1] in ("A_log", "dt_bias")
+        tensors[name] = _init(name, tuple(t.shape), gen, model_config).to(torch.float32 if keep_fp32 else dtype)
+    model.load_state_dict(tensors, strict=True, assign=True)
+    return model.requires_grad_(False).eval()
+
+
 def _init(name: str, shape: tuple[int, ...], gen: torch.Generator, config: ModelConfig) -> torch.Tensor:
+    """One tensor on the generator's device."""
     module = name.rsplit(".", 2)[-2]
+    dev = gen.device
     if name.endswith("A_log"):
-        return torch.empty(shape).uniform_(0.01, 16.0, generator=gen).log()
+        return torch.empty(shape, device=dev).uniform_(0.01, 16.0, generator=gen).log()
     if name.endswith("dt_bias"):
-        return torch.ones(shape)
+        return torch.ones(shape, device=dev)
     if name.endswith("conv1d.weight"):
         bound = 1.0 / math.sqrt(config.linear_conv_kernel_dim)
-        return torch.empty(shape).uniform_(-bound, bound, generator=gen)
+        return torch.empty(shape, device=dev).uniform_(-bound, bound, generator=gen)
     if name.endswith("linear_attn.norm.weight"):
-        return 1.0 + 0.1 * torch.randn(shape, generator=gen)
+        return 1.0 + 0.1 * torch.randn(shape, generator=gen, device=dev)
     if "norm" in module:
-        return 0.1 * torch.randn(shape, generator=gen)
-    return 0.02 * torch.randn(shape, generator=gen)
+        return 0.1 * torch.randn(shape, generator=gen, device=dev)
+    return 0.02 * torch.randn(shape, generator=gen, device=dev)

@@ -1,0 +1,242 @@
+"""A decode/verify round for every decoding lane as device work only, captured as one CUDA graph per shape.
+
+Owns: `RoundBuffers` (a bucket's static inputs and outputs, with pinned host mirrors), `DeviceRound` (prepare the
+inputs, replay the bucket's graph or run it eagerly, fetch the committed tokens: one host sync a round) and the
+graph capture of every bucket at start-up. Does not own: which lanes decode (ignis.engine.scheduler), prefill and
+the host reference round (ignis.engine.round), the layer math (ignis.model) or drafting (ignis.backends).
+
+Inside the device function, in order: propose (the backend's device form), verify (one static forward over B lanes x
+K+1 columns), accept (greedy longest prefix, and rejection sampling with counter-based uniforms when a lane samples),
+commit (each lane's recurrent state after its last kept column) and observe (the backend keeps the kept rows). Shapes
+depend only on the key (B, span, sampling): B pads the lane count to a bucket (padding rows run on the scratch
+lane), span is the number of key slots attention reads (the smallest rung of a ladder that covers every lane's
+positions), sampling adds the probability shaping that greedy rounds skip.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ignis.backends.base import Choice, Committed, SpecBackend
+from ignis.engine.device_sampling import (
+    STREAM_ACCEPT,
+    STREAM_BONUS,
+    STREAM_DRAFT,
+    accept_greedy,
+    accept_sampled,
+    shape_probs,
+    uniforms,
+)
+from ignis.engine.request import Request
+from ignis.engine.scheduler import Decode
+from ignis.logging import get_logger
+from ignis.model.cache import LaneCache
+from ignis.model.model import HybridModel
+
+log = get_logger(__name__)
+
+MIN_SPAN = 256  # the shortest rung of the key-span ladder; each rung doubles up to the cache's slots
+
+_INTS = ("lanes", "anchors", "positions", "allowed", "seeds", "top_k", "greedy")
+_FLOATS = ("temperature", "top_p", "min_p", "draft_temperature")
+
+
+def buckets(lanes: int) -> list[int]:
+    """Lane counts a round is padded to: powers of two below `lanes`, and `lanes`."""
+    out = [b for b in (2**i for i in range(lanes.bit_length())) if b < lanes]
+    return out + [lanes]
+
+
+def spans(slots: int) -> list[int]:
+    """Key spans attention may read: MIN_SPAN doubling while below `slots`, then `slots`."""
+    out: list[int] = []
+    s = MIN_SPAN
+    while s < slots:
+        out.append(s)
+        s *= 2
+    return out + [slots]
+
+
+class RoundBuffers:
+    """One bucket's static device inputs (read by the captured graphs) and output, with pinned host mirrors."""
+
+    def __init__(self, size: int, k: int, scratch: int, device: torch.device) -> None:
+        self.size = size
+        self.scratch = scratch
+        pin = device.type == "cuda"
+        self.host_ints = torch.zeros((len(_INTS), size), dtype=torch.int64, pin_memory=pin)  # [7, B] int64, cpu
+        self.host_floats = torch.zeros((len(_FLOATS), size), dtype=torch.float32, pin_memory=pin)  # [4, B] f32, cpu
+        self.ints = torch.zeros((len(_INTS), size), dtype=torch.int64, device=device)  # [7, B] int64, device
+        self.floats = torch.zeros((len(_FLOATS), size), dtype=torch.float32, device=device)  # [4, B] f32, device
+        self.out = torch.zeros((size, k + 2), dtype=torch.int64, device=device)  # [B, K+2]: accepted, drafts, token
+        self.host_out = torch.zeros((size, k + 2), dtype=torch.int64, pin_memory=pin)  # [B, K+2] int64, cpu
+        self.idle()
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        if name in _INTS:
+            return self.ints[_INTS.index(name)]  # [B] int64, device
+        if name in _FLOATS:
+            return self.floats[_FLOATS.index(name)]  # [B] float32, device
+        raise AttributeError(name)
+
+    def idle(self) -> None:
+        """Every row a padding row: scratch lane, greedy, no drafts kept."""
+        self._fill_host([])
+        self.ints.copy_(self.host_ints)
+        self.floats.copy_(self.host_floats)
+
+    def load(self, decodes: list[Decode], sample_drafts: bool) -> None:
+        """Write this round's lanes into the host mirrors and start their upload (two small copies)."""
+        self._fill_host(decodes)
+        self.ints.copy_(self.host_ints, non_blocking=True)
+        self.floats.copy_(self.host_floats, non_blocking=True)
+        if not sample_drafts:
+            self.floats[_FLOATS.index("draft_temperature")].zero_()
+
+    def fetch(self) -> list[list[int]]:
+        """The committed tokens of the last run: one device-to-host copy and the round's one sync."""
+        self.host_out.copy_(self.out, non_blocking=True)
+        if self.out.is_cuda:
+            torch.cuda.current_stream(self.out.device).synchronize()
+        return self.host_out.tolist()
+
+    def _fill_host(self, decodes: list[Decode]) -> None:
+        ints, floats = self.host_ints, self.host_floats
+        ints.zero_()
+        floats.zero_()
+        ints[0].fill_(self.scratch)
+        ints[6].fill_(1)  # greedy
+        floats[1].fill_(1.0)  # top_p off
+        for i, d in enumerate(decodes):
+            r, p = d.request, d.request.params
+            ints[0, i], ints[1, i], ints[2, i], ints[3, i] = r.lane, r.anchor, len(r.tokens) - 1, d.drafts
+            ints[4, i], ints[5, i], ints[6, i] = r.seed, p.top_k, int(p.greedy)
+            floats[0, i], floats[1, i], floats[2, i], floats[3, i] = p.temperature, p.top_p, p.min_p, p.temperature
+
+
+@dataclass
+class Emitted:
+    request: Request
+    tokens: list[int]  # drafts kept, then the model's own token
+    drafted: int
+    accepted: int
+    rows: torch.Tensor  # [K+1, V] float32, device: this lane's verify logits (logprobs read them)
+
+
+class DeviceRound:
+    def __init__(
+        self,
+        model: HybridModel,
+        cache: LaneCache,
+        backend: SpecBackend,
+        device: torch.device,
+        *,
+        sample_drafts: bool,
+    ) -> None:
+        self.model, self.cache, self.backend, self.device = model, cache, backend, device
+        self.sample_drafts = sample_drafts
+        self.k = backend.draft_tokens
+        self.cols = self.k + 1
+        self.offsets = torch.arange(self.cols, dtype=torch.int64, device=device)  # [C] int64, device
+        self.buckets = buckets(cache.lanes)
+        self.spans = spans(cache.context + cache.max_cols)
+        self.buffers = {b: RoundBuffers(b, self.k, cache.scratch, device) for b in self.buckets}
+        self.graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
+        self.logits: dict[tuple[int, int, bool], torch.Tensor] = {}  # each graph's output logits [B, C, V]
+        self.pool: Any = None  # the graphs' shared memory pool (torch.cuda.graph_pool_handle())
+
+    def run(self, decodes: list[Decode]) -> list[Emitted]:
+        """One round for these lanes (at most `cache.lanes`): their committed tokens, in order."""
+        reqs = [d.request for d in decodes]
+        size = next(b for b in self.buckets if b >= len(reqs))
+        span = next(s for s in self.spans if s >= max(len(r.tokens) for r in reqs) + self.k)
+        sampling = not all(r.params.greedy for r in reqs)
+        buf = self.buffers[size]
+        buf.load(decodes, self.sample_drafts)
+        key = (size, span, sampling)
+        graph = self.graphs.get(key)
+        if graph is not None:
+            graph.replay()
+            logits = self.logits[key]
+        else:
+            logits = self.forward(buf, span, sampling)
+        out = buf.fetch()
+        emitted = []
+        for i, d in enumerate(decodes):
+            accepted = out[i][0]
+            tokens = out[i][1 : 1 + accepted] + [out[i][self.k + 1]]
+            emitted.append(Emitted(d.request, tokens, d.drafts, accepted, logits[i]))
+        return emitted
+
+    @torch.inference_mode()
+    def forward(self, buf: RoundBuffers, span: int, sampling: bool) -> torch.Tensor:
+        """The round as device work on `buf`'s inputs; writes buf.out and returns the verify logits [B, C, V]."""
+        model, backend, k, b = self.model, self.backend, self.k, buf.size
+        lanes, anchors, start = buf.lanes, buf.anchors, buf.positions
+        # 1. propose
+        if k:
+            u = uniforms(buf.seeds, start, STREAM_DRAFT, k) if sampling else None
+            proposal = backend.propose_lanes(lanes, anchors, start, k, Choice(buf.draft_temperature, u), span)
+            drafts, q = proposal.tokens, proposal.q
+        else:
+            drafts, q = anchors[:, None][:, :0], None
+        tokens = torch.cat([anchors[:, None], drafts], dim=1)  # [B, C]
+        positions = start[:, None] + self.offsets  # [B, C]
+        # 2. verify
+        step = model.decode_step(lanes, positions, span=span, record=k > 0)
+        hidden, taps = model.decode(tokens, step, self.cache, taps=backend.tap_layers)
+        logits = model.logits(hidden).view(b, self.cols, -1)
+        # 3. accept
+        accepted, token = accept_greedy(drafts, logits.argmax(dim=-1), buf.allowed)
+        if sampling:
+            c = self.cols
+            p = shape_probs(logits.reshape(b * c, -1), buf.temperature.repeat_interleave(c),
+                            buf.top_k.repeat_interleave(c), buf.top_p.repeat_interleave(c),
+                            buf.min_p.repeat_interleave(c)).view(b, c, -1)
+            a_s, t_s = accept_sampled(drafts, p, q, uniforms(buf.seeds, start, STREAM_ACCEPT, k),
+                                      uniforms(buf.seeds, start, STREAM_BONUS, 1)[:, 0], buf.allowed)
+            greedy = buf.greedy.bool()
+            accepted, token = torch.where(greedy, accepted, a_s), torch.where(greedy, token, t_s)
+        # 4. commit
+        if k:
+            self.cache.commit_lanes(lanes, accepted)
+        following = torch.cat([drafts, token[:, None]], dim=1).scatter(1, accepted[:, None], token[:, None])
+        backend.observe_lanes(
+            Committed(lanes, positions, tokens, following, hidden.view(b, self.cols, -1),
+                      taps.view(b, self.cols, -1) if taps is not None else None, accepted),
+            span,
+        )
+        buf.out[:, 0] = accepted
+        buf.out[:, 1 : k + 1] = drafts
+        buf.out[:, k + 1] = token
+        return logits
+
+    def keys(self) -> list[tuple[int, int, bool]]:
+        """Every (bucket, span, sampling) a round can take, the largest bucket first (its memory is then reused)."""
+        return [(b, s, m) for b in reversed(self.buckets) for s in self.spans for m in (False, True)]
+
+    def capture(self, keys: list[tuple[int, int, bool]] | None = None) -> float:
+        """Capture a graph for every key (default: all); returns the seconds it took. Runs on the scratch lane only,
+        so no lane's state changes."""
+        t0 = time.perf_counter()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream(self.device)
+        for size, span, sampling in keys if keys is not None else self.keys():
+            buf = self.buffers[size]
+            buf.idle()
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                self.forward(buf, span, sampling)  # first use: library handles, kernel loads
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, stream=side):
+                logits = self.forward(buf, span, sampling)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            self.graphs[size, span, sampling] = graph
+            self.logits[size, span, sampling] = logits
+        torch.cuda.synchronize(self.device)
+        return time.perf_counter() - t0

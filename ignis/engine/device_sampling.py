@@ -1,0 +1,131 @@
+"""Acceptance and sampling for every lane of a round at once, as device ops: no host read, so a round can be captured.
+
+Owns: per-request counter-based uniforms, per-row probability shaping (temperature, top-k, top-p and min-p held as
+tensors), drawing by inverse CDF, greedy longest-prefix acceptance and speculative rejection sampling over [B, K]
+drafts. Does not own: the host reference these follow (ignis.engine.accept, ignis.engine.sampling: the same rules,
+one lane at a time) or which rows are sampled (ignis.engine.device_round).
+
+Randomness: a uniform is a hash of (request seed, the anchor's position, stream, slot). A lane's anchor position grows
+every round, so no number is drawn twice, and a request draws the same numbers alone or beside any other requests.
+The hash is murmur3's 32-bit finaliser over int64 tensors, with products split into 16-bit halves so that no
+intermediate leaves int64's range.
+"""
+
+from __future__ import annotations
+
+import torch
+
+STREAM_ACCEPT = 0  # u_i of draft slot i in rejection sampling
+STREAM_BONUS = 1  # the draw of the model's own token (correction or bonus)
+STREAM_DRAFT = 2  # a sampling drafter's choice at each slot
+
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(h: torch.Tensor, c: int) -> torch.Tensor:
+    """(h * c) mod 2**32 for h in [0, 2**32): split c so every partial product fits in int64."""
+    lo, hi = c & 0xFFFF, c >> 16
+    return (h * lo + (((h * hi) & 0xFFFF) << 16)) & _M32
+
+
+def _fmix(h: torch.Tensor) -> torch.Tensor:
+    h = h ^ (h >> 16)
+    h = _mul32(h, 0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = _mul32(h, 0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def uniforms(
+    seeds: torch.Tensor,  # [B] int64, device: each request's seed (any int64)
+    positions: torch.Tensor,  # [B] int64, device: the lane's anchor position this round
+    stream: int,
+    n: int,
+) -> torch.Tensor:
+    """[B, n] float64 in [0, 1): uniform `slot` of `stream` for each lane this round."""
+    slots = torch.arange(n, device=seeds.device, dtype=torch.int64)
+    h = _fmix((seeds & _M32) ^ 0x9E3779B9)
+    h = _fmix(h ^ ((seeds >> 32) & _M32))
+    h = _fmix(h ^ (positions & _M32))
+    h = _fmix(h[:, None] ^ (stream * 0x10000 + slots)[None, :])
+    return h.to(torch.float64) * (1.0 / 2**32)
+
+
+def shape_probs(
+    logits: torch.Tensor,  # [N, V] float32
+    temperature: torch.Tensor,  # [N] float32; rows at 0 (greedy) are shaped at 1 and not used
+    top_k: torch.Tensor,  # [N] int64; 0 = off
+    top_p: torch.Tensor,  # [N] float32; 1 = off
+    min_p: torch.Tensor,  # [N] float32; 0 = off
+) -> torch.Tensor:
+    """[N, V] float32 rows that sum to 1: ignis.engine.sampling.target_probs with each row's own parameters."""
+    vocab = logits.shape[-1]
+    t = torch.where(temperature > 0, temperature, 1.0)
+    x = logits.float() / t[:, None]
+    sorted_x, order = torch.sort(x, dim=-1, descending=True, stable=True)
+    use_k = (top_k > 0) & (top_k < vocab)
+    kth = sorted_x.gather(1, (top_k - 1).clamp(0, vocab - 1)[:, None])  # [N, 1]
+    x = torch.where(use_k[:, None] & (x < kth), float("-inf"), x)
+    probs = torch.softmax(x, dim=-1)
+    sorted_p = probs.gather(1, order)
+    before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # mass of strictly larger tokens
+    drop_sorted = (before >= top_p[:, None]) & (top_p < 1.0)[:, None]
+    drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
+    probs = probs.masked_fill(drop, 0.0)
+    floor = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+    probs = probs.masked_fill(probs < floor, 0.0)
+    return probs / probs.sum(dim=-1, keepdim=True)
+
+
+def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One token per row of probs [N, V] (any non-negative weights) by inverse CDF at u [N] float64 -> [N] int64.
+
+    The first index whose CDF exceeds u * total, so a zero-weight token is never chosen (sampling.draw's rule)."""
+    cdf = torch.cumsum(probs.double(), dim=-1)
+    idx = (cdf <= (u * cdf[:, -1])[:, None]).sum(dim=-1)
+    return idx.clamp(max=probs.shape[-1] - 1)
+
+
+def accept_greedy(
+    drafts: torch.Tensor,  # [B, K] int64
+    argmax: torch.Tensor,  # [B, K+1] int64: the model's choice at every column
+    allowed: torch.Tensor,  # [B] int64: drafts this lane may keep (0..K)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(accepted [B], token [B]): the longest run of drafts equal to the argmax, then the argmax after it."""
+    k = drafts.shape[1]
+    slots = torch.arange(k, device=drafts.device)
+    match = (drafts == argmax[:, :k]) & (slots[None, :] < allowed[:, None])
+    accepted = match.long().cumprod(dim=1).sum(dim=1)
+    return accepted, argmax.gather(1, accepted[:, None])[:, 0]
+
+
+def accept_sampled(
+    drafts: torch.Tensor,  # [B, K] int64
+    p: torch.Tensor,  # [B, K+1, V] float32: each column's target distribution (shaped by the request)
+    q: torch.Tensor | None,  # [B, K, V] float32: the draft distribution of each slot; None = one-hot at the drafts
+    u: torch.Tensor,  # [B, K] float64: acceptance uniforms
+    u_token: torch.Tensor,  # [B] float64: the uniform of the emitted token's draw
+    allowed: torch.Tensor,  # [B] int64
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(accepted [B], token [B]) by speculative rejection sampling: draft i is kept when u_i * q_i(d) < p_i(d); at
+    the first rejection the token comes from norm(max(0, p - q)) (p without d for one-hot q), after all `allowed`
+    drafts from p itself. Each emitted token is distributed exactly as p."""
+    b, k = drafts.shape
+    vocab = p.shape[-1]
+    slots = torch.arange(k, device=drafts.device)
+    p_d = p[:, :k].gather(2, drafts[..., None])[..., 0]  # [B, K]
+    q_d = torch.ones_like(p_d) if q is None else q.gather(2, drafts[..., None])[..., 0]
+    ok = (q_d > 0) & (u * q_d < p_d) & (slots[None, :] < allowed[:, None])
+    accepted = ok.long().cumprod(dim=1).sum(dim=1)
+    p_a = p.gather(1, accepted[:, None, None].expand(b, 1, vocab))[:, 0]  # [B, V]
+    rejected = accepted < allowed
+    if k == 0:
+        return accepted, draw(p_a, u_token)
+    at = accepted.clamp(max=k - 1)[:, None]
+    if q is None:
+        residual = p_a.scatter(1, drafts.gather(1, at), 0.0)
+    else:
+        q_a = q.gather(1, at[:, :, None].expand(b, 1, vocab))[:, 0]
+        residual = torch.clamp(p_a - q_a, min=0.0)
+    residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p_a)
+    return accepted, draw(torch.where(rejected[:, None], residual, p_a), u_token)

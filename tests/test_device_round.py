@@ -1,0 +1,154 @@
+"""The device round (static shapes, device acceptance, one read-back) against the host round it replaces.
+
+On the CPU with `model.exact = off` the engine decodes through ignis.engine.device_round, eagerly; the same
+function is what the GPU captures as CUDA graphs. Greedy output must equal the exact host round's `off` output for
+every backend, at one lane and at several (random weights in fp32 leave no near-ties at these sizes), and a seeded
+sampled request must give the same tokens alone or beside others.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import ignis.backends.registry as registry
+import ignis.config as config
+from engines import make_engine, prompts, run
+from ignis.backends.base import BackendContext, Choice, Committed, Observation, Proposal, ProposeIn
+from ignis.backends.dflash2.weights import save_random_drafter
+from ignis.engine.device_round import DeviceRound, buckets, spans
+from ignis.model.config import ModelConfig
+from ignis.params import SamplingParams
+from tiny import tiny_checkpoint
+
+VOCAB = 512
+FAST = {"exact": "off"}
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tiny_checkpoint(tmp_path_factory.mktemp("ckpt"), seed=5, mtp=True, vocab_size=VOCAB)
+    save_random_drafter(path / "drafter", ModelConfig.from_dir(path), block_size=8, seed=1)
+    return path
+
+
+@pytest.fixture(scope="module")
+def work() -> tuple[list[list[int]], list[SamplingParams]]:
+    ps = prompts(10, VOCAB, seed=3, lo=2, hi=80)
+    return ps, [SamplingParams(max_tokens=5 + (5 * i) % 19, temperature=0.0, ignore_eos=True) for i in range(len(ps))]
+
+
+@pytest.fixture(scope="module")
+def reference(ckpt: Path, work) -> dict[str, list[int]]:
+    ps, params = work
+    return {k: v.token_ids for k, v in run(make_engine(ckpt, "off", lanes=4), ps, params).items()}
+
+
+class Partial:
+    """A graph-safe drafter that knows each request's greedy continuation and spoils one slot of each round, chosen
+    by the anchor's position, so every acceptance count 0..K occurs: the device round's commit must keep exactly the
+    accepted columns' state for the output to stay right."""
+
+    name = "partial"
+    tap_layers: tuple[int, ...] = ()
+    graph_safe = True
+    draft_tokens = 5
+
+    def __init__(self, ctx: BackendContext, truth: dict[tuple[int, ...], list[int]]) -> None:
+        self.truth, self.vocab = truth, ctx.model.config.vocab_size
+        self.rows = torch.zeros((ctx.lanes + 1, ctx.context + 16), dtype=torch.long)  # [lanes + 1, positions]
+
+    def nbytes(self) -> int:
+        return self.rows.nbytes
+
+    def reset(self, lane: int) -> None:
+        self.rows[lane] = 0
+
+    def observe(self, obs: list[Observation]) -> None:
+        for o in obs:
+            if o.start == 0:  # a prompt: find its continuation
+                prompt = tuple(o.tokens.tolist())
+                full = [*prompt, *self.truth.get(prompt, [])]
+                self.rows[o.lane, : len(full)] = torch.tensor(full)
+
+    def propose(self, inp: ProposeIn) -> Proposal:
+        raise AssertionError("a graph-safe backend's host propose is not used by the device round")
+
+    def propose_lanes(self, lanes: torch.Tensor, anchors: torch.Tensor, positions: torch.Tensor, k: int,
+                      choice: Choice, span: int) -> Proposal:
+        slots = torch.arange(k)
+        drafts = self.rows[lanes[:, None], positions[:, None] + 1 + slots]
+        spoiled = slots[None, :] == (positions % (k + 1))[:, None]
+        return Proposal(torch.where(spoiled, (drafts + 1) % self.vocab, drafts), None)
+
+    def observe_lanes(self, rows: Committed, span: int) -> None:
+        pass
+
+
+def test_every_acceptance_count_commits_exactly_the_kept_columns(ckpt: Path, work, reference,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    ps, params = work
+    truth = {tuple(p): reference[str(i)] for i, p in enumerate(ps)}
+    loaders = dict(registry.installed())
+    loaders["partial"] = lambda ctx: Partial(ctx, truth)
+    monkeypatch.setattr(registry, "installed", lambda: loaders)
+    monkeypatch.setattr(config, "installed_backends", lambda: tuple(sorted(loaders)))
+    engine = make_engine(ckpt, "partial", draft_tokens=5, model=FAST, lanes=3)
+    out = run(engine, ps, params)
+    for rid, ref in reference.items():
+        assert out[rid].token_ids == ref, f"request {rid} diverged"
+    s = engine.stats()
+    assert all(n > 0 for n in s.position_accepted), s.position_accepted  # every count up to K was accepted
+    assert s.accepted < s.drafted
+
+
+def test_the_device_round_runs_where_exact_mode_is_off(ckpt: Path) -> None:
+    assert make_engine(ckpt, "off").runner.device_round is None
+    engine = make_engine(ckpt, "mtp", draft_tokens=3, model=FAST, lanes=3)
+    assert isinstance(engine.runner.device_round, DeviceRound)
+    assert engine.runner.device_round.buckets == [1, 2, 3]
+
+
+@pytest.mark.parametrize("backend,k", [("off", 0), ("mtp", 3), ("dflash2", 7)])
+@pytest.mark.parametrize("lanes", [1, 4])
+def test_device_round_greedy_equals_the_exact_host_round(ckpt: Path, work, reference, backend: str, k: int,
+                                                          lanes: int) -> None:
+    ps, params = work
+    engine = make_engine(ckpt, backend, draft_tokens=k, model=FAST, lanes=lanes)
+    out = run(engine, ps, params)
+    for rid, ref in reference.items():
+        assert out[rid].token_ids == ref, f"request {rid} diverged from the exact off round"
+    s = engine.stats()
+    if k:
+        assert s.drafted > 0 and s.accepted == sum(s.position_accepted)
+
+
+def test_seeded_sampling_is_the_same_alone_and_beside_others(ckpt: Path) -> None:
+    ps = prompts(4, VOCAB, seed=11, lo=5, hi=40)
+    sampled = SamplingParams(max_tokens=24, temperature=0.9, top_p=0.9, top_k=50, seed=1234, ignore_eos=True)
+    others = [SamplingParams(max_tokens=30, temperature=1.0, seed=i, ignore_eos=True) for i in range(3)]
+    alone = run(make_engine(ckpt, "mtp", draft_tokens=3, model=FAST, lanes=4), ps[:1], sampled)["0"].token_ids
+    crowd = run(make_engine(ckpt, "mtp", draft_tokens=3, model=FAST, lanes=4), ps, [sampled] + others)["0"].token_ids
+    assert alone == crowd and len(alone) == 24
+
+
+def test_rejected_drafts_leave_no_trace_in_the_device_round(ckpt: Path) -> None:
+    """Every layer's state after speculative device rounds equals plain device decoding's for the same tokens."""
+    ps = prompts(2, VOCAB, seed=9, lo=20, hi=60)
+    params = SamplingParams(max_tokens=17, temperature=0.0, ignore_eos=True)
+    states = []
+    for backend, k in (("off", 0), ("dflash2", 7)):
+        engine = make_engine(ckpt, backend, draft_tokens=k, model=FAST, lanes=2)
+        out = run(engine, ps, params)
+        lengths = [len(p) + len(out[str(i)].token_ids) - 1 for i, p in enumerate(ps)]
+        states.append([engine.runner.cache.lane_state(lane, n) for lane, n in enumerate(lengths)])
+    for ref, got in zip(*states):
+        for name, t in ref.items():
+            torch.testing.assert_close(got[name], t, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_buckets_and_spans_cover_every_shape() -> None:
+    assert buckets(1) == [1] and buckets(8) == [1, 2, 4, 8] and buckets(6) == [1, 2, 4, 6]
+    assert spans(100) == [100] and spans(4104) == [256, 512, 1024, 2048, 4096, 4104]

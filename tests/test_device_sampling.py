@@ -1,0 +1,119 @@
+"""Device acceptance and sampling (ignis.engine.device_sampling) against the host reference rules.
+
+Vectorised over lanes, the device rules must shape probabilities as `target_probs` does, accept greedily as
+`accept_greedy` does, and keep the target distribution under rejection sampling for one-hot and real q (checked by
+total variation over many lanes at once, the same bound as the host rule's test, which a wrong residual breaks).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ignis.engine import accept as host
+from ignis.engine.device_sampling import (
+    STREAM_ACCEPT,
+    STREAM_BONUS,
+    accept_greedy,
+    accept_sampled,
+    draw,
+    shape_probs,
+    uniforms,
+)
+from ignis.engine.sampling import target_probs
+from ignis.params import SamplingParams
+
+
+def test_uniforms_are_reproducible_distinct_and_uniform() -> None:
+    seeds = torch.tensor([7, 7, 8, -3, 2**62])
+    positions = torch.tensor([10, 11, 10, 10, 10])
+    u = uniforms(seeds, positions, STREAM_ACCEPT, 4)
+    assert u.shape == (5, 4) and u.dtype == torch.float64
+    assert torch.equal(u, uniforms(seeds, positions, STREAM_ACCEPT, 4))
+    assert torch.equal(u[:1], uniforms(seeds[:1], positions[:1], STREAM_ACCEPT, 4))  # alone or beside others
+    assert len({float(x) for x in u.flatten()}) == 20
+    assert not torch.equal(u, uniforms(seeds, positions, STREAM_BONUS, 4))
+    many = uniforms(torch.arange(4000), torch.zeros(4000, dtype=torch.long), STREAM_ACCEPT, 8).flatten()
+    assert ((many >= 0) & (many < 1)).all()
+    hist = torch.histc(many.float(), bins=10, min=0, max=1) / many.numel()
+    assert float((hist - 0.1).abs().max()) < 0.01
+
+
+def test_shape_probs_matches_target_probs_row_by_row() -> None:
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 50, generator=g) * 3
+    params = [SamplingParams(temperature=0.7), SamplingParams(temperature=1.0, top_k=5),
+              SamplingParams(temperature=1.3, top_p=0.8), SamplingParams(temperature=0.5, min_p=0.1),
+              SamplingParams(temperature=1.0, top_k=10, top_p=0.9, min_p=0.05), SamplingParams(temperature=2.0, top_k=50)]
+    got = shape_probs(logits, torch.tensor([p.temperature for p in params]), torch.tensor([p.top_k for p in params]),
+                      torch.tensor([p.top_p for p in params]), torch.tensor([p.min_p for p in params]))
+    want = torch.cat([target_probs(logits[i : i + 1], p) for i, p in enumerate(params)])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    assert torch.equal(got > 0, want > 0)
+
+
+def test_draw_never_picks_a_zero_weight_token() -> None:
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5], [1.0, 0.0, 0.0, 0.0]]).repeat(500, 1)
+    u = uniforms(torch.arange(1000), torch.zeros(1000, dtype=torch.long), STREAM_BONUS, 1)[:, 0]
+    picked = draw(probs, u)
+    assert set(picked[0::2].tolist()) == {1, 3} and set(picked[1::2].tolist()) == {0}
+
+
+def test_greedy_acceptance_equals_the_host_rule() -> None:
+    g = torch.Generator().manual_seed(1)
+    k, n = 4, 300
+    argmax = torch.randint(0, 3, (n, k + 1), generator=g)
+    drafts = torch.where(torch.rand(n, k, generator=g) < 0.7, argmax[:, :k], torch.randint(0, 3, (n, k), generator=g))
+    allowed = torch.randint(0, k + 1, (n,), generator=g)
+    accepted, token = accept_greedy(drafts, argmax, allowed)
+    for i in range(n):
+        v = host.accept_greedy(drafts[i, : allowed[i]].tolist(), argmax[i].tolist())
+        assert (int(accepted[i]), int(token[i])) == (v.accepted, v.token)
+
+
+def _emitted(p: torch.Tensor, q: torch.Tensor | None, lanes: int, broken: bool = False) -> tuple[torch.Tensor, ...]:
+    """First and second emitted token of `lanes` independent lanes with the same p (and q)."""
+    k, vocab = q.shape[0] if q is not None else p.shape[0] - 1, p.shape[-1]
+    seeds, start = torch.arange(lanes), torch.full((lanes,), 5)
+    if q is None:
+        drafts = p[:-1].argmax(dim=-1).expand(lanes, k)
+    else:
+        du = uniforms(seeds, start, 7, k)
+        drafts = torch.stack([draw(q[i].expand(lanes, vocab), du[:, i]) for i in range(k)], dim=1)
+    pp = p.expand(lanes, k + 1, vocab)
+    qq = q.expand(lanes, k, vocab) if q is not None else None
+    u_token = uniforms(seeds, start, STREAM_BONUS, 1)[:, 0]
+    accepted, token = accept_sampled(drafts, pp, qq, uniforms(seeds, start, STREAM_ACCEPT, k), u_token,
+                                     torch.full((lanes,), k))
+    if broken:  # the classic bug: after a rejection, sample the token from p instead of the residual
+        token = draw(pp.gather(1, accepted[:, None, None].expand(lanes, 1, vocab))[:, 0], u_token)
+    emitted = torch.cat([drafts, torch.zeros(lanes, 1, dtype=torch.long)], 1).scatter(1, accepted[:, None],
+                                                                                      token[:, None])
+    first = torch.bincount(emitted[:, 0], minlength=vocab).double() / lanes
+    two = accepted >= 1
+    second = torch.bincount(emitted[two, 1], minlength=vocab).double() / max(int(two.sum()), 1)
+    return first, second, two.sum()
+
+
+def _tv(a: torch.Tensor, b: torch.Tensor) -> float:
+    return 0.5 * float((a - b.double()).abs().sum())
+
+
+@pytest.mark.parametrize("real_q", [False, True])
+def test_rejection_sampling_keeps_the_target_distribution(real_q: bool) -> None:
+    g = torch.Generator().manual_seed(0)
+    vocab, k = 6, 2
+    p = torch.softmax(torch.randn(k + 1, vocab, generator=g) * 1.5, dim=-1)
+    q = torch.softmax(torch.randn(k, vocab, generator=g) * 1.5, dim=-1) if real_q else None
+    first, second, n2 = _emitted(p, q, 20000)
+    assert _tv(first, p[0]) < 0.03
+    assert int(n2) > 1500 and _tv(second, p[1]) < 0.04
+
+
+def test_the_bound_catches_a_residual_taken_from_p() -> None:
+    g = torch.Generator().manual_seed(0)
+    vocab, k = 6, 2
+    p = torch.softmax(torch.randn(k + 1, vocab, generator=g) * 1.5, dim=-1)
+    q = torch.softmax(torch.randn(k, vocab, generator=g) * 1.5, dim=-1)
+    first, _, _ = _emitted(p, q, 20000, broken=True)
+    assert _tv(first, p[0]) > 0.03

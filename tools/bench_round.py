@@ -1,0 +1,260 @@
+"""The decode/verify round against the memory floor, eager and as CUDA graphs, in one run on one device.
+
+For the Qwen3.5-27B shape (random bf16 weights built on the GPU, no checkpoint on disk) and the built-in model, and
+for each case (plain decode; the target's verify round with free drafts; mtp and dflash2 at 7 drafts, drafter
+included) at 1 and 8 lanes: ms a round through `DeviceRound.run` (host work and the one read-back included), GPU
+kernel time and kernels per round from the profiler (eager), and the ratio to the floor: the bytes a round must
+move (the target's weights once, each lane's recurrent state read and written, its keys and values read) over the
+device-to-device copy bandwidth measured in the same run. The drafter is not in the floor: "x floor" of a drafting
+round is against the target's own floor.
+
+    python -m tools.bench_round --json round.json --md round.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ignis.artifact import BUILTIN
+from ignis.backends.base import BackendContext, Choice, Committed, Proposal, SpecBackend
+from ignis.backends.dflash2.backend import DFlash2
+from ignis.backends.dflash2.config import DrafterConfig, drafter_config_json
+from ignis.backends.dflash2.weights import random_drafter, spread_layer_ids
+from ignis.backends.mtp import Mtp
+from ignis.config import load_config
+from ignis.engine.device_round import DeviceRound
+from ignis.engine.request import Request
+from ignis.engine.sampling import make_generator
+from ignis.engine.scheduler import Decode
+from ignis.model.cache import LaneCache
+from ignis.model.loader import load_model
+from ignis.model.model import HybridModel
+from ignis.model.random import random_model
+from ignis.params import SamplingParams
+
+# Qwen3.5-27B text model (research/qwen35.md): 64 layers, 48 Gated DeltaNet + 16 gated attention.
+QWEN35_27B: dict[str, Any] = {
+    "vocab_size": 248320, "hidden_size": 5120, "intermediate_size": 17408, "num_hidden_layers": 64,
+    "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256, "linear_num_key_heads": 16,
+    "linear_num_value_heads": 48, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4, "max_position_embeddings": 262144, "tie_word_embeddings": False,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+    "rms_norm_eps": 1e-6, "eos_token_id": [248044],
+}
+POSITION = 512  # every lane's anchor position while timing (a 512-token context)
+
+
+class FreeDrafts:
+    """A graph-safe backend whose drafts cost nothing (the anchor repeated): the target's own verify round."""
+
+    name = "verify"
+    tap_layers: tuple[int, ...] = ()
+    graph_safe = True
+
+    def __init__(self, k: int) -> None:
+        self.draft_tokens = k
+
+    def nbytes(self) -> int:
+        return 0
+
+    def reset(self, lane: int) -> None:
+        pass
+
+    def observe(self, obs: list[Any]) -> None:
+        pass
+
+    def propose(self, inp: Any) -> Proposal:
+        raise NotImplementedError
+
+    def propose_lanes(self, lanes: torch.Tensor, anchors: torch.Tensor, positions: torch.Tensor, k: int,
+                      choice: Choice, span: int) -> Proposal:
+        return Proposal(anchors[:, None].expand(-1, k), None)
+
+    def observe_lanes(self, rows: Committed, span: int) -> None:
+        pass
+
+
+@dataclass
+class Case:
+    name: str
+    backend: str  # off | verify | mtp | dflash2
+    k: int
+    lanes: int
+
+
+CASES = [Case("decode", "off", 0, 1), Case("decode", "off", 0, 8), Case("verify", "verify", 7, 1),
+         Case("verify", "verify", 7, 8), Case("mtp", "mtp", 7, 1), Case("mtp", "mtp", 7, 8),
+         Case("dflash2", "dflash2", 7, 1), Case("dflash2", "dflash2", 7, 8)]
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """Bytes per second of a 2 GiB device-to-device copy (bytes read plus bytes written), median of 20."""
+    x = torch.randn(2**29, device=device)  # 2 GiB fp32
+    y = torch.empty_like(x)
+    times = []
+    for i in range(25):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        y.copy_(x)
+        b.record()
+        b.synchronize()
+        if i >= 5:
+            times.append(a.elapsed_time(b) / 1000)
+    return 2 * x.nbytes / statistics.median(times)
+
+
+def floor_bytes(model: HybridModel, lanes: int, cols: int) -> int:
+    """Bytes a round must move: the target's weights once (the embedding only where it is the output head too),
+    and per lane the recurrent state read and written plus the keys and values of its context read."""
+    c = model.config
+    skip = {"embed_tokens.weight"} if model.lm_head is not None else set()
+    weights = sum(p.nbytes for n, p in model.named_parameters() if not n.startswith("mtp.") and n not in skip)
+    elt = model.embed_tokens.weight.element_size()
+    gdn = sum(1 for t in c.layer_types if t == "linear_attention")
+    attn = len(c.layer_types) - gdn
+    state = gdn * (2 * 4 * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim)
+    kv = attn * 2 * c.num_key_value_heads * c.head_dim * elt * (POSITION + cols)
+    return weights + lanes * (state + kv)
+
+
+def build_backend(kind: str, k: int, model: HybridModel, path: Path, lanes: int, context: int,
+                  device: torch.device, dtype: torch.dtype) -> SpecBackend:
+    if kind in ("off", "verify"):
+        return FreeDrafts(k)
+    overrides = {"model.path": str(path), "spec.backend": kind, "spec.draft_tokens": k, "log.level": "warning"}
+    ctx = BackendContext(model, load_config(overrides=overrides), path, lanes, context, device, dtype)
+    if kind == "mtp":
+        return Mtp(ctx)
+    drafter = None
+    if not (path / "drafter").is_dir():
+        cfg = DrafterConfig.from_dict(drafter_config_json(
+            model.config, num_layers=5, num_heads=32, num_kv_heads=8, head_dim=128, block_size=8,
+            mask_token_id=model.config.vocab_size - 1, target_layer_ids=spread_layer_ids(model.config.num_hidden_layers, 5),
+            selector_rank=256, selector_top_k=16), model.config)
+        drafter = random_drafter(cfg, seed=1, device=device, dtype=dtype)
+    return DFlash2(ctx, drafter)
+
+
+def decodes(lanes: int, k: int) -> list[Decode]:
+    out = []
+    for lane in range(lanes):
+        r = Request(id=str(lane), prompt=[1] * POSITION, params=SamplingParams(max_tokens=4096, temperature=0.0),
+                    stop_ids=frozenset(), generator=make_generator(lane), seed=lane)
+        r.tokens.append(2)
+        r.lane, r.computed = lane, POSITION
+        out.append(Decode(r, k))
+    return out
+
+
+def time_rounds(dr: DeviceRound, work: list[Decode], iters: int) -> float:
+    for _ in range(3):
+        dr.run(work)
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        dr.run(work)  # ends with the round's one read-back: the host has the tokens
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def profile(dr: DeviceRound, work: list[Decode]) -> tuple[float, int]:
+    """(GPU time in s, kernels and copies) of one round, from torch.profiler."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
+
+    dr.run(work)
+    torch.cuda.synchronize()
+    with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+        dr.run(work)
+        torch.cuda.synchronize()
+    events = [e for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sum(e.device_time_total for e in events) / 1e6, len(events)
+
+
+def bench_model(label: str, model: HybridModel, path: Path, bw: float, args: argparse.Namespace,
+                device: torch.device) -> list[dict[str, Any]]:
+    rows = []
+    dtype = model.embed_tokens.weight.dtype
+    for case in CASES:
+        backend = build_backend(case.backend, case.k, model, path, 8, args.context, device, dtype)
+        cache = LaneCache(model.config, lanes=8, context=args.context, max_cols=case.k + 1, device=device, dtype=dtype)
+        dr = DeviceRound(model, cache, backend, device, sample_drafts=True)
+        work = decodes(case.lanes, case.k)
+        eager = time_rounds(dr, work, max(3, args.iters // 4))
+        gpu, kernels = profile(dr, work)
+        span = next(s for s in dr.spans if s >= POSITION + 1 + case.k)
+        bucket = next(b for b in dr.buckets if b >= case.lanes)
+        capture_s = dr.capture([(bucket, span, False)])
+        graph = time_rounds(dr, work, args.iters)
+        floor = floor_bytes(model, case.lanes, case.k + 1) / bw
+        row = {"model": label, "case": case.name, "lanes": case.lanes, "cols": case.k + 1, "eager_ms": 1e3 * eager,
+               "graph_ms": 1e3 * graph, "gpu_ms_eager": 1e3 * gpu, "kernels": kernels, "floor_ms": 1e3 * floor,
+               "x_floor": graph / floor, "capture_s": capture_s}
+        rows.append(row)
+        print(f"{label:8s} {case.name:8s} {case.lanes}x{case.k + 1}  eager {1e3 * eager:8.2f} ms  graph "
+              f"{1e3 * graph:8.2f} ms  gpu(eager) {1e3 * gpu:8.2f} ms  kernels {kernels:5d}  floor {1e3 * floor:7.2f} ms"
+              f"  x{graph / floor:5.2f}", flush=True)
+        del dr, cache, backend
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.bench_round")
+    ap.add_argument("--models", default="builtin,27b", help="comma list of builtin, 27b")
+    ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--iters", type=int, default=40)
+    ap.add_argument("--tokens-per-round", type=float, default=5.086,
+                    help="dflash2 tokens per round of the built-in pair on held-out code (BENCHMARKS.md), for the "
+                         "projected speed-up")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--md", default=None)
+    args = ap.parse_args(argv)
+    device = torch.device("cuda")
+    bw = copy_bandwidth(device)
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
+    rows: list[dict[str, Any]] = []
+    for label in args.models.split(","):
+        if label == "builtin":
+            model = load_model(BUILTIN, device=device, dtype=torch.bfloat16, exact=False)
+            rows += bench_model(label, model, BUILTIN, bw, args, device)
+        else:
+            model = random_model(QWEN35_27B, seed=0, mtp=True, device=device, dtype=torch.bfloat16)
+            with tempfile.TemporaryDirectory() as tmp:
+                rows += bench_model(label, model, Path(tmp), bw, args, device)
+        del model
+        torch.cuda.empty_cache()
+    projected = {}
+    for label in {r["model"] for r in rows}:
+        for lanes in (1, 8):
+            off = [r for r in rows if r["model"] == label and r["case"] == "decode" and r["lanes"] == lanes]
+            spec = [r for r in rows if r["model"] == label and r["case"] == "dflash2" and r["lanes"] == lanes]
+            if off and spec:
+                projected[f"{label}:{lanes}"] = args.tokens_per_round * off[0]["graph_ms"] / spec[0]["graph_ms"]
+    result = {"device": torch.cuda.get_device_name(), "copy_tb_s": bw / 1e12, "context": args.context,
+              "position": POSITION, "rows": rows, "projected_speedup": projected}
+    print(json.dumps(projected))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    if args.md:
+        lines = ["| model | case | lanes x cols | eager ms | graph ms | eager/graph | GPU ms (eager) | kernels | floor ms "
+                 "| graph / floor |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['model']} | {r['case']} | {r['lanes']} x {r['cols']} | {r['eager_ms']:.2f} | {r['graph_ms']:.2f} "
+                  f"| {r['eager_ms'] / r['graph_ms']:.1f} | {r['gpu_ms_eager']:.2f} | {r['kernels']} | {r['floor_ms']:.2f} "
+                  f"| {r['x_floor']:.2f} |" for r in rows]
+        Path(args.md).write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

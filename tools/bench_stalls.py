@@ -1,0 +1,94 @@
+"""Whether a request ever pays for a first use: start-up, the first request after ready, and new prompt lengths.
+
+For each backend: the engine's start-up time (load, warm-up, graph capture), the first request's time to first token
+and decode speed right after the engine is ready, the same request again (steady), then `--new` requests one after
+another, each with a prompt length not seen before: each one's decode tok/s over the steady figure.
+
+    python -m tools.bench_stalls --profile h200 --backend off --backend mtp:3 --backend dflash2:7
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ignis.artifact import BUILTIN
+from ignis.config import load_config
+from ignis.engine.core import Engine
+from ignis.ipc.messages import EngineRequest
+from ignis.params import SamplingParams
+from ignis.tokenizer import Tokenizer
+
+
+def one(engine: Engine, rid: str, ids: list[int], max_tokens: int) -> tuple[float, float]:
+    """(time to first token s, decode tok/s after it) of one request alone."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    t0 = time.perf_counter()
+    engine.add(EngineRequest(id=rid, prompt_token_ids=ids, params=params))
+    first = None
+    n = 0
+    while True:
+        for d in engine.step():
+            if first is None:
+                first = time.perf_counter()
+                n = len(d.token_ids) - 1
+            else:
+                n += len(d.token_ids)
+            if d.finished:
+                end = time.perf_counter()
+                assert first is not None
+                return first - t0, n / (end - first)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.bench_stalls")
+    ap.add_argument("--model", default=str(BUILTIN))
+    ap.add_argument("--profile", default=None)
+    ap.add_argument("--backend", action="append", default=None)
+    ap.add_argument("--new", type=int, default=20, help="requests with prompt lengths not seen before")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    tok = Tokenizer.from_dir(Path(args.model))
+    lines = (Path(args.model) / "heldout_prompts.jsonl").read_text().splitlines()
+    texts = [json.loads(line)["prompt"] for line in lines]
+    results: list[dict[str, Any]] = []
+    for spec in args.backend or ["off"]:
+        name, _, k = spec.partition(":")
+        overrides: dict[str, Any] = {"model.path": args.model, "spec.backend": name, "log.level": "warning"}
+        if k:
+            overrides["spec.draft_tokens"] = int(k)
+        t0 = time.perf_counter()
+        engine = Engine(load_config(profile=args.profile, overrides=overrides))
+        startup = time.perf_counter() - t0
+        base = tok.encode(texts[0])[-300:]
+        ttft_first, tps_first = one(engine, "first", base, args.max_tokens)
+        ttft_steady, tps_steady = one(engine, "steady", base, args.max_tokens)
+        ratios = []
+        for i in range(args.new):
+            ids = tok.encode(texts[1 + i % (len(texts) - 1)])[-(37 + 13 * i) :]  # lengths 37, 50, 63, ... none repeated
+            _, tps = one(engine, f"new{i}", ids, args.max_tokens)
+            ratios.append(tps_steady / tps)
+        r = {"backend": spec, "startup_s": startup, "ttft_first_ms": 1e3 * ttft_first, "ttft_steady_ms": 1e3 * ttft_steady,
+             "tok_s_first": tps_first, "tok_s_steady": tps_steady, "worst_slowdown_new_lengths": max(ratios),
+             "median_slowdown_new_lengths": sorted(ratios)[len(ratios) // 2]}
+        results.append(r)
+        print(f"{spec:10s} start-up {startup:6.1f} s  TTFT first {r['ttft_first_ms']:7.1f} ms / steady "
+              f"{r['ttft_steady_ms']:6.1f} ms  tok/s first {tps_first:7.1f} steady {tps_steady:7.1f}  new lengths: "
+              f"worst {max(ratios):.2f}x slower, median {r['median_slowdown_new_lengths']:.2f}x", flush=True)
+        del engine
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
