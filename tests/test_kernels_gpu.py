@@ -118,3 +118,32 @@ def test_cuda_graph_replay(rows: int, k: int, dtype: torch.dtype) -> None:
         assert torch.equal(static_ids, ref_ids) and torch.equal(_bits(static_vals), _bits(ref_vals))
     torch.cuda.synchronize()
     assert _counters_zero()
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 16, 48, 128, 128), (8, 8, 16, 48, 128, 128), (3, 4, 2, 4, 16, 16)])
+def test_gdn_kernels_equal_their_references(shape: tuple[int, ...]) -> None:
+    from ignis.kernels.gdn import columns, columns_reference, record_width, replay, replay_reference
+
+    b, c, hk, hv, dk, dv = shape
+    lanes = b + 2
+    g = torch.Generator(device="cuda").manual_seed(sum(shape))
+    state = torch.randn(lanes, hv, dk, dv, device="cuda", generator=g) * 0.1
+    ids = torch.randperm(lanes, device="cuda", generator=g)[:b]
+    mixed = torch.randn(b, c, 2 * hk * dk + hv * dv, device="cuda", generator=g)
+    gate = -torch.rand(b, c, hv, device="cuda", generator=g)
+    beta = torch.rand(b, c, hv, device="cuda", generator=g)
+    for write_state, record in ((True, False), (False, True)):
+        st, ref_st = state.clone(), state.clone()
+        rec = torch.full((lanes, c, hv, record_width(dk, dv)), float("nan"), device="cuda")
+        ref_rec = torch.zeros_like(rec)
+        out = columns(st, ids, mixed, gate, beta, rec if record else None, key_heads=hk, write_state=write_state)
+        ref = columns_reference(ref_st, ids, mixed, gate, beta, ref_rec if record else None, key_heads=hk,
+                                write_state=write_state)
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(st, ref_st, rtol=1e-4, atol=1e-4)
+        if record:
+            torch.testing.assert_close(rec[ids], ref_rec[ids], rtol=1e-5, atol=1e-5)
+            last = torch.randint(0, c, (b,), device="cuda", generator=g)
+            replay(st, ids, rec, last)
+            replay_reference(ref_st, ids, ref_rec, last)
+            torch.testing.assert_close(st, ref_st, rtol=1e-4, atol=1e-4)

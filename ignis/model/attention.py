@@ -15,7 +15,7 @@ from torch import nn
 from ignis.model.cache import AttnState
 from ignis.model.config import ModelConfig
 from ignis.model.decode import DecodeStep
-from ignis.model.ops import RMSNorm, Step, apply_rope, linear, sigmoid
+from ignis.model.ops import RMSNorm, Step, apply_rope, fuse_rows, linear, sigmoid
 
 
 class GatedAttention(nn.Module):
@@ -33,6 +33,12 @@ class GatedAttention(nn.Module):
         self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+        self.qkv_proj: torch.Tensor | None = None  # [(2 nh + 2 nkv) hd, H]: q+gate | k | v, once fused
+
+    def fuse(self) -> None:
+        self.qkv_proj = fuse_rows(self.q_proj, self.k_proj, self.v_proj)
+        self.q_norm.fuse()
+        self.k_norm.fuse()
 
     def forward(self, x: torch.Tensor, step: Step, cache: AttnState) -> torch.Tensor:
         """x [T, H] (normed) -> [T, H]; writes every row's K/V at its position in its lane's cache first."""
@@ -61,10 +67,14 @@ class GatedAttention(nn.Module):
         """x [B*C, H] (normed) -> [B*C, H]; writes every column's K/V at its position in its lane first."""
         b, c = step.positions.shape
         t, nh, nkv, hd = b * c, self.num_heads, self.num_kv, self.head_dim
-        qg = F.linear(x, self.q_proj.weight).view(t, nh, 2 * hd)
+        if self.qkv_proj is not None:
+            qg, k, v = torch.split(F.linear(x, self.qkv_proj), [2 * nh * hd, nkv * hd, nkv * hd], dim=-1)
+        else:
+            qg, k, v = (F.linear(x, m.weight) for m in (self.q_proj, self.k_proj, self.v_proj))
+        qg = qg.reshape(t, nh, 2 * hd)
         q, gate = self.q_norm(qg[..., :hd]), qg[..., hd:]
-        k = self.k_norm(F.linear(x, self.k_proj.weight).view(t, nkv, hd))
-        v = F.linear(x, self.v_proj.weight).view(t, nkv, hd)
+        k = self.k_norm(k.reshape(t, nkv, hd))
+        v = v.reshape(t, nkv, hd)
         q = apply_rope(q, step.cos, step.sin)
         k = apply_rope(k, step.cos, step.sin)
         where = (step.lanes[:, None].expand(b, c), step.positions)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ignis.kernels.gdn import record_width, replay
 from ignis.model.config import ModelConfig
 
 
@@ -35,7 +36,10 @@ class GDNState:
     conv: torch.Tensor  # [lanes + 1, Kc-1, conv_dim] model dtype, device: the last Kc-1 raw conv inputs
     state: torch.Tensor  # [lanes + 1, Hv, dk, dv] float32, device
     rec_inputs: torch.Tensor | None  # [lanes + 1, max_cols, conv_dim] model dtype, device: raw conv input per column
-    rec_states: torch.Tensor | None  # [lanes + 1, max_cols, Hv, dk, dv] float32, device: state after each column
+    rec_kv: torch.Tensor | None  # [lanes + 1, max_cols, Hv, dk + dv + 2] float32, device: each column's k, v, g, beta
+    # [lanes + 1, max_cols, Hv, dk, dv] float32, device: state after each column (the host round's record; made on
+    # first use, since the device round records columns in rec_kv instead)
+    rec_states: torch.Tensor | None = None
 
 
 class LaneCache:
@@ -78,7 +82,8 @@ class LaneCache:
                         rec_inputs=torch.zeros(rows, max_cols, c.conv_dim, dtype=dtype, device=device)
                         if record
                         else None,
-                        rec_states=torch.zeros(rows, max_cols, *state_shape, dtype=torch.float32, device=device)
+                        rec_kv=torch.zeros(rows, max_cols, c.linear_num_value_heads, record_width(
+                            c.linear_key_head_dim, c.linear_value_head_dim), dtype=torch.float32, device=device)
                         if record
                         else None,
                     )
@@ -92,6 +97,13 @@ class LaneCache:
                 s.conv[lane].zero_()
                 s.state[lane].zero_()
         self.recorded[lane] = 0
+
+    def recording(self) -> None:
+        """Make the host round's per-column state buffers, if no record=True segment has needed them yet."""
+        for s in self.layers:
+            if isinstance(s, GDNState) and s.rec_states is None and s.rec_inputs is not None:
+                s.rec_states = torch.zeros((s.state.shape[0], self.max_cols, *s.state.shape[1:]), dtype=torch.float32,
+                                           device=s.state.device)
 
     def commit(self, lane: int, cols: int) -> None:
         """After a record=True segment on `lane`: keep the state after its first `cols` columns (1..length)."""
@@ -112,13 +124,13 @@ class LaneCache:
         lanes: torch.Tensor,  # [B] int64, device
         last: torch.Tensor,  # [B] int64, device: index of each lane's last committed column (accepted drafts)
     ) -> None:
-        """After a static verify (`DecodeStep.record`): keep each lane's state after column `last` and the conv window
-        ending there. Device tensors only, no host read: capturable."""
+        """After a static verify (`DecodeStep.record`): replay each lane's recorded columns 0..last onto its state and
+        keep the conv window ending at column `last`. Device tensors only, no host read: capturable."""
         taps = torch.arange(1, self.config.linear_conv_kernel_dim, device=last.device)  # [Kc-1]
         for s in self.layers:
             if isinstance(s, GDNState):
-                assert s.rec_states is not None and s.rec_inputs is not None
-                s.state.index_copy_(0, lanes, s.rec_states[lanes, last])
+                assert s.rec_kv is not None and s.rec_inputs is not None
+                replay(s.state, lanes, s.rec_kv, last)
                 # Rows of [old window | column inputs]: the window ending at column `last` is rows last+1..last+Kc-1.
                 window = torch.cat([s.conv.index_select(0, lanes), s.rec_inputs.index_select(0, lanes)], dim=1)
                 rows = (last[:, None] + taps)[:, :, None].expand(-1, -1, window.shape[-1])
@@ -139,7 +151,7 @@ class LaneCache:
     def nbytes(self) -> int:
         total = 0
         for s in self.layers:
-            parts = (s.k, s.v) if isinstance(s, AttnState) else (s.conv, s.state, s.rec_inputs, s.rec_states)
+            parts = (s.k, s.v) if isinstance(s, AttnState) else (s.conv, s.state, s.rec_inputs, s.rec_kv, s.rec_states)
             total += sum(t.numel() * t.element_size() for t in parts if t is not None)
         return total
 

@@ -12,11 +12,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ignis.kernels import gdn as gdn_kernels
 from ignis.model import delta_rule
 from ignis.model.cache import GDNState
 from ignis.model.config import ModelConfig
 from ignis.model.decode import DecodeStep
-from ignis.model.ops import Step, gated_rms_norm, l2norm, linear, sigmoid, silu, softplus
+from ignis.model.ops import Step, fuse_rows, gated_rms_norm, l2norm, linear, sigmoid, silu, softplus
 
 
 class GatedDeltaNet(nn.Module):
@@ -39,6 +40,10 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(c.linear_num_value_heads))
         self.norm = _GatedNormWeight(c.linear_value_head_dim)
         self.out_proj = nn.Linear(c.value_dim, c.hidden_size, bias=False)
+        self.in_proj: torch.Tensor | None = None  # [conv_dim + value_dim + 2 Hv, H]: qkv | z | b | a, once fused
+
+    def fuse(self) -> None:
+        self.in_proj = fuse_rows(self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
 
     def forward(self, x: torch.Tensor, step: Step, cache: GDNState) -> torch.Tensor:
         """x [T, H] (normed) -> [T, H]; advances (or, for record=True segments, records) each lane's state."""
@@ -92,31 +97,30 @@ class GatedDeltaNet(nn.Module):
 
     def decode(self, x: torch.Tensor, step: DecodeStep, cache: GDNState) -> torch.Tensor:
         """x [B*C, H] (normed) -> [B*C, H]. One column (decode) advances each lane's state in place; C columns
-        (verify, step.record) keep the state after every column and the raw conv inputs for `LaneCache.commit_lanes`."""
+        (verify, step.record) leave it alone and record each column (its raw conv input, and k, v, g, beta) for
+        `LaneCache.commit_lanes`. The recurrence is one kernel launch on CUDA (ignis.kernels.gdn)."""
         b, c = step.positions.shape
         t, lanes = b * c, step.lanes
-        qkv = F.linear(x, self.in_proj_qkv.weight).view(b, c, -1)  # [B, C, conv_dim] raw conv input
-        z = F.linear(x, self.in_proj_z.weight).view(t, self.hv, self.dv)
-        beta = torch.sigmoid(F.linear(x, self.in_proj_b.weight).float()).view(b, c, self.hv)
-        a = F.linear(x, self.in_proj_a.weight).float()
+        if self.in_proj is not None:
+            qkv, z, bb, a = torch.split(F.linear(x, self.in_proj), [self.key_dim * 2 + self.value_dim, self.value_dim,
+                                                                    self.hv, self.hv], dim=-1)
+        else:
+            qkv, z = F.linear(x, self.in_proj_qkv.weight), F.linear(x, self.in_proj_z.weight)
+            bb, a = F.linear(x, self.in_proj_b.weight), F.linear(x, self.in_proj_a.weight)
+        qkv = qkv.reshape(b, c, -1)  # [B, C, conv_dim] raw conv input
+        z = z.reshape(t, self.hv, self.dv)
+        beta = torch.sigmoid(bb.float()).view(b, c, self.hv)
+        a = a.float()
         g = (-torch.exp(self.A_log.float()) * F.softplus(a + self.dt_bias.float())).view(b, c, self.hv)
         window = cache.conv.index_select(0, lanes)  # [B, Kc-1, conv_dim]
-        mixed = F.silu(delta_rule.short_conv(window, qkv, self.conv1d.weight[:, 0, :]))
+        mixed = F.silu(delta_rule.short_conv(window, qkv, self.conv1d.weight[:, 0, :]))  # [B, C, conv_dim] f32
         if step.record:
-            assert cache.rec_inputs is not None and cache.rec_states is not None
+            assert cache.rec_inputs is not None
             cache.rec_inputs[:, :c].index_copy_(0, lanes, qkv)
         else:
             cache.conv.index_copy_(0, lanes, torch.cat([window, qkv], dim=1)[:, -window.shape[1] :])
-        q, k, v = self._heads(mixed)
-        state = cache.state.index_select(0, lanes)  # [B, Hv, dk, dv] f32
-        out = torch.empty(b, c, self.hv, self.dv, dtype=torch.float32, device=x.device)
-        for j in range(c):
-            state, out[:, j] = delta_rule.recurrent_step(state, q[:, j], k[:, j], v[:, j], g[:, j], beta[:, j])
-            if step.record:
-                assert cache.rec_states is not None
-                cache.rec_states[lanes, j] = state
-        if not step.record:
-            cache.state.index_copy_(0, lanes, state)
+        out = gdn_kernels.columns(cache.state, lanes, mixed, g, beta, cache.rec_kv if step.record else None,
+                                  key_heads=self.hk, write_state=not step.record)
         y = gated_rms_norm(out.view(t, self.hv, self.dv).to(x.dtype), z, self.norm.weight, self.eps, False)
         return F.linear(y.reshape(t, self.value_dim), self.out_proj.weight)
 

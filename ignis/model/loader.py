@@ -63,6 +63,8 @@ def load_model(path: str | Path, *, device: str | torch.device, dtype: torch.dty
     model.load_state_dict(loaded, strict=True, assign=True)
     model.requires_grad_(False)
     model.eval()
+    if not exact:
+        model.fuse()
     return model
 
 

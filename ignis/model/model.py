@@ -12,6 +12,8 @@ Does not own: loading weights (ignis.model.loader), scheduling lanes (ignis.engi
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,7 +24,7 @@ from ignis.model.cache import AttnState, GDNState, LaneCache
 from ignis.model.config import ModelConfig
 from ignis.model.decode import DecodeStep
 from ignis.model.gdn import GatedDeltaNet
-from ignis.model.ops import RMSNorm, Rope, Step, linear, silu
+from ignis.model.ops import RMSNorm, Rope, Step, fuse_rows, linear, silu
 
 
 class MLP(nn.Module):
@@ -33,8 +35,15 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, inner, bias=False)
         self.up_proj = nn.Linear(hidden, inner, bias=False)
         self.down_proj = nn.Linear(inner, hidden, bias=False)
+        self.gate_up: torch.Tensor | None = None  # [2 inner, H], once fused
+
+    def fuse(self) -> None:
+        self.gate_up = fuse_rows(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor, exact: bool) -> torch.Tensor:
+        if self.gate_up is not None and not exact:
+            gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
+            return F.linear(F.silu(gate) * up, self.down_proj.weight)
         gate = silu(linear(x, self.gate_proj.weight, exact), exact)
         return linear(gate * linear(x, self.up_proj.weight, exact), self.down_proj.weight, exact)
 
@@ -50,6 +59,12 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config.hidden_size, config.intermediate_size)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def fuse(self) -> None:
+        (self.self_attn if self.kind == "full_attention" else self.linear_attn).fuse()
+        self.mlp.fuse()
+        self.input_layernorm.fuse()
+        self.post_attention_layernorm.fuse()
 
     def forward(self, x: torch.Tensor, step: Step | DecodeStep, state: AttnState | GDNState) -> torch.Tensor:
         """x [T, H] -> [T, H], the layer's output (the residual stream after it)."""
@@ -84,6 +99,21 @@ class HybridModel(nn.Module):
         self.rope = Rope(config.rotary_dim, config.rope_theta)
 
     @torch.no_grad()
+    def fuse(self) -> None:
+        """Fewer, larger kernels for models not in exact mode: projections that read the same input share one weight
+        (the checkpoint's parameters become views of it), norms run as torch's rms_norm. Exact mode keeps the
+        reference arithmetic, so an exact model is never fused."""
+        if self.exact:
+            raise ValueError("an exact model keeps its reference arithmetic; fuse only models with exact=False")
+        for layer in self.layers:
+            cast(DecoderLayer, layer).fuse()
+        self.norm.fuse()
+        if self.mtp is not None:
+            cast(DecoderLayer, self.mtp.layers[0]).fuse()
+            for n in (self.mtp.pre_fc_norm_embedding, self.mtp.pre_fc_norm_hidden, self.mtp.norm):
+                n.fuse()
+
+    @torch.no_grad()
     def forward(self, batch: Batch, cache: LaneCache, taps: tuple[int, ...] = ()) -> ForwardOut:
         """One pass over the packed rows of `batch`, reading and advancing each segment's lane in `cache`.
 
@@ -95,6 +125,8 @@ class HybridModel(nn.Module):
                 raise ValueError(f"tap {t} out of range 0..{n_layers - 1}")
         for seg in batch.segments:
             cache.check_segment(seg.lane, seg.start, seg.length, seg.record)
+        if any(seg.record for seg in batch.segments):
+            cache.recording()
         x = self.embed(batch.tokens)
         step = Step.build(batch.segments, batch.positions, self.rope, x.dtype, self.exact)
         tapped: dict[int, torch.Tensor] = {}

@@ -61,15 +61,35 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
-    """Zero-centred RMSNorm as a module, so its weight carries the checkpoint's name (`input_layernorm.weight`)."""
+    """Zero-centred RMSNorm as a module, so its weight carries the checkpoint's name (`input_layernorm.weight`).
+
+    After `fuse` (models not in exact mode) it runs as torch's own rms_norm with the weight 1 + w made once."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.zeros(dim))
+        self.scale: torch.Tensor | None = None  # [dim] float32: 1 + weight, once fused
+
+    def fuse(self) -> None:
+        self.scale = 1.0 + self.weight.detach().float()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.scale is not None:
+            return F.rms_norm(x.float(), (x.shape[-1],), self.scale, self.eps).to(x.dtype)
         return rms_norm(x, self.weight, self.eps)
+
+
+def fuse_rows(*linears: nn.Linear) -> torch.Tensor:
+    """One weight [sum(out), in] holding the rows of `linears`, which keep their parameters as views of it: the
+    projections that read the same input become one matrix product, with no extra memory."""
+    weight = torch.cat([m.weight.detach() for m in linears])
+    offset = 0
+    for m in linears:
+        n = m.weight.shape[0]
+        m.weight = nn.Parameter(weight[offset : offset + n], requires_grad=False)
+        offset += n
+    return weight
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float, exact: bool) -> torch.Tensor:

@@ -77,7 +77,9 @@ def random_model(config: dict, *, seed: int, mtp: bool, device: str | torch.devi
         keep_fp32 = name.rsplit(".", 1)[-1] in ("A_log", "dt_bias")
         tensors[name] = _init(name, tuple(t.shape), gen, model_config).to(torch.float32 if keep_fp32 else dtype)
     model.load_state_dict(tensors, strict=True, assign=True)
-    return model.requires_grad_(False).eval()
+    model.requires_grad_(False).eval()
+    model.fuse()
+    return model
 
 
 def _init(name: str, shape: tuple[int, ...], gen: torch.Generator, config: ModelConfig) -> torch.Tensor:

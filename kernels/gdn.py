@@ -1,0 +1,137 @@
+"""The Gated DeltaNet recurrence over C columns of B lanes in one launch, and the commit that replays kept columns.
+
+Owns: `columns` and `replay` (numba-cuda kernels on CUDA tensors, launched on torch's current stream, so a CUDA graph
+captures them), their torch references `columns_reference` / `replay_reference` (what runs on the CPU, and what the
+kernels are tested against) and `record_width`. Does not own: the projections, conv and gates around the recurrence
+(ignis.model.gdn) or where the state lives (ignis.model.cache). docs/adr/0003-gdn-kernel.md has the why.
+
+The record: a verify does not store the state after every column (3 MiB per column, lane and layer at the 27B
+shape); it stores each column's normalised k, v, g and beta ([dk + dv + 2] floats per head), and the commit replays
+columns 0..last from the lane's state, which the verify left untouched.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from ignis.model.ops import l2norm
+
+
+def record_width(dk: int, dv: int) -> int:
+    return dk + dv + 2
+
+
+def _step(state: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """state [B, Hv, dk, dv]; k [B, Hv, dk] (normalised); v [B, Hv, dv]; g, beta [B, Hv] -> the state after."""
+    state = state * torch.exp(g)[..., None, None]
+    memory = (k[..., None, :] @ state)[..., 0, :]
+    return state + k[..., :, None] * ((v - memory) * beta[..., None])[..., None, :]
+
+
+def _heads(x: torch.Tensor, hv: int) -> torch.Tensor:
+    """[B, Hk, d] -> [B, Hv, d]: value head h reads key head h // (Hv / Hk)."""
+    return x.repeat_interleave(hv // x.shape[1], dim=1)
+
+
+def _split(mixed: torch.Tensor, hk: int, hv: int, dk: int, dv: int) -> tuple[torch.Tensor, ...]:
+    b, c = mixed.shape[:2]
+    q, k, v = torch.split(mixed, [hk * dk, hk * dk, hv * dv], dim=-1)
+    return q.reshape(b, c, hk, dk), k.reshape(b, c, hk, dk), v.reshape(b, c, hv, dv)
+
+
+def columns_reference(
+    state: torch.Tensor, lanes: torch.Tensor, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    record: torch.Tensor | None, *, key_heads: int, write_state: bool,
+) -> torch.Tensor:
+    """`columns` in torch (same arguments); returns out [B, C, Hv, dv] float32."""
+    hv, dk, dv = state.shape[1], state.shape[2], state.shape[3]
+    q, k, v = _split(mixed, key_heads, hv, dk, dv)
+    st = state.index_select(0, lanes)
+    outs = []
+    for j in range(q.shape[1]):
+        kj = _heads(l2norm(k[:, j]), hv)
+        qj = _heads(l2norm(q[:, j]) * dk**-0.5, hv)
+        st = _step(st, kj, v[:, j], g[:, j], beta[:, j])
+        outs.append((qj[..., None, :] @ st)[..., 0, :])
+        if record is not None:
+            row = torch.cat([kj, v[:, j], g[:, j, :, None], beta[:, j, :, None]], dim=-1)  # [B, Hv, width]
+            record[:, j].index_copy_(0, lanes, row)
+    if write_state:
+        state.index_copy_(0, lanes, st)
+    return torch.stack(outs, dim=1)
+
+
+def replay_reference(state: torch.Tensor, lanes: torch.Tensor, record: torch.Tensor, last: torch.Tensor) -> None:
+    """`replay` in torch: apply recorded columns 0..last[b] to each lane's state."""
+    dk, dv = state.shape[2], state.shape[3]
+    rec = record.index_select(0, lanes)  # [B, C, Hv, width]
+    st = state.index_select(0, lanes)
+    for j in range(rec.shape[1]):
+        r = rec[:, j]
+        after = _step(st, r[..., :dk], r[..., dk : dk + dv], r[..., dk + dv], r[..., dk + dv + 1])
+        st = torch.where((j <= last)[:, None, None, None], after, st)
+    state.index_copy_(0, lanes, st)
+
+
+_lock = threading.Lock()
+_kernels: dict[tuple[int, int], tuple[Any, Any]] = {}
+
+
+def _compiled(dk: int, dv: int) -> tuple[Any, Any]:
+    with _lock:
+        if (dk, dv) not in _kernels:
+            from ignis.kernels.gdn_kernel import make_kernels
+
+            _kernels[dk, dv] = make_kernels(dk, dv)
+        return _kernels[dk, dv]
+
+
+def _launch(kernel: Any, dv: int, hv: int, b: int, dk: int, args: tuple[Any, ...], device: torch.device) -> None:
+    from numba import cuda
+
+    from ignis.kernels.gdn_kernel import block_shape
+
+    tv, threads = block_shape(dk, dv)
+    handle = torch.cuda.current_stream(device).cuda_stream
+    stream = 0 if handle == 0 else cuda.external_stream(handle)
+    arrays = tuple(cuda.as_cuda_array(a) if isinstance(a, torch.Tensor) else a for a in args)
+    kernel[((dv + tv - 1) // tv, hv, b), threads, stream](*arrays)
+
+
+def columns(
+    state: torch.Tensor,  # [L, Hv, dk, dv] float32, device
+    lanes: torch.Tensor,  # [B] int64, device
+    mixed: torch.Tensor,  # [B, C, 2 Hk dk + Hv dv] float32: raw q | k | v (the kernel normalises and scales q, k)
+    g: torch.Tensor,  # [B, C, Hv] float32: log-decay
+    beta: torch.Tensor,  # [B, C, Hv] float32
+    record: torch.Tensor | None,  # [L, max_cols, Hv, dk + dv + 2] float32 or None
+    *,
+    key_heads: int,
+    write_state: bool,
+) -> torch.Tensor:
+    """out [B, C, Hv, dv] float32: every column's output. write_state: keep the state after the last column (decode);
+    record: store each column for `replay` (verify). CUDA tensors go to the kernel, others to the reference."""
+    if not state.is_cuda:
+        return columns_reference(state, lanes, mixed, g, beta, record, key_heads=key_heads, write_state=write_state)
+    b, c = mixed.shape[:2]
+    hv, dk, dv = state.shape[1], state.shape[2], state.shape[3]
+    mixed, g, beta = mixed.contiguous(), g.contiguous(), beta.contiguous()
+    out = torch.empty((b, c, hv, dv), dtype=torch.float32, device=mixed.device)
+    rec = record if record is not None else out  # a placeholder of the right type when nothing is recorded
+    cols, _ = _compiled(dk, dv)
+    _launch(cols, dv, hv, b, dk, (state, lanes, mixed, g, beta, out, rec, float(dk**-0.5), hv // key_heads,
+                                   key_heads * dk, write_state, record is not None), mixed.device)
+    return out
+
+
+def replay(state: torch.Tensor, lanes: torch.Tensor, record: torch.Tensor, last: torch.Tensor) -> None:
+    """Apply recorded columns 0..last[b] (last [B] int64, device) to each lane's state, in place."""
+    if not state.is_cuda:
+        replay_reference(state, lanes, record, last)
+        return
+    dk, dv, hv = state.shape[2], state.shape[3], state.shape[1]
+    _, rep = _compiled(dk, dv)
+    _launch(rep, dv, hv, lanes.shape[0], dk, (state, lanes, record, last, dv), state.device)

@@ -1,0 +1,168 @@
+"""The numba-cuda kernels of the Gated DeltaNet recurrence over C columns of B lanes: `columns` and `replay`.
+
+Owns: the kernel sources and their block shape. Does not own: argument checks, the torch reference or the launch
+on torch's stream (ignis.kernels.gdn). Importing this module imports numba.cuda (or, with NUMBA_ENABLE_CUDASIM=1,
+the simulator); nothing here touches the driver.
+
+Block (TV * RS threads) = one value head of one lane, TV columns of its [dk, dv] state; thread (c, s) keeps rows
+s*dk/RS .. (s+1)*dk/RS - 1 of column c in registers, so the state is read once and every column's update and
+output are sums over a thread's own rows plus RS partials combined in shared memory (no warp intrinsics: the same
+source runs in numba's simulator). Per column j, with k and q l2-normalised by the block (q also scaled):
+    S <- exp(g) S;  delta = beta (v - S^T k);  S <- S + k delta^T;  o = S^T q
+`columns` writes o for every column and either the final state (decode, one column) or, for a verify, each column's
+normalised k, v, g and beta into a record, from which `replay` later applies columns 0..last to the lane's state:
+the state is read by the verify and read and written by the commit, never stored per column.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from numba import cuda, float32
+
+RS = 4  # threads that share one state column (row slices of dk)
+EPS = 1e-6  # l2norm's epsilon (ignis.model.ops.l2norm)
+
+
+def block_shape(dk: int, dv: int) -> tuple[int, int]:
+    """(TV, threads): TV columns a block, at most 32, a power of two; threads = TV * RS."""
+    tv = 32
+    while tv > dv:
+        tv //= 2
+    return tv, tv * RS
+
+
+def make_kernels(dk: int, dv: int) -> tuple[Any, Any]:
+    tv, threads = block_shape(dk, dv)
+    rows = dk // RS
+
+    @cuda.jit
+    def columns(state, lanes, mixed, g, beta, out, record, scale, ratio, key_dim, write_state, do_record):
+        # state [L, Hv, dk, dv] f32; lanes [B] i64; mixed [B, C, 2 key_dim + Hv dv] f32: raw q | k | v;
+        # g, beta [B, C, Hv]; out [B, C, Hv, dv]; record [L, C, Hv, dk + dv + 2]; grid (dv / TV, Hv, B)
+        t = cuda.threadIdx.x
+        cl, s = t // RS, t % RS
+        c = cuda.blockIdx.x * tv + cl
+        h, b = cuda.blockIdx.y, cuda.blockIdx.z
+        lane = lanes[b]
+        hk = h // ratio
+        nv = out.shape[3]
+        voff = 2 * key_dim + h * nv
+        sk = cuda.shared.array(dk, float32)
+        sq = cuda.shared.array(dk, float32)
+        part = cuda.shared.array(threads, float32)
+        part2 = cuda.shared.array(threads, float32)
+        tot = cuda.shared.array(tv, float32)
+        st = cuda.local.array(rows, float32)
+        base = s * rows
+        for i in range(rows):
+            st[i] = state[lane, h, base + i, c] if c < nv else float32(0.0)
+        for j in range(mixed.shape[1]):
+            # l2 norms of k and q (one key head, dk values) by a tree over the block
+            ks = float32(0.0)
+            qs = float32(0.0)
+            i = t
+            while i < dk:
+                qv = mixed[b, j, hk * dk + i]
+                kv = mixed[b, j, key_dim + hk * dk + i]
+                sk[i] = kv
+                sq[i] = qv
+                ks += kv * kv
+                qs += qv * qv
+                i += threads
+            part[t] = ks
+            part2[t] = qs
+            cuda.syncthreads()
+            step = threads // 2
+            while step > 0:
+                if t < step:
+                    part[t] += part[t + step]
+                    part2[t] += part2[t + step]
+                cuda.syncthreads()
+                step //= 2
+            kn = float32(1.0) / math.sqrt(part[0] + float32(EPS))
+            qn = float32(scale) / math.sqrt(part2[0] + float32(EPS))
+            decay = math.exp(g[b, j, h])
+            bt = beta[b, j, h]
+            mem = float32(0.0)
+            for i in range(rows):
+                st[i] *= decay
+                mem += sk[base + i] * kn * st[i]
+            cuda.syncthreads()
+            part[t] = mem
+            cuda.syncthreads()
+            if s == 0:
+                tot[cl] = part[t] + part[t + 1] + part[t + 2] + part[t + 3]
+            cuda.syncthreads()
+            delta = float32(0.0)
+            if c < nv:
+                delta = bt * (mixed[b, j, voff + c] - tot[cl])
+            o = float32(0.0)
+            for i in range(rows):
+                st[i] += sk[base + i] * kn * delta
+                o += sq[base + i] * qn * st[i]
+            cuda.syncthreads()
+            part[t] = o
+            cuda.syncthreads()
+            if s == 0 and c < nv:
+                out[b, j, h, c] = part[t] + part[t + 1] + part[t + 2] + part[t + 3]
+            if do_record:
+                if cuda.blockIdx.x == 0:
+                    i = t
+                    while i < dk:
+                        record[lane, j, h, i] = sk[i] * kn
+                        i += threads
+                    if t == 0:
+                        record[lane, j, h, dk + nv] = g[b, j, h]
+                        record[lane, j, h, dk + nv + 1] = bt
+                if s == 0 and c < nv:
+                    record[lane, j, h, dk + c] = mixed[b, j, voff + c]
+            cuda.syncthreads()
+        if write_state and c < nv:
+            for i in range(rows):
+                state[lane, h, base + i, c] = st[i]
+
+    @cuda.jit
+    def replay(state, lanes, record, last, nv):
+        # state [L, Hv, dk, dv] f32; lanes, last [B] i64; record [L, C, Hv, dk + dv + 2]; grid (dv / TV, Hv, B)
+        t = cuda.threadIdx.x
+        cl, s = t // RS, t % RS
+        c = cuda.blockIdx.x * tv + cl
+        h, b = cuda.blockIdx.y, cuda.blockIdx.z
+        lane = lanes[b]
+        sk = cuda.shared.array(dk, float32)
+        part = cuda.shared.array(threads, float32)
+        tot = cuda.shared.array(tv, float32)
+        st = cuda.local.array(rows, float32)
+        base = s * rows
+        for i in range(rows):
+            st[i] = state[lane, h, base + i, c] if c < nv else float32(0.0)
+        for j in range(last[b] + 1):
+            i = t
+            while i < dk:
+                sk[i] = record[lane, j, h, i]
+                i += threads
+            cuda.syncthreads()
+            decay = math.exp(record[lane, j, h, dk + nv])
+            bt = record[lane, j, h, dk + nv + 1]
+            mem = float32(0.0)
+            for i in range(rows):
+                st[i] *= decay
+                mem += sk[base + i] * st[i]
+            part[t] = mem
+            cuda.syncthreads()
+            if s == 0:
+                tot[cl] = part[t] + part[t + 1] + part[t + 2] + part[t + 3]
+            cuda.syncthreads()
+            delta = float32(0.0)
+            if c < nv:
+                delta = bt * (record[lane, j, h, dk + c] - tot[cl])
+            for i in range(rows):
+                st[i] += sk[base + i] * delta
+            cuda.syncthreads()
+        if c < nv:
+            for i in range(rows):
+                state[lane, h, base + i, c] = st[i]
+
+    return columns, replay
