@@ -107,8 +107,12 @@ class ContextCache:
     ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[torch.Tensor]]:
         """Per layer the lanes' (K, V) [n, used, nkv, hd] and the block mask [n, B, used + B]."""
         kv, masks = [], []
+        shared: dict[tuple[int, str, bool], torch.Tensor] = {}  # layers of one kind and size share their slots' mask
         for i, layer in enumerate(self.layers):
             used = max(1, min(layer.size, span))  # slots past the longest lane's length hold nothing yet
             kv.append((layer.k[lane_ix, :used], layer.v[lane_ix, :used]))
-            masks.append(block_mask(self.cfg, i, layer.pos[lane_ix, :used], q_pos))
+            key = (used, self.cfg.layer_types[i], self.cfg.causal[i])
+            if key not in shared:
+                shared[key] = block_mask(self.cfg, i, layer.pos[lane_ix, :used], q_pos)
+            masks.append(shared[key])
         return kv, masks

@@ -32,9 +32,7 @@ class Norm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 
 class GroupedConv(nn.Module):
@@ -110,14 +108,16 @@ class Attention(nn.Module):
         k, v = self.keys(flat, cos, sin)
         k = torch.cat([ctx_k, k.view(n, rows, self.num_kv, self.head_dim)], dim=1)
         v = torch.cat([ctx_v, v.view(n, rows, self.num_kv, self.head_dim)], dim=1)
-        group = self.num_heads // self.num_kv
-        qh = q.view(n, rows, self.num_heads, self.head_dim).transpose(1, 2)  # [n, nh, B, hd]
-        kh = k.transpose(1, 2).repeat_interleave(group, dim=1)  # [n, nh, C+B, hd]
-        vh = v.transpose(1, 2).repeat_interleave(group, dim=1)
+        group, nkv, hd = self.num_heads // self.num_kv, self.num_kv, self.head_dim
+        # The query heads of one KV head attend together as group*B rows: no copy of K/V per query head.
+        qh = q.view(n, rows, nkv, group, hd).permute(0, 2, 3, 1, 4).reshape(n, nkv, group * rows, hd)
+        kh, vh = k.transpose(1, 2), v.transpose(1, 2)  # [n, nkv, C+B, hd]
         # Under training autocast the cached context keys may be fp32 beside bf16 values: one dtype for the kernel.
         kh, vh = kh.to(qh.dtype), vh.to(qh.dtype)
-        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask[:, None], scale=self.head_dim**-0.5)
-        return self.o_proj(o.transpose(1, 2).reshape(n, rows, self.num_heads * self.head_dim))
+        m = mask[:, None, None].expand(n, 1, group, rows, mask.shape[-1]).reshape(n, 1, group * rows, mask.shape[-1])
+        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=m, scale=hd**-0.5)  # [n, nkv, group*B, hd]
+        o = o.view(n, nkv, group, rows, hd).permute(0, 3, 1, 2, 4).reshape(n, rows, self.num_heads * hd)
+        return self.o_proj(o)
 
 
 class Mlp(nn.Module):

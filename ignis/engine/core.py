@@ -51,7 +51,10 @@ class Engine:
         )
         sample_drafts = config.spec.draft_sampling == "sampled"
         started = time.perf_counter()
-        warm_prefill(self.model, cache, self.backend, rows=min(ec.max_rows, ec.context, 2 * ec.prefill_chunk + 3))
+        most = min(ec.max_rows, ec.context)
+        # On a GPU every row count class of the matrix kernels is loaded before ready; the CPU has nothing to load.
+        ladder = [1, 3, 16, 48, 64, 131, 256, 300, 512] if device.type == "cuda" else [2 * ec.prefill_chunk + 3, 1]
+        warm_prefill(self.model, cache, self.backend, rows=sorted({min(n, most) for n in ladder}))
         device_round = None
         graphs = 0
         if not self.model.exact and getattr(self.backend, "graph_safe", False):

@@ -74,6 +74,7 @@ class RoundBuffers:
         self.floats = torch.zeros((len(_FLOATS), size), dtype=torch.float32, device=device)  # [4, B] f32, device
         self.out = torch.zeros((size, k + 2), dtype=torch.int64, device=device)  # [B, K+2]: accepted, drafts, token
         self.host_out = torch.zeros((size, k + 2), dtype=torch.int64, pin_memory=pin)  # [B, K+2] int64, cpu
+        self._ints, self._floats = self.host_ints.numpy(), self.host_floats.numpy()  # views: cheap host writes
         self.idle()
 
     def __getattr__(self, name: str) -> torch.Tensor:
@@ -105,17 +106,20 @@ class RoundBuffers:
         return self.host_out.tolist()
 
     def _fill_host(self, decodes: list[Decode]) -> None:
-        ints, floats = self.host_ints, self.host_floats
-        ints.zero_()
-        floats.zero_()
-        ints[0].fill_(self.scratch)
-        ints[6].fill_(1)  # greedy
-        floats[1].fill_(1.0)  # top_p off
-        for i, d in enumerate(decodes):
-            r, p = d.request, d.request.params
-            ints[0, i], ints[1, i], ints[2, i], ints[3, i] = r.lane, r.anchor, len(r.tokens) - 1, d.drafts
-            ints[4, i], ints[5, i], ints[6, i] = r.seed, p.top_k, int(p.greedy)
-            floats[0, i], floats[1, i], floats[2, i], floats[3, i] = p.temperature, p.top_p, p.min_p, p.temperature
+        ints, floats = self._ints, self._floats
+        ints[:] = 0
+        floats[:] = 0.0
+        ints[0] = self.scratch
+        ints[6] = 1  # greedy
+        floats[1] = 1.0  # top_p off
+        n = len(decodes)
+        if n:
+            ints[:, :n] = [[d.request.lane for d in decodes], [d.request.anchor for d in decodes],
+                           [len(d.request.tokens) - 1 for d in decodes], [d.drafts for d in decodes],
+                           [d.request.seed for d in decodes], [d.request.params.top_k for d in decodes],
+                           [int(d.request.params.greedy) for d in decodes]]
+            floats[:, :n] = [[d.request.params.temperature for d in decodes], [d.request.params.top_p for d in decodes],
+                             [d.request.params.min_p for d in decodes], [d.request.params.temperature for d in decodes]]
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Start-up work that keeps first-use costs off every request's path.
 
-Owns: `warm_prefill`, which runs the prefill path once on the cache's scratch lane (a chunked prompt and a one-row
-remainder), so library kernels are loaded, fla's per-shape check has run and its kernels are compiled and tuned
-before the engine says it is ready. Does not own: the decode rounds' warm-up and capture
+Owns: `warm_prefill`, which runs the prefill path on the cache's scratch lane at a ladder of lengths, so library
+kernels are loaded (CUDA loads a module's kernels on first use), fla's per-shape check has run and its kernels are
+compiled and tuned before the engine says it is ready. Does not own: the decode rounds' warm-up and capture
 (ignis.engine.device_round.DeviceRound.capture).
 """
 
@@ -17,13 +17,13 @@ from ignis.model.model import HybridModel
 
 
 @torch.inference_mode()
-def warm_prefill(model: HybridModel, cache: LaneCache, backend: SpecBackend, *, rows: int) -> None:
-    """Prefill `rows` tokens, then one, on the scratch lane, feeding the backend as a prompt would; leaves the scratch
+def warm_prefill(model: HybridModel, cache: LaneCache, backend: SpecBackend, *, rows: list[int]) -> None:
+    """Prefill each length in `rows` on the scratch lane, feeding the backend as a prompt would; leaves the scratch
     lane reset. A backend that is not graph-safe may have no scratch lane, so it is left out."""
     device = model.embed_tokens.weight.device
     lane = cache.scratch
     feed = getattr(backend, "graph_safe", False)
-    for n in (rows, 1):
+    for n in rows:
         tokens = torch.zeros(n, dtype=torch.long, device=device)
         seg = Segment(lane=lane, offset=0, start=0, length=n, prefill=True)
         out = model(Batch(tokens, torch.arange(n, device=device), (seg,), torch.tensor([n - 1], device=device)),

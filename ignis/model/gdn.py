@@ -41,9 +41,11 @@ class GatedDeltaNet(nn.Module):
         self.norm = _GatedNormWeight(c.linear_value_head_dim)
         self.out_proj = nn.Linear(c.value_dim, c.hidden_size, bias=False)
         self.in_proj: torch.Tensor | None = None  # [conv_dim + value_dim + 2 Hv, H]: qkv | z | b | a, once fused
+        self.decay_rate: torch.Tensor | None = None  # [Hv] float32: -exp(A_log), once fused
 
     def fuse(self) -> None:
         self.in_proj = fuse_rows(self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
+        self.decay_rate = -torch.exp(self.A_log.detach().float())
 
     def forward(self, x: torch.Tensor, step: Step, cache: GDNState) -> torch.Tensor:
         """x [T, H] (normed) -> [T, H]; advances (or, for record=True segments, records) each lane's state."""
@@ -110,8 +112,8 @@ class GatedDeltaNet(nn.Module):
         qkv = qkv.reshape(b, c, -1)  # [B, C, conv_dim] raw conv input
         z = z.reshape(t, self.hv, self.dv)
         beta = torch.sigmoid(bb.float()).view(b, c, self.hv)
-        a = a.float()
-        g = (-torch.exp(self.A_log.float()) * F.softplus(a + self.dt_bias.float())).view(b, c, self.hv)
+        rate = self.decay_rate if self.decay_rate is not None else -torch.exp(self.A_log.float())
+        g = (rate * F.softplus(a.float() + self.dt_bias.float())).view(b, c, self.hv)
         window = cache.conv.index_select(0, lanes)  # [B, Kc-1, conv_dim]
         mixed = F.silu(delta_rule.short_conv(window, qkv, self.conv1d.weight[:, 0, :]))  # [B, C, conv_dim] f32
         if step.record:
@@ -121,7 +123,9 @@ class GatedDeltaNet(nn.Module):
             cache.conv.index_copy_(0, lanes, torch.cat([window, qkv], dim=1)[:, -window.shape[1] :])
         out = gdn_kernels.columns(cache.state, lanes, mixed, g, beta, cache.rec_kv if step.record else None,
                                   key_heads=self.hk, write_state=not step.record)
-        y = gated_rms_norm(out.view(t, self.hv, self.dv).to(x.dtype), z, self.norm.weight, self.eps, False)
+        # The gated output norm (ops.gated_rms_norm: norm in fp32, cast, weight, then the gate in fp32).
+        h = F.rms_norm(out.view(t, self.hv, self.dv).to(x.dtype).float(), (self.dv,), eps=self.eps).to(x.dtype)
+        y = (self.norm.weight * h * F.silu(z.float())).to(x.dtype)
         return F.linear(y.reshape(t, self.value_dim), self.out_proj.weight)
 
     def _heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
