@@ -4,6 +4,7 @@
 import {
   FLAME, header, showEngine, engineInfo, loadSettings, settingsForm, saveSettings, postJSON, store, escapeHtml, fmt, ms,
 } from "./common.js";
+import { highlight } from "./highlight.js";
 
 const SETTINGS_ICON = `<svg viewBox="0 0 24 24" fill="none" stroke="currentColor" stroke-width="2" stroke-linecap="round"><path d="M4 6h10M18 6h2M4 12h4M12 12h8M4 18h12M20 18h0"/><circle cx="16" cy="6" r="2"/><circle cx="10" cy="12" r="2"/><circle cx="18" cy="18" r="2"/></svg>`;
 const SUGGESTIONS = [
@@ -32,7 +33,7 @@ function renderText(text) {
     html += paragraphs(rest.slice(0, m.index));
     const lang = m[1] || "code";
     html += `<div class="codeblock"><header><span>${escapeHtml(lang)}</span><button type="button" data-copy>Copy</button></header>`
-      + `<pre><code>${escapeHtml(m[2].replace(/\n$/, ""))}</code></pre></div>`;
+      + `<pre><code>${highlight(m[2].replace(/\n$/, ""))}</code></pre></div>`;
     rest = rest.slice(m.index + m[0].length);
   }
   return html + paragraphs(rest);

@@ -157,6 +157,12 @@ function showConfig(c) {
     return `<label class="field"><span class="row">${escapeHtml(s.key)}</span>${input}</label>`;
   }).join("");
   document.querySelectorAll("[data-key]").forEach((node) => node.addEventListener("change", plan));
+  // "off" drafts nothing: clear the draft count with it, as the config requires.
+  $('[data-key="spec.backend"]').addEventListener("change", (e) => {
+    const drafts = $('[data-key="spec.draft_tokens"]');
+    if (e.target.value === "off") drafts.value = 0;
+    else if (Number(drafts.value) === 0) drafts.value = c.backends.drafter_width ?? 1;
+  }, { capture: true });
   $('[data-testid="command"]').textContent = c.command;
   $('[data-testid="command-note"]').textContent = "This line serves what runs now.";
 }
