@@ -7,12 +7,14 @@ A machine without Chromium fails the browser test with what to install; it is ne
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import shlex
 import signal
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,6 +108,15 @@ def test_the_pages_and_every_file_they_load_come_from_the_package_with_nothing_f
     assert httpx.get(f"{server.url}/playground/static/chat.js").headers["content-type"].startswith("text/javascript")
     missing = httpx.get(f"{server.url}/playground/static/nope.js")
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
+
+
+def test_every_static_file_is_package_data_so_an_installed_wheel_serves_the_pages() -> None:
+    project = tomllib.loads((STATIC.parents[3] / "pyproject.toml").read_text())
+    setuptools = project["tool"]["setuptools"]
+    assert "ignis.server.playground" in setuptools["packages"]
+    patterns = setuptools["package-data"]["ignis.server.playground"]
+    for f in STATIC.iterdir():
+        assert any(fnmatch.fnmatch(f"static/{f.name}", p) for p in patterns), f.name
 
 
 def test_metrics_json_carries_the_numbers_of_metrics_and_what_the_engine_runs(server: Server) -> None:
