@@ -257,8 +257,12 @@ def test_chat_streams_with_timings_stops_frees_the_lane_survives_a_reload_and_th
     time.sleep(0.5)
     assert scrape(server)["ignis_generation_tokens_total"] == generated  # nothing runs on after the stop
 
-    # A reload keeps the conversation, timings and all.
+    # A reload keeps the conversation, timings and all, and the theme picked.
+    theme = page.get_attribute("html", "data-theme")
+    page.click('[data-testid="theme"]')
+    assert page.get_attribute("html", "data-theme") == {"light": "dark", "dark": "light"}[theme]
     page.reload()
+    assert page.get_attribute("html", "data-theme") != theme
     page.wait_for_selector('[data-testid="message"][data-index="3"]')
     assert _reply(page, 1) == reply and _reply(page, 3)["text"] == stopped
     assert page.input_value('[data-setting="max_tokens"]') == "3000"

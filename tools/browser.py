@@ -1,8 +1,8 @@
 """Headless Chromium for the Playground's browser test and screenshots: Debian's `chromium` driven by Playwright.
 
 Owns: finding the browser (no browser is ever downloaded: `playwright install` is not used, the system's Chromium
-is) and the flags that keep it offline and quiet. Does not own: what is done with the page (tests/test_playground_browser.py,
-tools/playground_screenshots.py).
+is) and the flags that keep it offline and quiet. Does not own: what is done with the page (tests/test_playground.py,
+tools.playground_screenshots).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Screenshots of the Playground for the README: Chat with a streamed reply and the Monitor under load, light and dark.
 
-    python tools/playground_screenshots.py                  # starts ignis serve (built-in model, dflash2 at 7, CPU)
-    python tools/playground_screenshots.py --url http://127.0.0.1:8000 --out docs
+    python -m tools.playground_screenshots                  # starts ignis serve (built-in model, dflash2 at 7, CPU)
+    python -m tools.playground_screenshots --url http://127.0.0.1:8000 --out docs
 
 Owns: the scene (a conversation, background requests so the Monitor's charts move) and the files
 `playground-{chat,monitor}-{light,dark}.png`. Does not own: the browser (tools/browser.py) or the pages.
@@ -20,8 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from browser import chromium  # noqa: E402
+from tools.browser import chromium
 
 PROMPT = "Write a Python class for a binary search tree with insert, delete and search."
 BACKGROUND = [

@@ -89,7 +89,7 @@ def carried(cfg: IgnisConfig) -> Carried:
     return Carried(mtp=target.mtp_num_hidden_layers > 0, drafter_width=width, drafter_problem=problem)
 
 
-def _accepts(key: str, cfg: IgnisConfig) -> dict[str, Any]:
+def _accepts(key: str) -> dict[str, Any]:
     """What `key` accepts, for the form: `choices`, or `min`/`max`."""
     section, name = key.split(".")
     cls = SECTIONS[section]
@@ -139,7 +139,7 @@ async def describe(request: Request) -> Response:
             "drafter_problem": have.drafter_problem,
         },
         "settings": [
-            {"key": key, "value": tree[key.split(".")[0]][key.split(".")[1]], "restart": True, **_accepts(key, cfg)}
+            {"key": key, "value": tree[key.split(".")[0]][key.split(".")[1]], "restart": True, **_accepts(key)}
             for key in KEYS
         ],
     })

@@ -86,7 +86,8 @@ function draw() {
   $('[data-now="tpr"]').textContent = lastOf("tpr") ? fmt(lastOf("tpr"), 2) : "";
   $('[data-now="tps"]').textContent = `${fmt(lastOf("tps") ?? 0, 0)} tok/s`;
   $('[data-now="rps"]').textContent = `${fmt(lastOf("rps") ?? 0, 1)} /s`;
-  $('[data-now="lanes"]').textContent = `${s.running} busy · ${s.waiting} queued`;
+  $('[data-now="lanes"]').innerHTML = `<span style="color:var(--chart-1)">●</span> ${s.running} busy · `
+    + `<span style="color:var(--chart-4)">●</span> ${s.waiting} queued`;
 
   const k = engine?.draft_tokens ?? 0;
   lineChart($('[data-testid="chart-tpr"]'), [{ values: series.tpr, color: css("--chart-1"), fill: true }],
