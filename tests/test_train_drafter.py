@@ -1,0 +1,158 @@
+"""`ignis train-drafter` on a random Qwen3.5 checkpoint of another shape: the drafter it writes loads with dflash2
+and keeps greedy output equal to off, an interrupted run resumes to the same weights, and bad input is refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from engines import run
+from ignis.artifact import BUILTIN
+from ignis.cli import main
+from ignis.config import load_config
+from ignis.engine.core import Engine
+from ignis.params import SamplingParams
+from ignis.train.loop import Loop
+from tiny import single_thread, tiny_checkpoint  # noqa: F401 - single_thread is a fixture
+
+# Not the built-in shape (8 layers of 384, tied head) nor tests' TINY: 6 layers of 96, 3 query heads on one K/V
+# head, an untied output head, and the built-in tokenizer so text and chat prompts work.
+SHAPE: dict[str, Any] = {"vocab_size": 8192, "hidden_size": 96, "num_hidden_layers": 6, "intermediate_size": 160,
+                         "num_attention_heads": 3, "num_key_value_heads": 1, "eos_token_id": [2, 0]}
+SMALL = ["--window", "24", "--gen-tokens", "12", "--eval-tokens", "12", "--layers", "2", "--intermediate-size", "64",
+         "--selector-rank", "8", "--selector-top-k", "4", "--batch", "4", "--anchors", "4", "--warmup", "2",
+         "--set", "engine.lanes=4"]
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("target")
+    tiny_checkpoint(path, seed=5, mtp=False, **SHAPE)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(BUILTIN / name, path / name)
+    return path
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A text file, a chat JSONL (its old assistant answers are dropped) and a prompts JSONL."""
+    path = tmp_path_factory.mktemp("data")
+    shutil.copy(Path(__file__).parent.parent / "ignis" / "acceptance.py", path / "code.py")
+    chats = [{"messages": [{"role": "user", "content": f"Write function number {i}."},
+                           {"role": "assistant", "content": "an answer from another model"}]} for i in range(6)]
+    (path / "chat.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chats))
+    (path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"def f{i}(x):"}) + "\n" for i in range(6)))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def quiet_logging() -> Iterator[None]:
+    import logging
+
+    import structlog
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    structlog.reset_defaults()
+
+
+def _engine(target: Path, backend: str = "off", **spec: Any) -> Engine:
+    overrides = {"model.path": str(target), "spec.backend": backend, "log.level": "warning", "engine.lanes": 3,
+                 **{f"spec.{k}": v for k, v in spec.items()}}
+    return Engine(load_config(profile="cpu", overrides=overrides))
+
+
+def test_trained_drafter_loads_and_keeps_greedy_output_equal_to_off(target: Path, data: Path, tmp_path: Path,
+                                                                     single_thread: None) -> None:
+    out = tmp_path / "drafter"
+    rc = main(["train-drafter", str(target), "--data", str(data), "--out", str(out), "--steps", "3",
+               "--held-out", "2", "--shortlist", "300", *SMALL])
+    assert rc == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["DFlash2DraftModel"] and config["block_size"] == 8
+    assert config["dflash_config"]["target_layer_ids"] == [1, 2, 3]  # spread over the 6 layers as the reference does
+    assert config["hidden_size"] == 96 and config["num_hidden_layers"] == 2
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["steps"] == 3 and summary["greedy_equal_to_off"] == "2/2" and summary["draft_tokens"] == 7
+    assert summary["greedy_tokens_per_round"] >= 1.0 and summary["sequences"] > 10
+
+    prompts = [[1, 882, 198, 9, 44, 71], [100, 200, 300], list(range(10, 40))]
+    greedy = SamplingParams(max_tokens=20, temperature=0.0)
+    want = {i: d.token_ids for i, d in run(_engine(target), prompts, greedy).items()}
+    for head in ("full", "shortlist"):
+        spec = _engine(target, "dflash2", draft_tokens=7, drafter=str(out), draft_head=head)
+        got = run(spec, prompts, greedy)
+        assert {i: d.token_ids for i, d in got.items()} == want, head
+        assert all(d.stats is not None and d.stats.drafted > 0 for d in got.values())
+
+
+def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(
+        target: Path, data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, single_thread: None) -> None:
+    args = ["--data", str(data), "--steps", "6", "--held-out", "0", "--checkpoint-every", "0", *SMALL]
+    assert main(["train-drafter", str(target), "--out", str(tmp_path / "whole"), *args]) == 0
+
+    out = tmp_path / "cut"
+    step = Loop.step
+
+    def stop_after(n: int, error: BaseException) -> None:
+        def cut(self: Loop, progress: float) -> dict[str, float]:
+            seen = step(self, progress)
+            if self.counters.step == n:
+                raise error
+            return seen
+
+        monkeypatch.setattr(Loop, "step", cut)
+
+    stop_after(2, KeyboardInterrupt())  # Ctrl-C: the checkpoint holds step 2
+    assert main(["train-drafter", str(target), "--out", str(out), *args]) == 130
+    data_files = {f: f.stat().st_mtime_ns for f in (out / "run" / "data").iterdir()}
+    stop_after(4, RuntimeError("power cut"))  # a crash before step 4's checkpoint: the last one holds step 3
+    with pytest.raises(RuntimeError, match="power cut"):
+        main(["train-drafter", str(target), "--out", str(out), *args])
+    monkeypatch.setattr(Loop, "step", step)
+    assert main(["train-drafter", str(target), "--out", str(out), *args]) == 0
+
+    log = (out / "run" / "train.log").read_text()
+    assert "resumed at step 2" in log and "resumed at step 3" in log
+    assert {f: f.stat().st_mtime_ns for f in (out / "run" / "data").iterdir()} == data_files  # not generated again
+    whole = torch.load(tmp_path / "whole" / "run" / "checkpoint.pt", weights_only=True)
+    cut = torch.load(out / "run" / "checkpoint.pt", weights_only=True)
+    assert cut["counters"]["step"] == whole["counters"]["step"] == 6
+    for name, tensor in whole["drafter"].items():
+        assert torch.equal(cut["drafter"][name], tensor), name
+
+    changed = main(["train-drafter", str(target), "--out", str(out), *args, "--lr", "1e-3"])
+    assert changed == 2  # another recipe in the same directory is refused, not silently mixed
+
+
+@pytest.mark.parametrize(("extra", "needle"), [
+    (["--steps", "0"], "--time-budget: give a budget"),
+    (["--steps", "2", "--time-budget", "soon"], "--time-budget: expected seconds"),
+    (["--steps", "2", "--block-size", "1"], "--block-size"),
+    (["--steps", "2", "--taps", "1,99"], "target_layer_ids"),
+    (["--steps", "2", "--mask-token-id", "9000"], "--mask-token-id"),
+])
+def test_bad_settings_exit_2_naming_the_flag(target: Path, data: Path, tmp_path: Path, extra: list[str], needle: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["train-drafter", str(target), "--data", str(data), "--out", str(tmp_path / "d"), *extra])
+    assert rc == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_bad_data_is_refused_with_the_file_and_line(target: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "fine"}\n{"messages": "not a list"}\n')
+    rc = main(["train-drafter", str(target), "--data", str(bad), "--out", str(tmp_path / "d"), "--steps", "1"])
+    assert rc == 2
+    assert f"{bad}:2: messages must be a list" in capsys.readouterr().err
+    assert not (tmp_path / "d" / "run" / "settings.json").exists()  # a corrected rerun is not refused as "other settings"
