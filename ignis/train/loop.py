@@ -25,7 +25,7 @@ import torch
 from ignis.backends.dflash2.model import DrafterModel
 from ignis.train.generate import Sequences
 from ignis.train.progress import Progress
-from ignis.train.recipe import anchors_for, losses
+from ignis.train.recipe import anchors_for, losses, slot_weights
 
 Features = Callable[[list[int], torch.Tensor, list[int]], torch.Tensor]  # (rows, tokens [b, S], lengths) -> [b, S, F]
 
@@ -87,7 +87,7 @@ class Loop:
         longest = sorted(self.rows.tolist(), key=lambda r: -int(self.data.starts[r + 1] - self.data.starts[r]))[:n]
         tokens, mask = self.data.batch(longest)
         anchors = anchors_for(mask, self.recipe.anchors, torch.Generator().manual_seed(0))
-        self._backward(longest, tokens, mask, anchors, 1.0)
+        self._backward(longest, tokens, mask, anchors, None)
         self.opt.zero_grad(set_to_none=True)
 
     def step(self, progress: float) -> dict[str, float]:
@@ -99,13 +99,13 @@ class Loop:
         for group in self.opt.param_groups:
             group["lr"] = lr
         self.opt.zero_grad(set_to_none=True)
+        norm = slot_weights(mask, anchors, self.drafter.config.width, r.gamma).sum().to(self.device)
         sums: dict[str, float] = {}
         for lo in range(0, r.batch, self.micro):
             part = slice(lo, lo + self.micro)
-            n = len(picks[part])
-            seen = self._backward(picks[part], tokens[part], mask[part], anchors[part], n / r.batch)
-            for key, v in seen.items():  # losses are means (weighted by share), counts add up
-                sums[key] = sums.get(key, 0.0) + (v if key.startswith(("accepted", "blocks")) else v * n / r.batch)
+            seen = self._backward(picks[part], tokens[part], mask[part], anchors[part], norm)
+            for key, v in seen.items():  # the parts' losses are shares of the whole's, and counts add up
+                sums[key] = sums.get(key, 0.0) + v
         norm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), 1.0)
         self.opt.step()
         self.counters.step += 1
@@ -114,7 +114,7 @@ class Loop:
         return sums
 
     def _backward(self, picks: list[int], tokens: torch.Tensor, mask: torch.Tensor, anchors: torch.Tensor,
-                  share: float) -> dict[str, float]:
+                  norm: torch.Tensor | None) -> dict[str, float]:
         lengths = [int(self.data.starts[p + 1] - self.data.starts[p]) for p in picks]
         seq = max(lengths)
         tokens, mask = tokens[:, :seq].to(self.device), mask[:, :seq].to(self.device)
@@ -122,8 +122,8 @@ class Loop:
         cuda = self.device.type == "cuda"
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cuda):
             out = losses(self.drafter, self.embed, self.head, taps, tokens, mask, anchors.to(self.device),
-                         self.recipe.gamma)
-        (out["loss"] * share).backward()
+                         self.recipe.gamma, norm)
+        out["loss"].backward()
         return {k: float(v.detach()) for k, v in out.items()}
 
     def run(self, budget: Budget, checkpoint: Path, every_s: float, log: Callable[[str], None]) -> None:

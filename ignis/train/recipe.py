@@ -39,6 +39,21 @@ def anchors_for(mask: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tenso
     return torch.where(top.values >= 0, top.indices, torch.zeros_like(top.indices))
 
 
+def slot_weights(
+    mask: torch.Tensor,  # [b, S] bool
+    anchors: torch.Tensor,  # [b, N] int64
+    width: int,  # drafts a block
+    gamma: float,
+) -> torch.Tensor:
+    """[b * N, width] float32: exp(-(k-1)/gamma) for slot k where x_{a+k} is a completion token, else 0."""
+    b, seq = mask.shape
+    owner = torch.arange(b, device=mask.device).repeat_interleave(anchors.shape[1])
+    a = anchors.reshape(-1)
+    q_pos = a[:, None] + torch.arange(1, width + 1, device=mask.device)  # [n, k]
+    valid = mask[owner[:, None], q_pos.clamp(max=seq - 1)] & (q_pos < seq) & mask[owner, a][:, None]
+    return torch.exp(-torch.arange(width, device=mask.device) / gamma) * valid
+
+
 def losses(
     model: DrafterModel,
     embed: torch.Tensor,  # [V, H] the target's input embedding
@@ -48,9 +63,13 @@ def losses(
     mask: torch.Tensor,  # [b, S] bool: completion tokens (the target's own), the rest is prompt or padding
     anchors: torch.Tensor,  # [b, N] int64
     gamma: float,
+    norm: torch.Tensor | None = None,  # [] the slot-weight sum to divide by; None: these blocks' own
 ) -> dict[str, torch.Tensor]:
     """The losses ("loss", "unary", "selector") and teacher-forced counts ("accepted_unary", "accepted_selector",
-    "blocks": blocks whose every slot has a label); 1 + accepted / blocks is tokens a round on greedy data."""
+    "blocks": blocks whose every slot has a label); 1 + accepted / blocks is tokens a round on greedy data.
+
+    The losses are weighted sums divided by `norm`: a step split into micro-batches passes the whole batch's
+    `slot_weights(...).sum()`, so the parts' losses and gradients add up to the whole's exactly."""
     cfg = model.config
     b, seq = tokens.shape
     k, dev = cfg.width, tokens.device
@@ -61,15 +80,15 @@ def losses(
     q_pos = a[:, None] + torch.arange(k + 1, device=dev)  # [n, B]
     at = q_pos[:, 1:].clamp(max=seq - 1)
     labels = tokens[owner[:, None], at]  # [n, k]
-    valid = mask[owner[:, None], at] & (q_pos[:, 1:] < seq) & mask[owner, a][:, None]
     ids = torch.cat([tokens[owner, a][:, None], torch.full_like(labels, cfg.mask_token_id)], dim=1)
     x = F.embedding(ids, embed) * cfg.input_embedding_scale
     ctx = [(kk.view(b, seq, *kk.shape[1:])[owner], vv.view(b, seq, *vv.shape[1:])[owner]) for kk, vv in kv]
     masks = [block_mask(cfg, i, pos.expand(a.shape[0], -1), q_pos) for i in range(cfg.num_layers)]
     hidden = model.block(x, q_pos, ctx, masks)[:, 1:]  # [n, k, H]
     logits = transform(cfg, F.linear(hidden, head).float())  # [n, k, V]
-    weight = torch.exp(-torch.arange(k, device=dev) / gamma) * valid  # [n, k]
-    norm = weight.sum().clamp_min(1e-6)
+    weight = slot_weights(mask, anchors, k, gamma)  # [n, k]
+    valid = weight > 0
+    norm = (weight.sum() if norm is None else norm).clamp_min(1e-6)
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
     out = {"unary": (ce.view_as(weight) * weight).sum() / norm}
     unary_pick = logits.argmax(-1)

@@ -58,7 +58,7 @@ def main() -> None:
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", type=Path, nargs="+", help="text files, tokenized with <model>/tokenizer.json")
     src.add_argument("--ids", type=Path, nargs="+", help=".npy files of token ids")
-    src.add_argument("--counts", type=Path, help=".npy of per-token counts [vocab] (train_drafter writes one)")
+    src.add_argument("--counts", type=Path, help=".npy of per-token counts [vocab]")
     ap.add_argument("--exclude", type=int, nargs="*", default=[], help="ids never to include (the mask token)")
     args = ap.parse_args()
     from ignis.model.config import ModelConfig
