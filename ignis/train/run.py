@@ -114,8 +114,12 @@ def train_drafter(o: Options) -> dict[str, Any]:
     loop.micro = memory.fit_micro_batch(loop.probe, o.batch, loop.optimizer_bytes(), device)
     if loop.micro < o.batch:
         log(f"memory: {loop.micro} sequences per micro-batch, {-(-o.batch // loop.micro)} per step")
-    spent = time.monotonic() - t0
-    train_s = max(1.0, budget_s - spent - reserve + loop.counters.seconds) if budget_s else 0.0
+    # The time budget covers the whole run: what the first run to reach training spent before it (generation, taps)
+    # is kept, so a resumed run trains for what is left rather than starting the clock again.
+    before = run / "before_training_s"
+    if not before.is_file():
+        before.write_text(f"{time.monotonic() - t0:.1f}")
+    train_s = max(1.0, budget_s - float(before.read_text()) - reserve) if budget_s else 0.0
     loop.run(Budget(o.steps, o.train_tokens, train_s), checkpoint, o.checkpoint_every, log)
 
     save_drafter(out, cfg_json, drafter, torch.bfloat16)
