@@ -129,7 +129,7 @@ def _train_drafter(args: argparse.Namespace) -> int:
     try:
         train_drafter(options)
     except KeyboardInterrupt:
-        print("ignis: interrupted; the checkpoint is written: run the same command to continue", file=sys.stderr)
+        print("ignis: interrupted; run the same command to continue where it stopped", file=sys.stderr)
         return 130
     return 0
 

@@ -134,6 +134,15 @@ def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(
     assert changed == 2  # another recipe in the same directory is refused, not silently mixed
 
 
+def test_a_time_budget_ends_the_run(target: Path, data: Path, tmp_path: Path, single_thread: None) -> None:
+    out = tmp_path / "timed"
+    # 8 s in all: what generation took is spent, and the evaluation's reserve (20 s at least) leaves the 1 s minimum.
+    assert main(["train-drafter", str(target), "--data", str(data), "--out", str(out), "--time-budget", "8s",
+                 "--held-out", "0", *SMALL]) == 0
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["steps"] >= 1 and 1.0 <= summary["train_seconds"] < 3.0
+
+
 @pytest.mark.parametrize(("extra", "needle"), [
     (["--steps", "0"], "--time-budget: give a budget"),
     (["--steps", "2", "--time-budget", "soon"], "--time-budget: expected seconds"),

@@ -78,6 +78,7 @@ class Loop:
         self.gen = torch.Generator().manual_seed(recipe.seed)
         self.counters = Counters()
         self.micro = recipe.batch
+        self.last: dict[str, float] = {}  # the latest step's losses and counts
 
     def optimizer_bytes(self) -> int:
         return 2 * sum(p.numel() * 4 for p in self.drafter.parameters())
@@ -135,7 +136,7 @@ class Loop:
         try:
             while (p := budget.progress(c.step, c.tokens, c.seconds)) < 1.0:
                 t0 = time.monotonic()
-                seen = self.step(p)
+                seen = self.last = self.step(p)
                 _sync(self.device)
                 c.seconds += time.monotonic() - t0
                 if c.step <= 3 or c.step % 100 == 0:

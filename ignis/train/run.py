@@ -47,7 +47,8 @@ class Log:
         stamp = time.strftime("%H:%M:%S")
         with self.path.open("a") as f:
             f.write(f"{stamp} {line}\n")
-        print(f"ignis train-drafter: {line}", file=sys.stderr, flush=True)
+        clear = "\r\x1b[K" if sys.stderr.isatty() else ""  # over a progress bar's line
+        print(f"{clear}ignis train-drafter: {line}", file=sys.stderr, flush=True)
 
 
 def train_drafter(o: Options) -> dict[str, Any]:
@@ -126,14 +127,16 @@ def train_drafter(o: Options) -> dict[str, Any]:
     if o.shortlist:
         counts = torch.from_numpy(data.counts(target.vocab_size))
         shortlist.build(head, out / SHORTLIST, counts, o.shortlist, exclude=(cfg.mask_token_id,))
+    c, last = loop.counters, loop.last
     del loop, drafter, features, model, embed, head
     _free(device)
     result = evaluate(overrides, o.profile, str(out), cfg.width, [list(p.ids) for p in held], o.eval_tokens,
                       o.seed) if held else {}
-    c = torch.load(checkpoint, weights_only=True)["counters"]
     summary = {"target": str(model_dir), "data": list(o.data), "sequences": len(data),
-               "completion_tokens": data.completion_tokens, "steps": c["step"], "train_tokens": c["tokens"],
-               "train_seconds": round(c["seconds"], 1), "tap_seconds": round(tap_s, 1), "params": params,
+               "completion_tokens": data.completion_tokens, "steps": c.step, "train_tokens": c.tokens,
+               "train_seconds": round(c.seconds, 1), "tap_seconds": round(tap_s, 1), "params": params,
+               "last_loss": round(last.get("loss", float("nan")), 4),
+               "last_teacher_forced_tokens_per_round": round(last.get("tau", float("nan")), 3),
                "seconds": round(time.monotonic() - t0, 1), "device": _device_name(device), **result}
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     log("summary " + json.dumps(summary))
