@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import re
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from ignis.errors import InputError

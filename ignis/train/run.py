@@ -32,9 +32,9 @@ from ignis.model.config import ModelConfig
 from ignis.tokenizer import Tokenizer
 from ignis.train import generate, memory, prompts, recipe, shortlist
 from ignis.train.evaluate import evaluate
-from ignis.train.loop import Budget, Features, Loop, Recipe
+from ignis.train.loop import Budget, Loop, Recipe
 from ignis.train.options import Options
-from ignis.train.taps import Tapper
+from ignis.train.taps import tap_features
 
 MASK_NAMES = ("<|mask|>", "<|MASK|>", "<mask>", "[MASK]")
 
@@ -99,7 +99,7 @@ def train_drafter(o: Options) -> dict[str, Any]:
     log(f"data: {len(data)} sequences, {data.completion_tokens} completion tokens")
 
     dtype = next(model.parameters()).dtype
-    features, tap_s = _features(o, model, cfg, data, device, dtype, log)
+    features, tap_s = tap_features(model, cfg.target_layer_ids, data, device, dtype, o.tap_cache, log)
     torch.manual_seed(o.seed)
     drafter = DrafterModel(cfg).to(device)
     embed = model.embed_tokens.weight
@@ -141,41 +141,6 @@ def train_drafter(o: Options) -> dict[str, Any]:
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     log("summary " + json.dumps(summary))
     return summary
-
-
-def _features(o: Options, model: Any, cfg: DrafterConfig, data: generate.Sequences, device: torch.device,
-              dtype: torch.dtype, log: Log) -> tuple[Features, float]:
-    """Tap features: all computed once and kept (when they fit, or --tap-cache on), else the target runs each step."""
-    tapper = Tapper(model, cfg.target_layer_ids, device, dtype)
-    nbytes = int(data.tokens.size) * tapper.width * torch.finfo(dtype).bits // 8
-    keep = o.tap_cache == "on" or (o.tap_cache == "auto" and memory.tap_cache_fits(nbytes, device))
-    if not keep:
-        log(f"taps: computed each step ({nbytes / 2**30:.1f} GiB would not fit beside the target)")
-        return (lambda rows, tokens, lengths: tapper(tokens, lengths)), 0.0
-    t0 = time.monotonic()
-    flat = torch.empty((int(data.tokens.size), tapper.width), dtype=dtype, device=device)
-    lengths = data.lengths()
-    rows: list[int] = []
-    for i in range(len(data) + 1):
-        if rows and (i == len(data) or sum(int(lengths[r]) for r in rows) + int(lengths[i]) > 16384):
-            tokens, _ = data.batch(rows)
-            taps = tapper(tokens, [int(lengths[r]) for r in rows])
-            for j, r in enumerate(rows):
-                flat[int(data.starts[r]) : int(data.starts[r + 1])] = taps[j, : int(lengths[r])]
-            rows = []
-        if i < len(data):
-            rows.append(i)
-    tapper.cache = None
-    seconds = time.monotonic() - t0
-    log(f"taps: {nbytes / 2**30:.2f} GiB kept in memory, computed in {seconds:.0f} s")
-
-    def cached(picks: list[int], tokens: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-        out = torch.zeros((len(picks), tokens.shape[1], flat.shape[1]), dtype=dtype, device=device)
-        for j, (r, n) in enumerate(zip(picks, lengths)):
-            out[j, :n] = flat[int(data.starts[r]) : int(data.starts[r]) + n]
-        return out
-
-    return cached, seconds
 
 
 def _mask_id(o: Options, tok: Tokenizer, target: ModelConfig) -> int:
