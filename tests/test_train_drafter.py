@@ -17,6 +17,7 @@ from ignis.artifact import BUILTIN
 from ignis.cli import main
 from ignis.config import load_config
 from ignis.engine.core import Engine
+from ignis.errors import InputError
 from ignis.params import SamplingParams
 from ignis.train.loop import Loop
 from tiny import single_thread, tiny_checkpoint  # noqa: F401 - single_thread is a fixture
@@ -165,3 +166,24 @@ def test_bad_data_is_refused_with_the_file_and_line(target: Path, tmp_path: Path
     assert rc == 2
     assert f"{bad}:2: messages must be a list" in capsys.readouterr().err
     assert not (tmp_path / "d" / "run" / "settings.json").exists()  # a corrected rerun is not refused as "other settings"
+
+
+def test_prompts_from_text_chat_and_prompt_files(data: Path) -> None:
+    from ignis.tokenizer import Tokenizer
+    from ignis.train.prompts import read_prompts, split
+
+    tok = Tokenizer.from_dir(BUILTIN)
+    got = read_prompts([data], tok, window=24, stride=12, vocab=8192)
+    chats = [p for p in got if "chat.jsonl" in p.source]
+    assert len(chats) == 6
+    text = tok.decode(list(chats[0].ids), skip_special_tokens=False)
+    assert "Write function number 0." in text and "another model" not in text  # the old answer is dropped
+    assert text.endswith("<|im_start|>assistant\n")  # the target writes the answer
+    code = [p for p in got if "code.py" in p.source]
+    ids = tok.encode((data / "code.py").read_text())
+    assert [p.ids for p in code] == [tuple(ids[i : i + 24]) for i in range(0, len(ids) - 12, 36)]
+    assert sum("prompts.jsonl" in p.source for p in got) == 6
+    train, held = split(got, 4, seed=0)
+    assert len(held) == 4 and len(train) == len(got) - 4 and not set(held) & set(train)
+    with pytest.raises(InputError, match="outside the model's vocabulary"):
+        read_prompts([data], tok, window=24, stride=12, vocab=100)

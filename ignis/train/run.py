@@ -27,7 +27,7 @@ from ignis.backends.dflash2.model import DrafterModel
 from ignis.backends.dflash2.weights import SHORTLIST, save_drafter, spread_layer_ids
 from ignis.config import load_config, parse_overrides
 from ignis.engine.core import Engine
-from ignis.errors import InputError
+from ignis.errors import ArtifactError, InputError
 from ignis.model.config import ModelConfig
 from ignis.tokenizer import Tokenizer
 from ignis.train import generate, memory, prompts, recipe, shortlist
@@ -71,7 +71,7 @@ def train_drafter(o: Options) -> dict[str, Any]:
         target_layer_ids=list(o.taps) or spread_layer_ids(target.num_hidden_layers, 5))
     try:
         cfg = DrafterConfig.from_dict(cfg_json, target)
-    except Exception as e:
+    except ArtifactError as e:  # a shape the flags asked for that this target cannot carry
         raise InputError("--taps" if "target_layer_ids" in str(e) else "drafter", str(e)) from e
 
     everything = prompts.read_prompts([Path(d) for d in o.data], tok, window=o.window, stride=o.gen_tokens,
@@ -93,7 +93,8 @@ def train_drafter(o: Options) -> dict[str, Any]:
     reserve = max(20.0, 0.05 * budget_s) if budget_s else 0.0
     gen_deadline = t0 + o.gen_share * budget_s if budget_s else float("inf")
     data = generate.generate(engine, train_prompts, o.gen_tokens, o.seed, run / "data", gen_deadline)
-    del engine  # its lane caches; the model stays for the taps
+    del engine  # its lane caches and graphs; the model stays for the taps
+    _free(device)
     if len(data) == 0:
         raise InputError("--time-budget", "no completion finished within the generation share of the budget")
     log(f"data: {len(data)} sequences, {data.completion_tokens} completion tokens")
