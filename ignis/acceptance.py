@@ -88,14 +88,34 @@ def measure(engine: Engine, prompts: list[list[int]], params: SamplingParams, su
     tally = Tally(engine.backend.name, engine.backend.draft_tokens, suite)
     stop = list(engine.info.eos_token_ids)
     t0 = time.perf_counter()
-    for i, ids in enumerate(prompts):
-        engine.add(EngineRequest(id=str(i), prompt_token_ids=ids, params=params, stop_token_ids=stop))
-    outputs = drain(engine, len(prompts))
+    requests = [EngineRequest(id=str(i), prompt_token_ids=ids, params=params, stop_token_ids=stop)
+                for i, ids in enumerate(prompts)]
+    outputs = run_all(engine, requests)
     tally.seconds = time.perf_counter() - t0
     for i in range(len(prompts)):
         tokens, stats = outputs[str(i)]
         tally.add(stats, tokens)
     return tally, [outputs[str(i)][0] for i in range(len(prompts))]
+
+
+def run_all(engine: Engine, requests: list[EngineRequest]) -> dict[str, tuple[list[int], RequestStats]]:
+    """Run every request to its end, with no more in the engine at once than its lanes plus half its waiting room
+    (so any number fits under engine.max_waiting); each request's emitted tokens and final stats by id."""
+    window = engine.info.lanes + max(1, engine.config.engine.max_waiting // 2)
+    waiting = list(reversed(requests))
+    tokens: dict[str, list[int]] = {}
+    done: dict[str, tuple[list[int], RequestStats]] = {}
+    in_flight = 0
+    while len(done) < len(requests):
+        while waiting and in_flight < window:
+            engine.add(waiting.pop())
+            in_flight += 1
+        for d in engine.step():
+            tokens.setdefault(d.id, []).extend(d.token_ids)
+            if d.finished:
+                done[d.id] = (tokens.pop(d.id), d.stats if d.stats is not None else RequestStats())
+                in_flight -= 1
+    return done
 
 
 def drain(engine: Engine, n: int) -> dict[str, tuple[list[int], RequestStats]]:

@@ -68,6 +68,13 @@ def test_tokens_per_round_leave_out_the_prefills_first_token(ckpt: Path) -> None
     assert spec.tokens_per_round == (spec.tokens - 3) / spec.rounds <= 1.0 + spec.accepted / spec.rounds
 
 
+def test_more_prompts_than_the_queue_holds_are_fed_as_lanes_free(ckpt: Path) -> None:
+    ps = prompts(8, VOCAB, seed=9, lo=5, hi=20)
+    engine = make_engine(ckpt, "off", lanes=2, max_waiting=2)  # at most 4 queued at once
+    tally, outputs = measure(engine, ps, SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True), "code")
+    assert tally.prompts == 8 and [len(o) for o in outputs] == [3] * 8
+
+
 def test_an_output_loops_when_its_last_64_tokens_repeat_a_shorter_period() -> None:
     rng = random.Random(0)
     fresh = [rng.randrange(1000) for _ in range(200)]
