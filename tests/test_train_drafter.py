@@ -187,3 +187,15 @@ def test_prompts_from_text_chat_and_prompt_files(data: Path) -> None:
     assert len(held) == 4 and len(train) == len(got) - 4 and not set(held) & set(train)
     with pytest.raises(InputError, match="outside the model's vocabulary"):
         read_prompts([data], tok, window=24, stride=12, vocab=100)
+
+
+def test_generation_stops_at_its_deadline_but_not_before_a_first_completion(target: Path, tmp_path: Path) -> None:
+    from ignis.train.generate import generate
+    from ignis.train.prompts import Prompt
+
+    engine = _engine(target)  # 3 lanes
+    prompts = [Prompt((1, 2, 3 + i), f"p{i}") for i in range(10)]
+    data = generate(engine, prompts, 4, 0, tmp_path / "data", deadline=0.0)  # long past
+    assert 1 <= len(data) <= 3 and 0 < data.completion_tokens <= 4 * len(data)
+    again = generate(engine, prompts, 4, 0, tmp_path / "data", deadline=float("inf"))
+    assert len(again) == len(data)  # the cut is final: a resumed run reads the same data

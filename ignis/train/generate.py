@@ -76,19 +76,23 @@ class Sequences:
 def generate(engine: Engine, prompts: list[Prompt], max_tokens: int, seed: int, folder: Path,
              deadline: float) -> Sequences:
     """Complete `prompts` shard by shard into `folder`, skipping shards already there, until all are done or
-    time.monotonic() passes `deadline` (then the shard in progress keeps what finished). Returns every shard's data."""
+    time.monotonic() passes `deadline` (then the shard in progress keeps what finished; the deadline never ends a run
+    before its first completion). Returns every shard's data."""
     folder.mkdir(parents=True, exist_ok=True)
     marker = folder / DONE
     if not marker.is_file():
         shards = (len(prompts) + SHARD - 1) // SHARD
         have = sum((folder / _name(s)).is_file() for s in range(shards))
         bar = Progress("generate", (len(prompts) - have * SHARD) * max_tokens, "tokens")
-        made = 0
+        made, saved = 0, have  # tokens made by this run; shards with data
         for s in range(shards):
             if (folder / _name(s)).is_file():
                 continue
-            part, made, complete = _shard(engine, prompts, s, max_tokens, seed, deadline, bar, made)
+            if time.monotonic() > deadline and saved:
+                break
+            part, made, complete = _shard(engine, prompts, s, max_tokens, seed, deadline, bar, made, saved > 0)
             _save(folder / _name(s), part)
+            saved += 1
             if not complete:
                 break
         bar.close()
@@ -110,7 +114,7 @@ def load(folder: Path) -> Sequences:
 
 
 def _shard(engine: Engine, prompts: list[Prompt], s: int, max_tokens: int, seed: int, deadline: float,
-           bar: Progress, made: int) -> tuple[dict[str, np.ndarray], int, bool]:
+           bar: Progress, made: int, have_data: bool) -> tuple[dict[str, np.ndarray], int, bool]:
     first, last = s * SHARD, min((s + 1) * SHARD, len(prompts))
     window = engine.info.lanes + max(1, engine.config.engine.max_waiting // 2)  # requests in flight at once
     stop = list(engine.info.eos_token_ids)
@@ -118,7 +122,7 @@ def _shard(engine: Engine, prompts: list[Prompt], s: int, max_tokens: int, seed:
     tokens: dict[str, list[int]] = {}
     queued, complete = first, True
     while len(out) < last - first:
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline and (out or have_data):
             engine.abort([str(i) for i in range(first, queued) if i not in out])
             complete = False
             break
