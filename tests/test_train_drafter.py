@@ -20,7 +20,7 @@ from ignis.engine.core import Engine
 from ignis.errors import InputError
 from ignis.params import SamplingParams
 from ignis.train.loop import Loop
-from tiny import single_thread, tiny_checkpoint  # noqa: F401 - single_thread is a fixture
+from tiny import single_thread, tiny_checkpoint, tiny_config  # noqa: F401 - single_thread is a fixture
 
 # Not the built-in shape (8 layers of 384, tied head) nor tests' TINY: 6 layers of 96, 3 query heads on one K/V
 # head, an untied output head, and the built-in tokenizer so text and chat prompts work.
@@ -199,3 +199,25 @@ def test_generation_stops_at_its_deadline_but_not_before_a_first_completion(targ
     assert 1 <= len(data) <= 3 and 0 < data.completion_tokens <= 4 * len(data)
     again = generate(engine, prompts, 4, 0, tmp_path / "data", deadline=float("inf"))
     assert len(again) == len(data)  # the cut is final: a resumed run reads the same data
+
+
+def test_init_starts_from_a_drafters_weights_and_shape(target: Path, data: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from ignis.backends.dflash2.weights import save_random_drafter
+    from ignis.model.config import ModelConfig
+
+    start = save_random_drafter(tmp_path / "start", ModelConfig.from_dir(target), num_layers=1, taps=2,
+                                intermediate_size=64, selector_rank=8, selector_top_k=4, sliding_window=64)
+    out = tmp_path / "tuned"
+    args = ["train-drafter", str(target), "--data", str(data), "--out", str(out), "--init", str(start), "--steps", "1",
+            "--lr", "1e-12", "--warmup", "1", "--held-out", "0", *SMALL]
+    assert main(args) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config == json.loads((start / "config.json").read_text())  # its shape, not the flags' (2 layers)
+    before, after = load_file(str(start / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    for name, tensor in before.items():
+        torch.testing.assert_close(after[name].float(), tensor, rtol=1e-2, atol=1e-2)
+
+    other = save_random_drafter(tmp_path / "other", ModelConfig.from_dict(tiny_config(**{**SHAPE, "hidden_size": 64}, model_type="qwen3_5_text")))
+    assert main([*args[:7], str(other), *args[8:], "--restart"]) == 2  # built for another target: refused

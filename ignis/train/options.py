@@ -40,6 +40,7 @@ class Options:
     selector_rank: int = 64
     selector_top_k: int = 16
     mask_token_id: int | None = None
+    init: str = ""  # a drafter directory to start from ("": random); its config.json decides the shape
     shortlist: int = 0
     # the recipe and budget
     batch: int = 32
@@ -93,6 +94,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d.add_argument("--selector-top-k", type=int, default=16)
     d.add_argument("--mask-token-id", type=int, default=None,
                    help="the block filler (default: the tokenizer's mask token, else the first unused row)")
+    d.add_argument("--init", default="", metavar="DIR",
+                   help="start from this drafter's weights (e.g. one published for the base model); its config.json "
+                        "sets the shape, and the shape flags are not used")
     d.add_argument("--shortlist", type=int, default=0, metavar="N",
                    help="also write the 4-bit shortlist head of the N most frequent completion tokens")
     r = p.add_argument_group("recipe")
@@ -114,7 +118,7 @@ def from_args(args: argparse.Namespace) -> Options:
         gen_tokens=args.gen_tokens, held_out=args.held_out, eval_tokens=args.eval_tokens, layers=args.layers,
         intermediate_size=args.intermediate_size, taps=_ids(args.taps), block_size=args.block_size,
         sliding_window=args.sliding_window, selector_rank=args.selector_rank, selector_top_k=args.selector_top_k,
-        mask_token_id=args.mask_token_id, shortlist=args.shortlist, batch=args.batch, anchors=args.anchors,
+        mask_token_id=args.mask_token_id, init=args.init, shortlist=args.shortlist, batch=args.batch, anchors=args.anchors,
         lr=args.lr, warmup=args.warmup, seed=args.seed, steps=args.steps,
         train_tokens=parse_count(args.train_tokens, "--train-tokens"),
         time_budget=parse_seconds(args.time_budget, "--time-budget"), gen_share=args.gen_share,

@@ -24,11 +24,11 @@ import torch
 from ignis.artifact import BUILTIN
 from ignis.backends.dflash2.config import DrafterConfig, drafter_config_json
 from ignis.backends.dflash2.model import DrafterModel
-from ignis.backends.dflash2.weights import SHORTLIST, save_drafter, spread_layer_ids
+from ignis.backends.dflash2.weights import SHORTLIST, load_drafter, save_drafter, spread_layer_ids
 from ignis.config import load_config, parse_overrides
 from ignis.engine.core import Engine
 from ignis.errors import ArtifactError, InputError
-from ignis.model.config import ModelConfig
+from ignis.model.config import ModelConfig, read_config_json
 from ignis.tokenizer import Tokenizer
 from ignis.train import generate, memory, prompts, recipe, shortlist
 from ignis.train.evaluate import evaluate
@@ -64,15 +64,19 @@ def train_drafter(o: Options) -> dict[str, Any]:
     fingerprint = _check_resume(settings, o, model_dir)
     log = Log(run / "train.log")
     tok = Tokenizer.from_dir(model_dir)
-    cfg_json = drafter_config_json(
-        target, num_layers=o.layers, intermediate_size=o.intermediate_size or None, block_size=o.block_size,
-        sliding_window=o.sliding_window, mask_token_id=_mask_id(o, tok, target), selector_rank=o.selector_rank,
-        selector_top_k=o.selector_top_k,
-        target_layer_ids=list(o.taps) or spread_layer_ids(target.num_hidden_layers, 5))
-    try:
-        cfg = DrafterConfig.from_dict(cfg_json, target)
-    except ArtifactError as e:  # a shape the flags asked for that this target cannot carry
-        raise InputError("--taps" if "target_layer_ids" in str(e) else "drafter", str(e)) from e
+    if o.init:
+        cfg_json = read_config_json(Path(o.init) / "config.json", "--init names a drafter directory")
+        cfg = DrafterConfig.from_dict(cfg_json, target)  # refused when it does not fit this target
+    else:
+        cfg_json = drafter_config_json(
+            target, num_layers=o.layers, intermediate_size=o.intermediate_size or None, block_size=o.block_size,
+            sliding_window=o.sliding_window, mask_token_id=_mask_id(o, tok, target), selector_rank=o.selector_rank,
+            selector_top_k=o.selector_top_k,
+            target_layer_ids=list(o.taps) or spread_layer_ids(target.num_hidden_layers, 5))
+        try:
+            cfg = DrafterConfig.from_dict(cfg_json, target)
+        except ArtifactError as e:  # a shape the flags asked for that this target cannot carry
+            raise InputError("--taps" if "target_layer_ids" in str(e) else "drafter", str(e)) from e
 
     everything = prompts.read_prompts([Path(d) for d in o.data], tok, window=o.window, stride=o.gen_tokens,
                                       vocab=target.vocab_size)
@@ -103,6 +107,10 @@ def train_drafter(o: Options) -> dict[str, Any]:
     features, tap_s = tap_features(model, cfg.target_layer_ids, data, device, dtype, o.tap_cache, log)
     torch.manual_seed(o.seed)
     drafter = DrafterModel(cfg).to(device)
+    if o.init:
+        start = load_drafter(Path(o.init), cfg, device=device, dtype=torch.float32)
+        drafter.load_state_dict(start.state_dict())
+        del start
     embed = model.embed_tokens.weight
     head = embed if model.lm_head is None else model.lm_head.weight
     params = sum(p.numel() for p in drafter.parameters())
