@@ -1,8 +1,9 @@
-"""The `ignis` command: `config show`, `generate` and `serve`.
+"""The `ignis` command: `config show`, `generate`, `serve` and `train-drafter`.
 
 Owns: argument parsing, turning flags into config overrides, and the exit codes (0 done, 2 bad config, input or
 artifact with one line on stderr and no traceback, 1 any other ignis error). Does not own: config rules
-(ignis.config), generation (ignis.client.llm) or the server (ignis.server.serve, imported only by `serve`).
+(ignis.config), generation (ignis.client.llm), the server (ignis.server.serve, imported only by `serve`) or drafter
+training (ignis.train).
 Nothing heavy is imported until a command needs it, so `ignis config show` answers at once.
 """
 
@@ -50,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to listen on (server.host)")
     serve.add_argument("--port", type=int, help="port to listen on (server.port)")
     _add_config_flags(serve)
+
+    from ignis.train.options import add_arguments
+
+    train = commands.add_parser("train-drafter", help="train a dflash2 drafter for a Qwen3.5 checkpoint")
+    add_arguments(train)
+    _add_config_flags(train, config_file=False)
     return parser
 
 
@@ -60,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _config_show(args)
         if args.command == "generate":
             return _generate(args)
+        if args.command == "train-drafter":
+            return _train_drafter(args)
         return _serve(args)
     except (ConfigError, InputError, ArtifactError) as e:
         print(f"ignis: error: {e}", file=sys.stderr)
@@ -106,6 +115,23 @@ def _metrics_line(metrics: dict[str, Any], finish_reason: str | None) -> str:
     keys = ("prompt_tokens", "prompt_ms", "decode_tokens", "decode_ms", "tokens_per_s", "rounds", "drafted", "accepted")
     parts = [f"{k}={metrics[k]:.1f}" if isinstance(metrics.get(k), float) else f"{k}={metrics.get(k, 0)}" for k in keys]
     return " ".join([*parts, f"finish_reason={finish_reason}"])
+
+
+def _train_drafter(args: argparse.Namespace) -> int:
+    from ignis.train.options import from_args
+
+    options = from_args(args)  # every flag checked before the model loads
+    from ignis.logging import configure
+    from ignis.train.run import train_drafter
+
+    configure("warning")  # the run reports its own progress; the engines it builds stay quiet
+
+    try:
+        train_drafter(options)
+    except KeyboardInterrupt:
+        print("ignis: interrupted; run the same command to continue where it stopped", file=sys.stderr)
+        return 130
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:

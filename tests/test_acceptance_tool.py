@@ -1,4 +1,5 @@
-"""The acceptance tool: recorded turns replay token for token under teacher forcing, and its tallies add up."""
+"""The acceptance tool: recorded turns replay token for token under teacher forcing, its tallies add up, tokens a
+round leave out the prefill's first token, and the loop rate finds outputs that end in a cycle."""
 
 from __future__ import annotations
 
@@ -6,11 +7,14 @@ from pathlib import Path
 
 import pytest
 
+import random
+
 from engines import make_engine, prompts
-from ignis.ipc.messages import EngineRequest
+from ignis.acceptance import Tally, loops, measure
+from ignis.ipc.messages import EngineRequest, RequestStats
 from ignis.params import SamplingParams
 from tiny import tiny_checkpoint
-from tools.acceptance import measure, record, replay
+from tools.acceptance import main, record, replay
 
 VOCAB = 512
 SAMPLED = SamplingParams(max_tokens=14, temperature=1.0, top_p=0.95, top_k=20, seed=3, ignore_eos=True)
@@ -47,5 +51,62 @@ def test_replay_and_free_running_tallies(ckpt: Path) -> None:
     assert off.rounds == sum(len(t["response_token_ids"]) - 1 for t in turns) and off.tokens_per_round == 1.0
     spec = replay(str(ckpt), "cpu", "mtp", 3, turns, SAMPLED, lanes=3)
     assert 1.0 <= spec.tokens_per_round <= 4.0 and len(spec.per_position()) <= 3
-    greedy = measure(str(ckpt), "cpu", "mtp", 3, ps, SamplingParams(max_tokens=10, temperature=0.0), "greedy", 3)
-    assert greedy.prompts == 3 and greedy.accepted <= greedy.drafted
+    engine = make_engine(ckpt, "mtp", draft_tokens=3, lanes=3)
+    greedy, outputs = measure(engine, ps, SamplingParams(max_tokens=10, temperature=0.0), "greedy")
+    assert greedy.prompts == 3 and greedy.accepted <= greedy.drafted and len(outputs) == 3
+    assert greedy.tokens == sum(map(len, outputs))
+
+
+def test_tokens_per_round_leave_out_the_prefills_first_token(ckpt: Path) -> None:
+    ps = prompts(3, VOCAB, seed=8, lo=5, hi=40)
+    params = SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True)
+    off, outputs = measure(make_engine(ckpt, "off", lanes=3), ps, params, "greedy")
+    assert [len(o) for o in outputs] == [9, 9, 9]
+    assert off.rounds == 3 * 8 and off.tokens_per_round == 1.0  # 9 tokens: the prefill's first, then 8 rounds
+    spec, spec_outputs = measure(make_engine(ckpt, "mtp", draft_tokens=3, lanes=3), ps, params, "greedy")
+    assert spec_outputs == outputs
+    assert spec.tokens_per_round == (spec.tokens - 3) / spec.rounds <= 1.0 + spec.accepted / spec.rounds
+
+
+def test_more_prompts_than_the_queue_holds_are_fed_as_lanes_free(ckpt: Path) -> None:
+    ps = prompts(8, VOCAB, seed=9, lo=5, hi=20)
+    engine = make_engine(ckpt, "off", lanes=2, max_waiting=2)  # at most 4 queued at once
+    tally, outputs = measure(engine, ps, SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True), "code")
+    assert tally.prompts == 8 and [len(o) for o in outputs] == [3] * 8
+
+
+def test_an_output_loops_when_its_last_64_tokens_repeat_a_shorter_period() -> None:
+    rng = random.Random(0)
+    fresh = [rng.randrange(1000) for _ in range(200)]
+    cycle = [11, 12, 13, 14]  # "the fibonacci of the fibonacci of ..."
+    assert loops([7] * 64)
+    assert loops(fresh[:40] + cycle * 16)
+    assert loops(fresh[:10] + (fresh[50:82]) * 3)  # period 32: shows twice in full in the window
+    assert not loops(fresh)
+    assert not loops([7] * 63)  # shorter than the window: never
+    assert not loops(cycle * 30 + fresh[:3])  # a loop it escaped from
+    assert not loops(fresh[:10] + fresh[100:133] * 2)  # period 33 fits less than twice in 64 tokens
+
+
+def test_loop_rate_is_the_share_of_looping_outputs() -> None:
+    t = Tally("dflash2", 7, "code")
+    stats = RequestStats(rounds=10, drafted=70, accepted=30, position_drafted=[10] * 7, position_accepted=[8, 6, 5, 4,
+                                                                                                          3, 2, 2])
+    t.add(stats, [5] * 80)
+    t.add(stats, list(range(41)))
+    assert t.loop_rate == 0.5 and t.as_dict()["loop_rate"] == 0.5
+    assert t.tokens_per_round == (80 + 41 - 2) / 20
+
+
+def test_the_tool_reports_each_suite(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    code = tmp_path / "code.jsonl"
+    code.write_text("".join(json.dumps({"prompt_token_ids": p}) + "\n" for p in prompts(2, VOCAB, seed=3)))
+    out = tmp_path / "r.json"
+    assert main(["--model", str(ckpt), "--prompts", str(code), "--backend", "off", "--backend", "mtp:2",
+                 "--max-tokens", "6", "--json", str(out), "--profile", "cpu"]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["backend"], r["suite"]) for r in rows] == [("off", "code"), ("mtp", "code")]
+    assert rows[0]["tokens_per_round"] == 1.0 and "loop_rate" in rows[0]
+    assert "loop_rate=" in capsys.readouterr().out

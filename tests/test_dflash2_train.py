@@ -1,4 +1,5 @@
-"""The drafter's training recipe: blocks see only the past, taps are the layers' own outputs, and the losses learn.
+"""The drafter's training recipe: blocks see only the past, taps are the layers' own outputs, the losses learn, and
+splitting a step into micro-batches changes nothing but memory.
 
 These run the training code at toy size on CPU; the real run uses the same functions on the GPU.
 """
@@ -13,15 +14,17 @@ import torch
 from ignis.backends.dflash2.config import DrafterConfig, drafter_config_json
 from ignis.backends.dflash2.model import DrafterModel
 from ignis.backends.dflash2.weights import load_drafter, save_drafter
-from ignis.model.batch import Batch, Segment
-from ignis.model.cache import LaneCache
 from ignis.model.config import ModelConfig
 from ignis.model.loader import load_model
+from ignis.train.generate import Sequences
+from ignis.train.loop import Loop, Recipe
+from ignis.train.memory import micro_batch_for
+from ignis.train.recipe import anchors_for, losses
+from ignis.train.taps import Tapper
 from tiny import tiny_checkpoint, tiny_config
-from tools.artifact.drafter_data import tap_features
-from tools.artifact.train_drafter import anchors_for, losses
 
 VOCAB, SEQ, PROMPT = 128, 40, 16
+GAMMA = 4.0
 
 
 def _drafter(seed: int = 0) -> tuple[DrafterModel, torch.Tensor]:
@@ -45,25 +48,25 @@ def test_a_block_sees_only_context_before_its_anchor() -> None:
     taps, tokens, mask = _data()
     anchors = torch.tensor([[20], [25], [30]])
     with torch.no_grad():
-        base = losses(model, embed, taps, tokens, mask, anchors)["unary"]
+        base = losses(model, embed, embed, taps, tokens, mask, anchors, GAMMA)["unary"]
         later = taps.clone()
         for i, a in enumerate(anchors[:, 0].tolist()):
             later[i, a:] = torch.randn_like(later[i, a:])  # the anchor's own features and everything after it
-        assert torch.equal(losses(model, embed, later, tokens, mask, anchors)["unary"], base)
+        assert torch.equal(losses(model, embed, embed, later, tokens, mask, anchors, GAMMA)["unary"], base)
         earlier = taps.clone()
         earlier[:, 19] += 1.0
-        assert not torch.allclose(losses(model, embed, earlier, tokens, mask, anchors)["unary"], base)
+        assert not torch.allclose(losses(model, embed, embed, earlier, tokens, mask, anchors, GAMMA)["unary"], base)
 
 
 def test_training_steps_fit_a_batch_and_raise_teacher_forced_acceptance() -> None:
     model, embed = _drafter()
     taps, tokens, mask = _data()
     tokens[:, PROMPT:] = tokens[:, PROMPT - 1 : PROMPT].expand(-1, SEQ - PROMPT)  # a continuation to learn
-    anchors = anchors_for(3, SEQ, PROMPT, 8, torch.Generator().manual_seed(2), torch.device("cpu"))
+    anchors = anchors_for(mask, 8, torch.Generator().manual_seed(2))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     first = None
     for _ in range(40):
-        out = losses(model, embed, taps, tokens, mask, anchors)
+        out = losses(model, embed, embed, taps, tokens, mask, anchors, GAMMA)
         first = first if first is not None else out
         opt.zero_grad()
         out["loss"].backward()
@@ -84,18 +87,79 @@ def test_saved_drafter_shards_reload_exactly(tmp_path: Path) -> None:
         assert torch.equal(a, b), name
 
 
+def test_anchors_are_completion_tokens_followed_by_one() -> None:
+    mask = torch.zeros(2, 12, dtype=torch.bool)
+    mask[0, 4:10] = True  # 5 anchors possible: 4..8
+    mask[1, 9:12] = True  # 2 possible: 9, 10
+    got = anchors_for(mask, 4, torch.Generator().manual_seed(0))
+    assert len(set(got[0].tolist())) == 4 and all(4 <= a <= 8 for a in got[0].tolist())
+    assert sorted(got[1].tolist()) == [0, 0, 9, 10]  # the rest point at position 0, a prompt token: no weight
+
+
+def _sequences(seed: int = 4) -> Sequences:
+    g = torch.Generator().manual_seed(seed)
+    lengths, prompts = [30, 40, 26, 35, 40, 33], [8, 12, 6, 10, 16, 9]
+    tokens = torch.randint(4, VOCAB - 1, (sum(lengths),), generator=g).numpy().astype("int32")
+    starts = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()]).numpy()
+    return Sequences(tokens, starts, torch.tensor(prompts).numpy(), torch.ones(len(lengths), dtype=torch.bool).numpy())
+
+
+def test_micro_batches_give_the_step_of_the_whole_batch() -> None:
+    data = _sequences()
+    taps = torch.randn(6, 40, 2 * 64, generator=torch.Generator().manual_seed(5))
+
+    def features(rows: list[int], tokens: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+        return taps[rows, : tokens.shape[1]]
+
+    grads = []
+    for micro in (6, 4, 1):
+        model, embed = _drafter(seed=3)
+        loop = Loop(model, embed, embed, features, data, list(range(6)), Recipe(6, 4, 1e-3, 1, GAMMA, 7),
+                    torch.device("cpu"))
+        loop.micro = micro
+        loop.step(0.0)  # the generator moves on as for the whole batch, whatever the split
+        loop.opt.step = lambda: None  # type: ignore[method-assign,assignment,return-value]
+        seen = loop.step(0.0)
+        grads.append((torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]), seen))
+    for g, seen in grads[1:]:
+        torch.testing.assert_close(g, grads[0][0], rtol=1e-4, atol=1e-7)
+        assert seen["blocks"] == grads[0][1]["blocks"] and seen["blocks"] > 0
+        assert abs(seen["loss"] - grads[0][1]["loss"]) < 1e-5
+
+
+def test_micro_batch_fits_what_is_left() -> None:
+    gib = 2**30
+    assert micro_batch_for(free=80 * gib, fixed=8 * gib, per_sequence=2 * gib, requested=32) == 30  # 0.85*80-8 = 60
+    assert micro_batch_for(free=80 * gib, fixed=0, per_sequence=gib // 4, requested=32) == 32
+    assert micro_batch_for(free=4 * gib, fixed=8 * gib, per_sequence=gib, requested=32) == 1
+
+
 @pytest.mark.filterwarnings("ignore")
-def test_tap_features_are_the_layer_outputs_ignis_hands_the_drafter(tmp_path: Path) -> None:
+def test_tap_features_are_the_layer_outputs_transformers_computes(tmp_path: Path) -> None:
+    """Several sequences of different lengths in one packed pass give each layer's own output (transformers'
+    hidden_states[l + 1] for l < last; the last layer's output is before the final norm, so read with a hook)."""
     from transformers import Qwen3_5ForCausalLM
 
     ckpt = tiny_checkpoint(tmp_path, seed=2, mtp=False, vocab_size=VOCAB)
-    ids = torch.randint(4, VOCAB, (1, 24), generator=torch.Generator().manual_seed(3))
-    net = Qwen3_5ForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
-    layers = (1, 7)  # 7 is the last layer: transformers' hidden_states[-1] would be after the final norm
-    got = tap_features(net, ids, layers, 4, torch.device("cpu"), torch.float32)[0]
+    g = torch.Generator().manual_seed(3)
+    lengths = [24, 9, 17]
+    tokens = torch.zeros(3, 24, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        tokens[i, :n] = torch.randint(4, VOCAB, (n,), generator=g)
+    layers = (1, 7)
     model = load_model(ckpt, device="cpu", dtype=torch.float32, exact=False)
-    cache = LaneCache(model.config, lanes=1, context=64, max_cols=1, device="cpu", dtype=torch.float32)
-    batch = Batch(tokens=ids[0], positions=torch.arange(24), segments=(Segment(0, 0, 0, 24),),
-                  logit_rows=torch.tensor([23]))
-    want = model(batch, cache, taps=layers).taps
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    got = Tapper(model, layers, torch.device("cpu"), torch.float32)(tokens, lengths)
+    assert torch.equal(got[1, 9:], torch.zeros_like(got[1, 9:]))  # padding stays empty
+    net = Qwen3_5ForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    seen: dict[int, torch.Tensor] = {}
+    hooks = [net.model.layers[l].register_forward_hook(
+        lambda _m, _i, out, l=l: seen.__setitem__(l, out[0] if isinstance(out, tuple) else out)) for l in layers]
+    try:
+        for i, n in enumerate(lengths):
+            with torch.no_grad():
+                net.model(tokens[i : i + 1, :n])
+            want = torch.cat([seen[l][0] for l in layers], dim=-1)
+            torch.testing.assert_close(got[i, :n], want, rtol=1e-4, atol=1e-4)
+    finally:
+        for h in hooks:
+            h.remove()

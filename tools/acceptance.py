@@ -1,12 +1,16 @@
-"""Acceptance measurement: how many tokens a round commits, per backend and draft width, on held-out prompts.
+"""Acceptance measurement: how many tokens a round commits, per backend and draft width, and how often outputs loop.
 
-Free-running: each prompt is decoded by the engine with the backend under test; the tool reports tokens per round
-(1 + accepted / rounds, the bonus counted, as DFlash and vLLM report it) and per-position acceptance
-(accepted at position i / rounds that drafted position i), for greedy decoding and for sampling.
+Free-running, on three suites unless told otherwise: greedy code (the artifact's held-out code prompts), greedy free
+prose (tools/prose_prompts.jsonl, chat requests for explanations and stories) and sampled chat turns (T = 1.0,
+top_p 0.95, top_k 20, on the artifact's held-out chat requests). For each it reports tokens a round after the
+prefill's first token ((emitted - 1) / rounds, summed over prompts: ignis.acceptance), per-position acceptance
+(accepted at position i / rounds that drafted position i) and the loop rate: the share of outputs whose last 64
+tokens repeat a shorter period, since a loop is the easiest text to draft and flatters every figure beside it.
 
-    python -m tools.acceptance --backend off --backend mtp:3 --backend dflash2:7 --limit 32 --max-tokens 128
-    python -m tools.acceptance --mode sampled --temperature 1.0 --top-p 0.95 --top-k 20 --backend dflash2:7
-    python -m tools.acceptance --mode sampled --backend dflash2:7 --set spec.draft_sampling=greedy   # one-hot q
+    python -m tools.acceptance --backend dflash2:7 --backend mtp:3 --limit 24 --max-tokens 256
+    python -m tools.acceptance --suite code --backend off --backend dflash2:7          # one suite
+    python -m tools.acceptance --prompts my.jsonl --mode sampled --backend dflash2:7    # your own prompts
+    python -m tools.acceptance --suite sampled --backend dflash2:7 --set spec.draft_sampling=greedy   # one-hot q
 
 Teacher-forced replay (the seeds' "sampled acceptance" method): recorded turns are replayed token for token; at each
 round the backend drafts from the recorded context, the acceptance rule (rejection sampling at the given temperature,
@@ -16,8 +20,7 @@ that equal it, plus the next recorded token). Turns are recorded from the target
     python -m tools.acceptance --record turns.jsonl --limit 200 --max-tokens 256
     python -m tools.acceptance --replay turns.jsonl --backend mtp:3 --backend dflash2:7
 
-Prompts come from the built-in artifact's held-out set (`heldout_prompts.jsonl`: files the model never trained on)
-unless --prompts names another JSONL file with a "prompt" (text), "messages" (chat) or "prompt_token_ids" field.
+A prompts file is JSONL with a "prompt" (text), "messages" (chat) or "prompt_token_ids" field on each line.
 """
 
 from __future__ import annotations
@@ -26,59 +29,36 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from ignis.acceptance import Tally, drain, measure
 from ignis.artifact import BUILTIN
 from ignis.config import load_config, parse_overrides
 from ignis.engine.core import Engine
-from ignis.ipc.messages import EngineRequest, RequestStats
+from ignis.ipc.messages import EngineRequest
 from ignis.params import SamplingParams
 from ignis.tokenizer import Tokenizer
 
-
-@dataclass
-class Tally:
-    backend: str
-    k: int
-    mode: str
-    prompts: int = 0
-    tokens: int = 0
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    position_drafted: list[int] = field(default_factory=list)
-    position_accepted: list[int] = field(default_factory=list)
-    seconds: float = 0.0
-
-    def add(self, s: RequestStats) -> None:
-        self.prompts += 1
-        self.tokens += s.decode_tokens
-        self.rounds += s.rounds
-        self.drafted += s.drafted
-        self.accepted += s.accepted
-        for mine, theirs in ((self.position_drafted, s.position_drafted), (self.position_accepted, s.position_accepted)):
-            mine.extend([0] * (len(theirs) - len(mine)))
-            for i, v in enumerate(theirs):
-                mine[i] += v
-
-    @property
-    def tokens_per_round(self) -> float:
-        return 1.0 + self.accepted / self.rounds if self.rounds else 0.0
-
-    def per_position(self) -> list[float]:
-        return [a / d if d else 0.0 for a, d in zip(self.position_accepted, self.position_drafted)]
-
-    def as_dict(self) -> dict:
-        return {
-            "backend": self.backend, "k": self.k, "mode": self.mode, "prompts": self.prompts, "tokens": self.tokens,
-            "rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
-            "tokens_per_round": round(self.tokens_per_round, 4),
-            "per_position": [round(x, 4) for x in self.per_position()], "seconds": round(self.seconds, 2),
-        }
+PROSE = Path(__file__).resolve().parent / "prose_prompts.jsonl"
 
 
-def load_prompts(path: Path, tokenizer: Tokenizer, limit: int) -> list[list[int]]:
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    prompts: Path
+    sampled: bool
+
+
+def suites(model: Path, names: list[str]) -> list[Suite]:
+    known = {"code": Suite("code", model / "heldout_prompts.jsonl", False),
+             "prose": Suite("prose", PROSE, False),
+             "sampled": Suite("sampled", model / "heldout_chat.jsonl", True)}
+    return [known[n] for n in names]
+
+
+def load_prompts(path: Path, tokenizer: Tokenizer | Path, limit: int) -> list[list[int]]:
+    """Token ids of the first `limit` prompts; `tokenizer` may be the model directory, read only if a prompt is text."""
     out = []
     for line in path.read_text().splitlines():
         if not line.strip():
@@ -86,7 +66,13 @@ def load_prompts(path: Path, tokenizer: Tokenizer, limit: int) -> list[list[int]
         rec = json.loads(line)
         if "prompt_token_ids" in rec:
             ids = rec["prompt_token_ids"]
-        elif "messages" in rec:
+            out.append(ids)
+            if len(out) == limit:
+                break
+            continue
+        if isinstance(tokenizer, Path):
+            tokenizer = Tokenizer.from_dir(tokenizer)
+        if "messages" in rec:
             ids = tokenizer.encode(tokenizer.apply_chat_template(rec["messages"]))
         else:
             ids = tokenizer.encode(rec["prompt"])
@@ -107,42 +93,11 @@ def _engine(model: str, profile: str | None, backend: str, k: int, lanes: int) -
     return Engine(load_config(profile=profile, overrides=overrides))
 
 
-def _drain(engine: Engine, n: int, tally: Tally | None = None) -> dict[str, list[int]]:
-    tokens: dict[str, list[int]] = {}
-    done = 0
-    while done < n:
-        for d in engine.step():
-            tokens.setdefault(d.id, []).extend(d.token_ids)
-            if d.finished:
-                done += 1
-                if tally is not None and d.stats is not None:
-                    tally.add(d.stats)
-    return tokens
-
-
-def measure(model: str, profile: str | None, backend: str, k: int, prompts: list[list[int]],
-            params: SamplingParams, mode: str, lanes: int) -> Tally:
-    """Free-running: decode every prompt with the backend; tally what each round committed."""
-    engine = _engine(model, profile, backend, k, lanes)
-    tally = Tally(backend, engine.backend.draft_tokens, mode)
-    stop = engine.info.eos_token_ids
-    t0 = time.perf_counter()
-    for i, ids in enumerate(prompts):
-        engine.add(EngineRequest(id=str(i), prompt_token_ids=ids, params=params, stop_token_ids=list(stop)))
-    _drain(engine, len(prompts), tally)
-    tally.seconds = time.perf_counter() - t0
-    return tally
-
-
 def record(model: str, profile: str | None, prompts: list[list[int]], params: SamplingParams,
            lanes: int) -> list[dict]:
     """Turns as the target itself answers them (plain decoding): {"prompt_token_ids", "response_token_ids"}."""
-    engine = _engine(model, profile, "off", 0, lanes)
-    stop = engine.info.eos_token_ids
-    for i, ids in enumerate(prompts):
-        engine.add(EngineRequest(id=str(i), prompt_token_ids=ids, params=params, stop_token_ids=list(stop)))
-    out = _drain(engine, len(prompts))
-    return [{"prompt_token_ids": ids, "response_token_ids": out[str(i)]} for i, ids in enumerate(prompts)]
+    _, outputs = measure(_engine(model, profile, "off", 0, lanes), prompts, params, "record")
+    return [{"prompt_token_ids": ids, "response_token_ids": out} for ids, out in zip(prompts, outputs)]
 
 
 def replay(model: str, profile: str | None, backend: str, k: int, turns: list[dict], params: SamplingParams,
@@ -153,16 +108,18 @@ def replay(model: str, profile: str | None, backend: str, k: int, turns: list[di
     engine = _engine(model, profile, backend, k, lanes)
     tally = Tally(backend, engine.backend.draft_tokens, "replay")
     t0 = time.perf_counter()
-    n = 0
+    ids = []
     for i, turn in enumerate(turns):
         response = turn["response_token_ids"]
         if len(response) < 2:
             continue
         p = msgspec.structs.replace(params, max_tokens=len(response))
         engine.add(EngineRequest(id=str(i), prompt_token_ids=turn["prompt_token_ids"], params=p), forced=response)
-        n += 1
-    _drain(engine, n, tally)
+        ids.append(str(i))
+    done = drain(engine, len(ids))
     tally.seconds = time.perf_counter() - t0
+    for i in ids:
+        tally.add(done[i][1], done[i][0])
     return tally
 
 
@@ -170,12 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.acceptance", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=str(BUILTIN))
     ap.add_argument("--profile", default=None)
-    ap.add_argument("--prompts", default=None, help="JSONL; default: the artifact's heldout_prompts.jsonl")
-    ap.add_argument("--limit", type=int, default=32)
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--suite", action="append", choices=("code", "prose", "sampled"), default=None,
+                    help="repeatable; default: all three")
+    ap.add_argument("--prompts", default=None, help="your own JSONL prompts instead of the suites (with --mode)")
+    ap.add_argument("--mode", choices=("greedy", "sampled"), default="greedy", help="how --prompts are decoded")
+    ap.add_argument("--limit", type=int, default=24, help="prompts per suite")
+    ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--lanes", type=int, default=4)
     ap.add_argument("--backend", action="append", default=None, help="name[:draft_tokens], repeatable")
-    ap.add_argument("--mode", choices=("greedy", "sampled", "both"), default="greedy")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--top-p", type=float, default=0.95)
     ap.add_argument("--top-k", type=int, default=20)
@@ -190,29 +149,35 @@ def main(argv: list[str] | None = None) -> int:
     model = Path(args.model)
     sampled = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                              top_k=args.top_k, seed=args.seed)
-    if args.replay is None:
-        prompts = load_prompts(Path(args.prompts) if args.prompts else model / "heldout_prompts.jsonl",
-                               Tokenizer.from_dir(model), args.limit)
+    greedy = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+    if args.prompts:
+        chosen = [Suite(Path(args.prompts).stem, Path(args.prompts), args.mode == "sampled")]
+    else:
+        chosen = suites(model, args.suite or ["code", "prose", "sampled"])
+    for s in chosen:
+        if not args.replay and not s.prompts.is_file():
+            ap.error(f"suite {s.name}: no prompts at {s.prompts}; give --prompts FILE or choose --suite")
     if args.record:
+        prompts = load_prompts(chosen[0].prompts, model, args.limit)
         turns = record(str(model), args.profile, prompts, sampled, args.lanes)
         Path(args.record).write_text("".join(json.dumps(t) + "\n" for t in turns))
         print(f"recorded {len(turns)} turns into {args.record}")
         return 0
-    modes = ("replay",) if args.replay else ("greedy", "sampled") if args.mode == "both" else (args.mode,)
     turns = [json.loads(x) for x in Path(args.replay).read_text().splitlines() if x.strip()][: args.limit] if args.replay else []
     results = []
     for spec in args.backend or ["off"]:
         name, _, k = spec.partition(":")
-        for mode in modes:
-            if mode == "replay":
-                t = replay(str(model), args.profile, name, int(k or 0), turns, sampled, args.lanes)
-            else:
-                params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0) if mode == "greedy" else sampled
-                t = measure(str(model), args.profile, name, int(k or 0), prompts, params, mode, args.lanes)
+        if args.replay:
+            runs = [replay(str(model), args.profile, name, int(k or 0), turns, sampled, args.lanes)]
+        else:
+            engine = _engine(str(model), args.profile, name, int(k or 0), args.lanes)
+            runs = [measure(engine, load_prompts(s.prompts, model, args.limit), sampled if s.sampled else greedy,
+                            s.name)[0] for s in chosen]
+        for t in runs:
             results.append(t)
             pos = " ".join(f"{x:.2f}" for x in t.per_position())
-            print(f"{t.backend:8s} k={t.k} {mode:7s} prompts={t.prompts} rounds={t.rounds} "
-                  f"tokens/round={t.tokens_per_round:.3f} per-position=[{pos}]", flush=True)
+            print(f"{t.backend:8s} k={t.k} {t.suite:8s} prompts={t.prompts} rounds={t.rounds} "
+                  f"tokens/round={t.tokens_per_round:.3f} loop_rate={t.loop_rate:.2f} per-position=[{pos}]", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps([t.as_dict() for t in results], indent=2))
     return 0

@@ -3,7 +3,7 @@
 Owns: `DrafterModel` (parameters named exactly as the checkpoint's tensors), `context_kv` (what one committed token
 contributes to every layer, computed once) and `block` (one pass over the lanes' blocks against their context).
 Does not own: which context rows a lane keeps (.context), the output head and the choice of drafts (.heads,
-.selector), or file formats (.weights). Training (tools/artifact/train_drafter.py) runs this same module.
+.selector), or file formats (.weights). Training (ignis.train, `ignis train-drafter`) runs this same module.
 
 Per layer (research/dflash.md §1.4, dflash2.md §1): Q comes from the block rows only; K/V are the context's
 (k_norm(k_proj(c)) with RoPE at the token's absolute position, v_proj(c)) followed by the block rows' own. Norms are

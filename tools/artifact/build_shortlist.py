@@ -1,8 +1,8 @@
 """Build the drafter's 4-bit shortlist head: the target's output rows of the N most frequent tokens.
 
-Owns: counting token frequencies (from token-id files or text through the artifact's tokenizer), choosing the N
-tokens, and writing `<drafter>/shortlist.safetensors`. Does not own: the file format or the quantization
-(ignis.backends.dflash2.shortlist), nor the drafter itself.
+Owns: counting token frequencies (from token-id files or text through the artifact's tokenizer). Does not own:
+choosing the N tokens and writing them (ignis.train.shortlist, which `ignis train-drafter --shortlist N` uses too),
+the file format or the quantization (ignis.backends.dflash2.shortlist), nor the drafter itself.
 
     python -m tools.artifact.build_shortlist --model ignis/builtin --size 4096 --text FILE...
     python -m tools.artifact.build_shortlist --model DIR --size 131072 --ids ids.npy
@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ignis.backends.dflash2.shortlist import save_shortlist
 from ignis.backends.dflash2.weights import SHORTLIST
 from ignis.model.loader import load_model
+from ignis.train import shortlist
 
 
 def count_ids(ids: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -41,25 +41,12 @@ def count_text(files: list[Path], tokenizer_file: Path, vocab: int) -> torch.Ten
     return counts
 
 
-def choose(counts: torch.Tensor, size: int, exclude: tuple[int, ...] = ()) -> torch.Tensor:
-    """The `size` most frequent ids (ties to the smaller id), never those in `exclude` (e.g. the mask token)."""
-    score = counts.to(torch.float64).clone()
-    if exclude:
-        score[list(exclude)] = -1.0
-    order = torch.sort(score, descending=True, stable=True).indices
-    keep = order[: min(size, int((score >= 0).sum()))]
-    return keep.to(torch.int64)
-
-
 def build(model_dir: Path, out: Path, counts: torch.Tensor, size: int, *, group: int = 32,
           exclude: tuple[int, ...] = ()) -> torch.Tensor:
     """Write the shortlist of `model_dir`'s output head to `out`; returns the chosen ids [N] int64."""
     model = load_model(model_dir, device="cpu", dtype=torch.float32, exact=False)
     head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
-    ids = choose(counts, size, exclude)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_shortlist(out, head.detach()[ids], ids, group)
-    return ids
+    return shortlist.build(head, out, counts, size, group=group, exclude=exclude)
 
 
 def main() -> None:
@@ -71,7 +58,7 @@ def main() -> None:
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", type=Path, nargs="+", help="text files, tokenized with <model>/tokenizer.json")
     src.add_argument("--ids", type=Path, nargs="+", help=".npy files of token ids")
-    src.add_argument("--counts", type=Path, help=".npy of per-token counts [vocab] (train_drafter writes one)")
+    src.add_argument("--counts", type=Path, help=".npy of per-token counts [vocab]")
     ap.add_argument("--exclude", type=int, nargs="*", default=[], help="ids never to include (the mask token)")
     args = ap.parse_args()
     from ignis.model.config import ModelConfig

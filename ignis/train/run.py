@@ -1,0 +1,205 @@
+"""`ignis train-drafter`: a dflash2 drafter for any Qwen3.5 checkpoint ignis loads, from the user's prompts.
+
+Owns: the run, phase by phase: read and split the prompts, let the target complete them (ignis.train.generate), tap
+its layers (ignis.train.taps, cached when they fit), train (ignis.train.loop) under the budget, write the drafter in
+the DFlash2 layout (and the shortlist head), evaluate it against `off` through the engine (ignis.train.evaluate), and
+leave a summary. Does not own: any of those phases' insides.
+
+DIR is the drafter directory (`spec.drafter = DIR`): config.json, safetensors, optionally shortlist.safetensors and
+train_summary.json. DIR/run keeps what a resumed run needs: settings.json, the generated data, checkpoint.pt and
+train.log. Running the same command again continues where the last one stopped; other settings are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ignis.artifact import BUILTIN
+from ignis.backends.dflash2.config import DrafterConfig, drafter_config_json
+from ignis.backends.dflash2.model import DrafterModel
+from ignis.backends.dflash2.weights import SHORTLIST, load_drafter, save_drafter, spread_layer_ids
+from ignis.config import load_config, parse_overrides
+from ignis.engine.core import Engine
+from ignis.errors import ArtifactError, InputError
+from ignis.model.config import ModelConfig, read_config_json
+from ignis.tokenizer import Tokenizer
+from ignis.train import generate, memory, prompts, recipe, shortlist
+from ignis.train.evaluate import evaluate
+from ignis.train.loop import Budget, Loop, Recipe
+from ignis.train.options import Options
+from ignis.train.taps import tap_features
+
+MASK_NAMES = ("<|mask|>", "<|MASK|>", "<mask>", "[MASK]")
+
+
+class Log:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __call__(self, line: str) -> None:
+        stamp = time.strftime("%H:%M:%S")
+        with self.path.open("a") as f:
+            f.write(f"{stamp} {line}\n")
+        clear = "\r\x1b[K" if sys.stderr.isatty() else ""  # over a progress bar's line
+        print(f"{clear}ignis train-drafter: {line}", file=sys.stderr, flush=True)
+
+
+def train_drafter(o: Options) -> dict[str, Any]:
+    t0 = time.monotonic()
+    model_dir = Path(o.model).expanduser() if o.model else BUILTIN
+    target = ModelConfig.from_dir(model_dir)
+    out = Path(o.out)
+    run = out / "run"
+    if o.restart and run.exists():
+        shutil.rmtree(run)
+    run.mkdir(parents=True, exist_ok=True)
+    settings = run / "settings.json"
+    fingerprint = _check_resume(settings, o, model_dir)
+    log = Log(run / "train.log")
+    tok = Tokenizer.from_dir(model_dir)
+    if o.init:
+        cfg_json = read_config_json(Path(o.init) / "config.json", "--init names a drafter directory")
+        cfg = DrafterConfig.from_dict(cfg_json, target)  # refused when it does not fit this target
+    else:
+        cfg_json = drafter_config_json(
+            target, num_layers=o.layers, intermediate_size=o.intermediate_size or None, block_size=o.block_size,
+            sliding_window=o.sliding_window, mask_token_id=_mask_id(o, tok, target), selector_rank=o.selector_rank,
+            selector_top_k=o.selector_top_k,
+            target_layer_ids=list(o.taps) or spread_layer_ids(target.num_hidden_layers, 5))
+        try:
+            cfg = DrafterConfig.from_dict(cfg_json, target)
+        except ArtifactError as e:  # a shape the flags asked for that this target cannot carry
+            raise InputError("--taps" if "target_layer_ids" in str(e) else "drafter", str(e)) from e
+
+    everything = prompts.read_prompts([Path(d) for d in o.data], tok, window=o.window, stride=o.gen_tokens,
+                                      vocab=target.vocab_size)
+    usable = [p for p in everything if len(p.ids) <= o.max_prompt_tokens]
+    if not usable:
+        raise InputError("--data", f"every prompt is longer than --max-prompt-tokens {o.max_prompt_tokens}")
+    if o.max_prompts:
+        usable = usable[: o.max_prompts]
+    train_prompts, held = prompts.split(usable, o.held_out, o.seed)
+    settings.write_text(json.dumps(fingerprint, indent=2) + "\n")  # the inputs are good: a rerun must match them
+    log(f"{len(train_prompts)} training prompts, {len(held)} held out, {len(everything) - len(usable)} too long or "
+        f"over --max-prompts, from {', '.join(o.data)}")
+
+    overrides = _engine_overrides(o, model_dir, max(len(p.ids) for p in usable) + max(o.gen_tokens, o.eval_tokens))
+    engine = Engine(load_config(profile=o.profile, overrides={**overrides, "spec.backend": "off"}))
+    device, model = engine.runner.device, engine.model
+    budget_s = o.time_budget
+    reserve = max(20.0, 0.05 * budget_s) if budget_s else 0.0
+    gen_deadline = t0 + o.gen_share * budget_s if budget_s else float("inf")
+    data = generate.generate(engine, train_prompts, o.gen_tokens, o.seed, run / "data", gen_deadline)
+    del engine  # its lane caches and graphs; the model stays for the taps
+    _free(device)
+    if len(data) == 0:
+        raise InputError("--time-budget", "no completion finished within the generation share of the budget")
+    log(f"data: {len(data)} sequences, {data.completion_tokens} completion tokens")
+
+    dtype = next(model.parameters()).dtype
+    features, tap_s = tap_features(model, cfg.target_layer_ids, data, device, dtype, o.tap_cache, log)
+    torch.manual_seed(o.seed)
+    drafter = DrafterModel(cfg).to(device)
+    if o.init:
+        start = load_drafter(Path(o.init), cfg, device=device, dtype=torch.float32)
+        drafter.load_state_dict(start.state_dict())
+        del start
+    embed = model.embed_tokens.weight
+    head = embed if model.lm_head is None else model.lm_head.weight
+    params = sum(p.numel() for p in drafter.parameters())
+    log(f"drafter: {cfg.num_layers} layers, taps {list(cfg.target_layer_ids)}, {params / 1e6:.2f}M parameters")
+    loop = Loop(drafter, embed, head, features, data, list(range(len(data))),
+                Recipe(o.batch, o.anchors, o.lr, o.warmup, recipe.gamma_for(o.block_size), o.seed), device)
+    checkpoint = run / "checkpoint.pt"
+    if checkpoint.is_file():
+        loop.load(checkpoint)
+        log(f"resumed at step {loop.counters.step} ({loop.counters.tokens} tokens, {loop.counters.seconds:.0f} s)")
+    loop.micro = memory.fit_micro_batch(loop.probe, o.batch, loop.optimizer_bytes(), device)
+    if loop.micro < o.batch:
+        log(f"memory: {loop.micro} sequences per micro-batch, {-(-o.batch // loop.micro)} per step")
+    # The time budget covers the whole run: what the first run to reach training spent before it (generation, taps)
+    # is kept, so a resumed run trains for what is left rather than starting the clock again.
+    before = run / "before_training_s"
+    if not before.is_file():
+        before.write_text(f"{time.monotonic() - t0:.1f}")
+    train_s = max(1.0, budget_s - float(before.read_text()) - reserve) if budget_s else 0.0
+    loop.run(Budget(o.steps, o.train_tokens, train_s), checkpoint, o.checkpoint_every, log)
+
+    save_drafter(out, cfg_json, drafter, torch.bfloat16)
+    if o.shortlist:
+        counts = torch.from_numpy(data.counts(target.vocab_size))
+        shortlist.build(head, out / SHORTLIST, counts, o.shortlist, exclude=(cfg.mask_token_id,))
+    c, last = loop.counters, loop.last
+    del loop, drafter, features, model, embed, head
+    _free(device)
+    result = evaluate(overrides, o.profile, str(out), cfg.width, [list(p.ids) for p in held], o.eval_tokens,
+                      o.seed) if held else {}
+    summary = {"target": str(model_dir), "data": list(o.data), "sequences": len(data),
+               "completion_tokens": data.completion_tokens, "steps": c.step, "train_tokens": c.tokens,
+               "train_seconds": round(c.seconds, 1), "tap_seconds": round(tap_s, 1), "params": params,
+               "last_loss": round(last.get("loss", float("nan")), 4),
+               "last_teacher_forced_tokens_per_round": round(last.get("tau", float("nan")), 3),
+               "seconds": round(time.monotonic() - t0, 1), "device": _device_name(device), **result}
+    (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    log("summary " + json.dumps(summary))
+    return summary
+
+
+def _mask_id(o: Options, tok: Tokenizer, target: ModelConfig) -> int:
+    if o.mask_token_id is not None:
+        if not 0 <= o.mask_token_id < target.vocab_size:
+            raise InputError("--mask-token-id", f"{o.mask_token_id} is not a row of the {target.vocab_size}-row embedding")
+        return o.mask_token_id
+    for name in MASK_NAMES:
+        found = tok.token_to_id(name)
+        if found is not None and found < target.vocab_size:
+            return found
+    if tok.vocab_size < target.vocab_size:
+        return tok.vocab_size  # the first embedding row no token uses, as the DFlash drafters of Qwen3 do
+    raise InputError("--mask-token-id", "the tokenizer names no mask token and every embedding row is a token: "
+                                        "give the id of a row the prompts never use")
+
+
+def _engine_overrides(o: Options, model_dir: Path, longest: int) -> dict[str, Any]:
+    sets = parse_overrides(list(o.sets))
+    overrides: dict[str, Any] = {"model.path": str(model_dir), "log.level": "warning", **sets}
+    if "engine.context" not in sets:
+        overrides["engine.context"] = max(256, -(-(longest + 16) // 64) * 64)
+    if "engine.lanes" not in sets and o.profile is None and torch.cuda.is_available():
+        overrides["engine.lanes"] = 64  # generation throughput; the default 4 lanes leave a GPU idle
+    return overrides
+
+
+def _check_resume(path: Path, o: Options, model_dir: Path) -> dict[str, Any]:
+    """The run's settings; refused when DIR/run already holds a run with other ones."""
+    want = {**o.fingerprint(), "model": str(model_dir.resolve()),
+            "model_config": json.loads((model_dir / "config.json").read_text())}
+    if not path.is_file():
+        return want
+    have = json.loads(path.read_text())
+    diff = [f"{k} {have.get(k)!r} (now {v!r})" for k, v in want.items() if have.get(k) != v and k != "model_config"]
+    if have.get("model_config") != want["model_config"]:
+        diff.append("the model's config.json")
+    if diff:
+        raise InputError("--out", f"{path.parent} holds a run with other settings: {'; '.join(diff)}. Run with the "
+                                  "same settings to continue it, --restart to discard it, or another --out")
+    return want
+
+
+def _free(device: torch.device) -> None:
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
