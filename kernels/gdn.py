@@ -17,6 +17,7 @@ import warnings
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from ignis.model.ops import l2norm
 
@@ -43,13 +44,21 @@ def _split(mixed: torch.Tensor, hk: int, hv: int, dk: int, dv: int) -> tuple[tor
     return q.reshape(b, c, hk, dk), k.reshape(b, c, hk, dk), v.reshape(b, c, hv, dv)
 
 
+def gates(ba: torch.Tensor, dt_bias: torch.Tensor, rate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(g, beta) [B, C, Hv] float32 from the raw projections ba [B, C, 2 Hv]: beta = sigmoid(b), g = rate *
+    softplus(a + dt_bias), as the layer computes them (ignis.model.gdn)."""
+    hv = ba.shape[-1] // 2
+    return rate * F.softplus(ba[..., hv:] + dt_bias), torch.sigmoid(ba[..., :hv])
+
+
 def columns_reference(
-    state: torch.Tensor, lanes: torch.Tensor, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-    record: torch.Tensor | None, *, key_heads: int, write_state: bool,
+    state: torch.Tensor, lanes: torch.Tensor, mixed: torch.Tensor, ba: torch.Tensor, dt_bias: torch.Tensor,
+    rate: torch.Tensor, record: torch.Tensor | None, *, key_heads: int, write_state: bool,
 ) -> torch.Tensor:
     """`columns` in torch (same arguments); returns out [B, C, Hv, dv] float32."""
     hv, dk, dv = state.shape[1], state.shape[2], state.shape[3]
     q, k, v = _split(mixed, key_heads, hv, dk, dv)
+    g, beta = gates(ba, dt_bias, rate)
     st = state.index_select(0, lanes)
     outs = []
     for j in range(q.shape[1]):
@@ -109,8 +118,9 @@ def columns(
     state: torch.Tensor,  # [L, Hv, dk, dv] float32, device
     lanes: torch.Tensor,  # [B] int64, device
     mixed: torch.Tensor,  # [B, C, 2 Hk dk + Hv dv] float32: raw q | k | v (the kernel normalises and scales q, k)
-    g: torch.Tensor,  # [B, C, Hv] float32: log-decay
-    beta: torch.Tensor,  # [B, C, Hv] float32
+    ba: torch.Tensor,  # [B, C, 2 Hv] float32: the raw beta and decay projections
+    dt_bias: torch.Tensor,  # [Hv] float32
+    rate: torch.Tensor,  # [Hv] float32: -exp(A_log)
     record: torch.Tensor | None,  # [L, max_cols, Hv, dk + dv + 2] float32 or None
     *,
     key_heads: int,
@@ -119,14 +129,15 @@ def columns(
     """out [B, C, Hv, dv] float32: every column's output. write_state: keep the state after the last column (decode);
     record: store each column for `replay` (verify). CUDA tensors go to the kernel, others to the reference."""
     if not state.is_cuda:
-        return columns_reference(state, lanes, mixed, g, beta, record, key_heads=key_heads, write_state=write_state)
+        return columns_reference(state, lanes, mixed, ba, dt_bias, rate, record, key_heads=key_heads,
+                                 write_state=write_state)
     b, c = mixed.shape[:2]
     hv, dk, dv = state.shape[1], state.shape[2], state.shape[3]
-    mixed, g, beta = mixed.contiguous(), g.contiguous(), beta.contiguous()
+    mixed, ba = mixed.contiguous(), ba.contiguous()
     out = torch.empty((b, c, hv, dv), dtype=torch.float32, device=mixed.device)
     rec = record if record is not None else out  # a placeholder of the right type when nothing is recorded
     cols, _ = _compiled(dk, dv)
-    _launch(cols, dv, hv, b, dk, (state, lanes, mixed, g, beta, out, rec, float(dk**-0.5), hv // key_heads,
+    _launch(cols, dv, hv, b, dk, (state, lanes, mixed, ba, dt_bias, rate, out, rec, float(dk**-0.5), hv // key_heads,
                                    key_heads * dk, write_state, record is not None), mixed.device)
     return out
 

@@ -7,7 +7,8 @@ the simulator); nothing here touches the driver.
 Block (TV * RS threads) = one value head of one lane, TV columns of its [dk, dv] state; thread (c, s) keeps rows
 s*dk/RS .. (s+1)*dk/RS - 1 of column c in registers, so the state is read once and every column's update and
 output are sums over a thread's own rows plus RS partials combined in shared memory (no warp intrinsics: the same
-source runs in numba's simulator). Per column j, with k and q l2-normalised by the block (q also scaled):
+source runs in numba's simulator). Per column j, with k and q l2-normalised by the block (q also scaled), beta = sigmoid(b) and
+g = rate * softplus(a + dt_bias) from the raw projections:
     S <- exp(g) S;  delta = beta (v - S^T k);  S <- S + k delta^T;  o = S^T q
 `columns` writes o for every column and either the final state (decode, one column) or, for a verify, each column's
 normalised k, v, g and beta into a record, from which `replay` later applies columns 0..last to the lane's state:
@@ -38,9 +39,10 @@ def make_kernels(dk: int, dv: int) -> tuple[Any, Any]:
     rows = dk // RS
 
     @cuda.jit
-    def columns(state, lanes, mixed, g, beta, out, record, scale, ratio, key_dim, write_state, do_record):
+    def columns(state, lanes, mixed, ba, dt_bias, rate, out, record, scale, ratio, key_dim, write_state, do_record):
         # state [L, Hv, dk, dv] f32; lanes [B] i64; mixed [B, C, 2 key_dim + Hv dv] f32: raw q | k | v;
-        # g, beta [B, C, Hv]; out [B, C, Hv, dv]; record [L, C, Hv, dk + dv + 2]; grid (dv / TV, Hv, B)
+        # ba [B, C, 2 Hv] f32: the raw beta and decay projections; dt_bias, rate [Hv] f32; out [B, C, Hv, dv];
+        # record [L, C, Hv, dk + dv + 2]; grid (dv / TV, Hv, B)
         t = cuda.threadIdx.x
         cl, s = t // RS, t % RS
         c = cuda.blockIdx.x * tv + cl
@@ -48,6 +50,7 @@ def make_kernels(dk: int, dv: int) -> tuple[Any, Any]:
         lane = lanes[b]
         hk = h // ratio
         nv = out.shape[3]
+        hv = out.shape[2]
         voff = 2 * key_dim + h * nv
         sk = cuda.shared.array(dk, float32)
         sq = cuda.shared.array(dk, float32)
@@ -83,8 +86,10 @@ def make_kernels(dk: int, dv: int) -> tuple[Any, Any]:
                 step //= 2
             kn = float32(1.0) / math.sqrt(part[0] + float32(EPS))
             qn = float32(scale) / math.sqrt(part2[0] + float32(EPS))
-            decay = math.exp(g[b, j, h])
-            bt = beta[b, j, h]
+            bt = float32(1.0) / (float32(1.0) + math.exp(-ba[b, j, h]))
+            a = ba[b, j, hv + h] + dt_bias[h]
+            gj = rate[h] * (a if a > float32(20.0) else math.log1p(math.exp(a)))  # rate * softplus
+            decay = math.exp(gj)
             mem = float32(0.0)
             for i in range(rows):
                 st[i] *= decay
@@ -114,7 +119,7 @@ def make_kernels(dk: int, dv: int) -> tuple[Any, Any]:
                         record[lane, j, h, i] = sk[i] * kn
                         i += threads
                     if t == 0:
-                        record[lane, j, h, dk + nv] = g[b, j, h]
+                        record[lane, j, h, dk + nv] = gj
                         record[lane, j, h, dk + nv + 1] = bt
                 if s == 0 and c < nv:
                     record[lane, j, h, dk + c] = mixed[b, j, voff + c]

@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from ignis.kernels.gdn import columns_reference, record_width, replay_reference
+from ignis.kernels.gdn import columns_reference, gates, record_width, replay_reference
 from ignis.model import delta_rule
 from ignis.model.ops import l2norm
 
@@ -28,8 +28,9 @@ def _inputs(b: int, c: int, hk: int, hv: int, dk: int, dv: int, lanes: int, seed
         "q": torch.randn(b, c, hk, dk, generator=g),
         "k": torch.randn(b, c, hk, dk, generator=g),
         "v": torch.randn(b, c, hv, dv, generator=g),
-        "g": -torch.rand(b, c, hv, generator=g),
-        "beta": torch.rand(b, c, hv, generator=g),
+        "ba": torch.randn(b, c, 2 * hv, generator=g) * 2,
+        "dt_bias": torch.randn(hv, generator=g),
+        "rate": -torch.rand(hv, generator=g) * 2,
     }
     x["mixed"] = torch.cat([x["q"].flatten(2), x["k"].flatten(2), x["v"].flatten(2)], dim=-1)
     return x
@@ -39,14 +40,16 @@ def test_references_follow_the_model_recurrence_and_replay_any_prefix() -> None:
     x = _inputs(3, 4, 2, 4, 8, 8, lanes=5, seed=0)
     state = x["state"].clone()
     record = torch.zeros(5, 4, 4, record_width(8, 8))
-    out = columns_reference(state, x["lanes"], x["mixed"], x["g"], x["beta"], record, key_heads=2, write_state=False)
+    out = columns_reference(state, x["lanes"], x["mixed"], x["ba"], x["dt_bias"], x["rate"], record, key_heads=2,
+                            write_state=False)
+    g, beta = gates(x["ba"], x["dt_bias"], x["rate"])
     assert torch.equal(state, x["state"])  # a verify leaves the state alone
     st = x["state"][x["lanes"]]
     after = []
     for j in range(4):
         qj = l2norm(x["q"][:, j]).repeat_interleave(2, dim=1) * 8**-0.5
         kj = l2norm(x["k"][:, j]).repeat_interleave(2, dim=1)
-        st, o = delta_rule.recurrent_step(st, qj, kj, x["v"][:, j], x["g"][:, j], x["beta"][:, j])
+        st, o = delta_rule.recurrent_step(st, qj, kj, x["v"][:, j], g[:, j], beta[:, j])
         torch.testing.assert_close(out[:, j], o)
         after.append(st)
     last = torch.tensor([0, 3, 2])
@@ -72,11 +75,11 @@ for write_state, with_record in ((True, False), (False, True)):
     state = np_["state"].copy()
     out = np.zeros((b, c, hv, dv), np.float32)
     record = np.zeros((lanes, c, hv, record_width(dk, dv)), np.float32)
-    K_cols[grid, threads](state, np_["lanes"], np_["mixed"], np_["g"], np_["beta"], out, record,
+    K_cols[grid, threads](state, np_["lanes"], np_["mixed"], np_["ba"], np_["dt_bias"], np_["rate"], out, record,
                           float(dk ** -0.5), hv // hk, hk * dk, write_state, with_record)
     ref_state = x["state"].clone()
     ref_record = torch.zeros(lanes, c, hv, record_width(dk, dv))
-    ref = columns_reference(ref_state, x["lanes"], x["mixed"], x["g"], x["beta"],
+    ref = columns_reference(ref_state, x["lanes"], x["mixed"], x["ba"], x["dt_bias"], x["rate"],
                             ref_record if with_record else None, key_heads=hk, write_state=write_state)
     torch.testing.assert_close(torch.from_numpy(out), ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(torch.from_numpy(state), ref_state, rtol=1e-5, atol=1e-5)

@@ -130,14 +130,16 @@ def test_gdn_kernels_equal_their_references(shape: tuple[int, ...]) -> None:
     state = torch.randn(lanes, hv, dk, dv, device="cuda", generator=g) * 0.1
     ids = torch.randperm(lanes, device="cuda", generator=g)[:b]
     mixed = torch.randn(b, c, 2 * hk * dk + hv * dv, device="cuda", generator=g)
-    gate = -torch.rand(b, c, hv, device="cuda", generator=g)
-    beta = torch.rand(b, c, hv, device="cuda", generator=g)
+    ba = torch.randn(b, c, 2 * hv, device="cuda", generator=g) * 2
+    dt_bias = torch.randn(hv, device="cuda", generator=g)
+    rate = -torch.rand(hv, device="cuda", generator=g) * 2
     for write_state, record in ((True, False), (False, True)):
         st, ref_st = state.clone(), state.clone()
         rec = torch.full((lanes, c, hv, record_width(dk, dv)), float("nan"), device="cuda")
         ref_rec = torch.zeros_like(rec)
-        out = columns(st, ids, mixed, gate, beta, rec if record else None, key_heads=hk, write_state=write_state)
-        ref = columns_reference(ref_st, ids, mixed, gate, beta, ref_rec if record else None, key_heads=hk,
+        out = columns(st, ids, mixed, ba, dt_bias, rate, rec if record else None, key_heads=hk,
+                      write_state=write_state)
+        ref = columns_reference(ref_st, ids, mixed, ba, dt_bias, rate, ref_rec if record else None, key_heads=hk,
                                 write_state=write_state)
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(st, ref_st, rtol=1e-4, atol=1e-4)

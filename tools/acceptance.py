@@ -118,8 +118,8 @@ def replay(model: str, profile: str | None, backend: str, k: int, turns: list[di
         ids.append(str(i))
     done = drain(engine, len(ids))
     tally.seconds = time.perf_counter() - t0
-    for i in ids:
-        tally.add(done[i][1], done[i][0])
+    for rid in ids:
+        tally.add(done[rid][1], done[rid][0])
     return tally
 
 

@@ -65,14 +65,13 @@ class GroupedConv(nn.Module):
     def _convolve(self, x: torch.Tensor, dyn: torch.Tensor, side: int) -> torch.Tensor:
         n, rows, hidden = x.shape
         blocks = x.view(n, rows, self.groups, self.group)
-        out = torch.zeros_like(blocks)
-        for tap in range(self.kernel):
-            if tap >= rows:
-                break
+        out = blocks  # replaced by tap 0's term below
+        for tap in range(min(self.kernel, rows)):
             past = blocks if tap == 0 else F.pad(blocks[:, :-tap], (0, 0, 0, 0, tap, 0))
             base = self.base_kernel[side, tap].view(1, 1, self.groups, self.group).to(x.dtype)
-            out = out + (base + dyn[:, :, tap, :, None]) * past
-        return out.view(n, rows, hidden)
+            term = (base + dyn[:, :, tap, :, None]) * past
+            out = term if tap == 0 else out + term
+        return out.reshape(n, rows, hidden)
 
 
 class Attention(nn.Module):

@@ -63,6 +63,7 @@ class LaneCache:
         self.context = context
         self.max_cols = max_cols
         self.recorded = [0] * (lanes + 1)  # columns of the pending record=True segment, per lane
+        self._conv_taps = torch.arange(1, config.linear_conv_kernel_dim, device=device)  # [Kc-1] int64
         c = config
         kc = c.linear_conv_kernel_dim
         state_shape = (c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim)
@@ -126,7 +127,7 @@ class LaneCache:
     ) -> None:
         """After a static verify (`DecodeStep.record`): replay each lane's recorded columns 0..last onto its state and
         keep the conv window ending at column `last`. Device tensors only, no host read: capturable."""
-        taps = torch.arange(1, self.config.linear_conv_kernel_dim, device=last.device)  # [Kc-1]
+        taps = self._conv_taps  # [Kc-1] int64, device
         for s in self.layers:
             if isinstance(s, GDNState):
                 assert s.rec_kv is not None and s.rec_inputs is not None

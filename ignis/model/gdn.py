@@ -42,10 +42,12 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = nn.Linear(c.value_dim, c.hidden_size, bias=False)
         self.in_proj: torch.Tensor | None = None  # [conv_dim + value_dim + 2 Hv, H]: qkv | z | b | a, once fused
         self.decay_rate: torch.Tensor | None = None  # [Hv] float32: -exp(A_log), once fused
+        self.conv_weight: torch.Tensor | None = None  # [conv_dim, Kc] float32, once fused
 
     def fuse(self) -> None:
         self.in_proj = fuse_rows(self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
         self.decay_rate = -torch.exp(self.A_log.detach().float())
+        self.conv_weight = self.conv1d.weight.detach()[:, 0, :].float()
 
     def forward(self, x: torch.Tensor, step: Step, cache: GDNState) -> torch.Tensor:
         """x [T, H] (normed) -> [T, H]; advances (or, for record=True segments, records) each lane's state."""
@@ -104,25 +106,28 @@ class GatedDeltaNet(nn.Module):
         b, c = step.positions.shape
         t, lanes = b * c, step.lanes
         if self.in_proj is not None:
-            qkv, z, bb, a = torch.split(F.linear(x, self.in_proj), [self.key_dim * 2 + self.value_dim, self.value_dim,
-                                                                    self.hv, self.hv], dim=-1)
+            qkv, z, ba = torch.split(F.linear(x, self.in_proj), [self.key_dim * 2 + self.value_dim, self.value_dim,
+                                                                 2 * self.hv], dim=-1)
         else:
             qkv, z = F.linear(x, self.in_proj_qkv.weight), F.linear(x, self.in_proj_z.weight)
-            bb, a = F.linear(x, self.in_proj_b.weight), F.linear(x, self.in_proj_a.weight)
+            ba = torch.cat([F.linear(x, self.in_proj_b.weight), F.linear(x, self.in_proj_a.weight)], dim=-1)
         qkv = qkv.reshape(b, c, -1)  # [B, C, conv_dim] raw conv input
         z = z.reshape(t, self.hv, self.dv)
-        beta = torch.sigmoid(bb.float()).view(b, c, self.hv)
+        ba = ba.float().view(b, c, 2 * self.hv)  # raw beta and decay projections; the kernel applies the gates
         rate = self.decay_rate if self.decay_rate is not None else -torch.exp(self.A_log.float())
-        g = (rate * F.softplus(a.float() + self.dt_bias.float())).view(b, c, self.hv)
         window = cache.conv.index_select(0, lanes)  # [B, Kc-1, conv_dim]
-        mixed = F.silu(delta_rule.short_conv(window, qkv, self.conv1d.weight[:, 0, :]))  # [B, C, conv_dim] f32
+        xs = torch.cat([window, qkv], dim=1)  # [B, Kc-1+C, conv_dim]: conv inputs, oldest first
+        weight = self.conv_weight if self.conv_weight is not None else self.conv1d.weight[:, 0, :].float()
+        # Column j's taps are xs[j .. j+Kc-1] (delta_rule.short_conv's sum, as one product and one reduction).
+        mixed = F.silu((xs.unfold(1, weight.shape[1], 1).float() * weight).sum(dim=-1))  # [B, C, conv_dim] f32
         if step.record:
             assert cache.rec_inputs is not None
             cache.rec_inputs[:, :c].index_copy_(0, lanes, qkv)
         else:
-            cache.conv.index_copy_(0, lanes, torch.cat([window, qkv], dim=1)[:, -window.shape[1] :])
-        out = gdn_kernels.columns(cache.state, lanes, mixed, g, beta, cache.rec_kv if step.record else None,
-                                  key_heads=self.hk, write_state=not step.record)
+            cache.conv.index_copy_(0, lanes, xs[:, -window.shape[1] :])
+        out = gdn_kernels.columns(cache.state, lanes, mixed, ba, self.dt_bias.float(), rate,
+                                  cache.rec_kv if step.record else None, key_heads=self.hk,
+                                  write_state=not step.record)
         # The gated output norm (ops.gated_rms_norm: norm in fp32, cast, weight, then the gate in fp32).
         h = F.rms_norm(out.view(t, self.hv, self.dv).to(x.dtype).float(), (self.dv,), eps=self.eps).to(x.dtype)
         y = (self.norm.weight * h * F.silu(z.float())).to(x.dtype)
