@@ -3,7 +3,7 @@
 Owns: `columns` and `replay` (numba-cuda kernels on CUDA tensors, launched on torch's current stream, so a CUDA graph
 captures them), their torch references `columns_reference` / `replay_reference` (what runs on the CPU, and what the
 kernels are tested against) and `record_width`. Does not own: the projections, conv and gates around the recurrence
-(ignis.model.gdn) or where the state lives (ignis.model.cache). docs/adr/0003-gdn-kernel.md has the why.
+(ignis.model.gdn) or where the state lives (ignis.model.cache). docs/adr/0004-gdn-kernel.md has the why.
 
 The record: a verify does not store the state after every column (3 MiB per column, lane and layer at the 27B
 shape); it stores each column's normalised k, v, g and beta ([dk + dv + 2] floats per head), and the commit replays
