@@ -1,18 +1,20 @@
 """Text <-> token ids for an artifact: `tokenizer.json` through `tokenizers`, the chat template through jinja2.
 
-Owns: encoding, decoding, chat templates and the artifact's stop tokens. Does not own: incremental detokenization
-and stop strings (ignis.client.output). The GPU process never imports this module.
+Owns: encoding, decoding (whole or one token at a time), chat templates and the artifact's stop tokens. Does not own:
+when text is released and stop strings (ignis.client.output). The GPU process never imports this module.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _HFTokenizer
+from tokenizers.decoders import DecodeStream
 
 from ignis.errors import ArtifactError, InputError
 
@@ -78,6 +80,11 @@ class Tokenizer:
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def decode_stream(self, *, skip_special_tokens: bool = True) -> Callable[[int], str | None]:
+        """A decoder fed one token at a time: the new text it completes, or None while a character is still split."""
+        stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        return lambda token: stream.step(self._tok, token)
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
