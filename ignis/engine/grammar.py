@@ -1,14 +1,12 @@
-"""Grammars for structured output, through llguidance (docs/adr/0003-grammar-engine.md says why that engine).
+"""Grammar matchers for structured output, through llguidance (docs/adr/0003-grammar-engine.md says why that engine).
 
-Owns: turning a `StructuredOutputs` into llguidance's grammar text (`grammar_text`, also used by front-ends to refuse
-a bad schema with a 400 before anything is queued), and `Grammars`, which builds one matcher per request over the
-artifact's tokenizer.json. Does not own: applying masks to logits (ignis.engine.logits). The GPU process reads the
-vocabulary straight from tokenizer.json; it never imports ignis.tokenizer.
+Owns: `Grammars`, which builds one matcher per request over the artifact's tokenizer.json, and the matcher's
+masks. Does not own: the grammar text (ignis.structured) or applying masks to logits (ignis.engine.logits). The GPU
+process reads the vocabulary straight from tokenizer.json; it never imports ignis.tokenizer.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import llguidance
@@ -17,33 +15,7 @@ import torch
 
 from ignis.errors import InputError
 from ignis.params import StructuredOutputs
-
-
-# JSON comes out in one canonical layout, `{"a": 1, "b": [2, 3]}` (Python's json.dumps): free whitespace lets a
-# sampled model pad between tokens for as long as max_tokens allows instead of closing the value.
-JSON_OPTIONS: dict = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
-
-def grammar_text(spec: StructuredOutputs, field: str = "structured_outputs") -> str:
-    """llguidance grammar for `spec`; InputError naming `field` when it is not a valid schema, regex or grammar."""
-    try:
-        if spec.json is not None:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(spec.json, defaults=JSON_OPTIONS)
-        elif spec.json_object:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}', defaults=JSON_OPTIONS)
-        elif spec.regex is not None:
-            grammar = llguidance.LLMatcher.grammar_from_regex(spec.regex)
-        elif spec.choice is not None:
-            grammar = llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in spec.choice))
-        else:
-            assert spec.grammar is not None
-            grammar = llguidance.LLMatcher.grammar_from_lark(spec.grammar)
-    except ValueError as e:
-        raise InputError(field, f"is not valid: {e}") from None
-    error = llguidance.LLMatcher.validate_grammar(grammar)
-    if error:
-        raise InputError(field, f"is not valid: {error}")
-    return grammar
+from ignis.structured import grammar_text
 
 
 class GrammarMatcher:
