@@ -8,15 +8,19 @@ imports neither torch nor the tokenizer.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import llguidance
 
 from ignis.errors import InputError
 from ignis.params import StructuredOutputs
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
 # JSON comes out in one canonical layout, `{"a": 1, "b": [2, 3]}` (Python's json.dumps): free whitespace lets a
 # sampled model pad between tokens for as long as max_tokens allows instead of closing the value.
-JSON_OPTIONS: dict = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def grammar_text(spec: StructuredOutputs, field: str = "structured_outputs") -> str:

@@ -11,6 +11,8 @@ ignis.server.reasoning) or grammars' compilation (ignis.engine.grammar).
 from __future__ import annotations
 
 import json
+
+import msgspec
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,11 +114,14 @@ def structured(response_format: dict | None, extra: dict | None, think: bool) ->
     if extra is not None:
         if spec is not None:
             raise InputError("structured_outputs", "give either response_format or structured_outputs, not both")
+        unknown = set(extra) - set(StructuredOutputs.__struct_fields__)
+        if unknown:
+            raise InputError("structured_outputs", f"has unknown fields {sorted(unknown)}; known: "
+                                                   f"{', '.join(StructuredOutputs.__struct_fields__)}")
         try:
-            spec = StructuredOutputs(**{k: tuple(v) if k == "choice" and isinstance(v, list) else v
-                                        for k, v in extra.items()})
-        except TypeError as e:
-            raise InputError("structured_outputs", f"has an unknown field: {e}") from None
+            spec = msgspec.convert(extra, StructuredOutputs)
+        except msgspec.ValidationError as e:
+            raise InputError("structured_outputs", str(e).removeprefix("structured_outputs: ")) from None
     if spec is not None:
         grammar_text(spec, "response_format" if response_format is not None else "structured_outputs")
     if spec is not None and think and (spec.json is not None or spec.json_object):
