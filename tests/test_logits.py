@@ -59,11 +59,16 @@ def test_each_penalty_changes_greedy_output_and_speculation_keeps_it(plain: Any)
     assert all(got[r].token_ids == want[str(int(r) + 1)].token_ids for r in got)
 
 
-def test_a_banned_token_never_appears(plain: Any) -> None:
+def test_a_banned_token_never_appears_on_either_round(plain: Any) -> None:
+    """The exact host round, and an engine that decodes through the device round (model.exact off), which must hand
+    lanes whose logits are shaped to the host round."""
     free = run(plain, PROMPTS[:1], greedy(32))["0"].token_ids
     banned = free[3]
-    got = run(plain, PROMPTS[:1], greedy(32, logit_bias={banned: -100.0}))["0"].token_ids
-    assert banned not in got
+    fast = make_engine(BUILTIN, "dflash2", draft_tokens=7, lanes=2, model={"exact": "off"})
+    assert fast.runner.device_round is not None
+    for engine in (plain, fast):
+        got = run(engine, PROMPTS[:1], greedy(32, logit_bias={banned: -100.0}))["0"].token_ids
+        assert banned not in got
 
 
 def test_column_j_sees_the_drafts_before_it() -> None:
