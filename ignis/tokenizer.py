@@ -11,7 +11,6 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
-import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers.decoders import DecodeStream

@@ -4,7 +4,8 @@ Owns: parsing and checking a request into prompts and SamplingParams, the JSON r
 envelopes (with `usage` and llama.cpp-style `timings`), and when an error becomes a status (before the first
 event) or an SSE error event (after). A streaming response starts only once the first output (or refusal) is
 there, so a full queue or bad prompt is still a 400/503, not a broken stream. Does not own: merging, disconnects
-and sums (ignis.server.generation), or the routes' app (ignis.server.app).
+and sums (ignis.server.generation), tools, reasoning and structured output (ignis.server.chat), or the routes' app
+(ignis.server.app).
 """
 
 from __future__ import annotations
