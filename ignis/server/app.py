@@ -31,7 +31,7 @@ from ignis.client.async_client import AsyncEngineClient
 from ignis.client.async_llm import AsyncLLM
 from ignis.config import IgnisConfig
 from ignis.errors import EngineDeadError, IgnisError, InputError
-from ignis.server import openai, responses
+from ignis.server import chat, openai, responses
 from ignis.server.errors import ModelNotFound, error_body, error_response
 from ignis.server.generation import ClientGone
 from ignis.server.metrics import CONTENT_TYPE, exposition
@@ -148,7 +148,8 @@ def build_app(
         body = await _body(request)
         tok = llm(request).tokenizer
         if isinstance(body.get("messages"), list):
-            text = tok.apply_chat_template(body["messages"], add_generation_prompt=bool(body.get("add_generation_prompt", True)))
+            text = tok.apply_chat_template(chat.template_messages(body["messages"]),
+                                           add_generation_prompt=bool(body.get("add_generation_prompt", True)))
         elif isinstance(body.get("prompt"), str):
             text = body["prompt"]
         else:
