@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ignis.params import SamplingParams
+from ignis.params import SamplingParams, StructuredOutputs
 
-__all__ = ["LLM", "AsyncLLM", "SamplingParams", "__version__"]
+__all__ = ["LLM", "AsyncLLM", "SamplingParams", "StructuredOutputs", "__version__"]
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:

@@ -1,7 +1,8 @@
 """Sampling parameters: what a caller may ask of one generation, validated before any work starts.
 
-Owns: `SamplingParams` (the vLLM-shaped user object, also the wire form). Does not own: how the parameters
-shape logits (ignis.engine.sampling) or how stop strings are matched (ignis.client.output).
+Owns: `SamplingParams` (the vLLM-shaped user object, also the wire form) and `StructuredOutputs` (a grammar the
+output must follow). Does not own: how the parameters shape logits (ignis.engine.sampling, ignis.engine.logits) or
+how stop strings are matched (ignis.client.output).
 """
 
 from __future__ import annotations
@@ -9,6 +10,24 @@ from __future__ import annotations
 import msgspec
 
 from ignis.errors import InputError
+
+
+class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What the output must match; exactly one field is set (vLLM's `structured_outputs`)."""
+
+    json: str | None = None  # a JSON Schema, as JSON text
+    json_object: bool = False  # any JSON object
+    regex: str | None = None
+    grammar: str | None = None  # a Lark grammar (llguidance's dialect)
+    choice: tuple[str, ...] | None = None  # one of these strings exactly
+
+    def __post_init__(self) -> None:
+        given = [self.json is not None, self.json_object, self.regex is not None, self.grammar is not None,
+                 self.choice is not None]
+        if sum(given) != 1:
+            raise InputError("structured_outputs", "set exactly one of json, json_object, regex, grammar, choice")
+        if self.choice is not None and (not self.choice or any(not isinstance(c, str) or not c for c in self.choice)):
+            raise InputError("structured_outputs.choice", "must be a non-empty list of non-empty strings")
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -27,6 +46,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logprobs: int | None = None
+    presence_penalty: float = 0.0  # subtracted once from every token already in the output
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the output
+    repetition_penalty: float = 1.0  # divides positive / multiplies negative logits of tokens in prompt or output
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit
+    structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.n, int) or self.n < 1:
@@ -49,10 +73,32 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
             raise InputError("stop_token_ids", "every stop token id must be an integer >= 0")
         if self.logprobs is not None and not (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20):
             raise InputError("logprobs", f"must be an integer in [0, 20], got {self.logprobs!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and -2.0 <= value <= 2.0):
+                raise InputError(name, f"must be a number in [-2, 2], got {value!r}")
+        if not (isinstance(self.repetition_penalty, (int, float)) and 0.0 < self.repetition_penalty <= 10.0):
+            raise InputError("repetition_penalty", f"must be in (0, 10] (1 turns it off), got {self.repetition_penalty!r}")
+        for t, b in (self.logit_bias or {}).items():
+            if not (isinstance(t, int) and t >= 0):
+                raise InputError("logit_bias", f"keys must be token ids (integers >= 0), got {t!r}")
+            if not (isinstance(b, (int, float)) and -100.0 <= b <= 100.0):
+                raise InputError("logit_bias", f"biases must be numbers in [-100, 100], got {b!r} for token {t}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Whether the model's logits are changed per request (penalties, bias, grammar) before choosing."""
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+            or bool(self.logit_bias)
+            or self.structured_outputs is not None
+        )
 
 
 def check_prompt(token_ids: list[int], *, context: int, vocab_size: int) -> None:

@@ -1,18 +1,19 @@
 """Text <-> token ids for an artifact: `tokenizer.json` through `tokenizers`, the chat template through jinja2.
 
-Owns: encoding, decoding, chat templates and the artifact's stop tokens. Does not own: incremental detokenization
-and stop strings (ignis.client.output). The GPU process never imports this module.
+Owns: encoding, decoding (whole or one token at a time), chat templates and the artifact's stop tokens. Does not own:
+when text is released and stop strings (ignis.client.output). The GPU process never imports this module.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _HFTokenizer
+from tokenizers.decoders import DecodeStream
 
 from ignis.errors import ArtifactError, InputError
 
@@ -38,6 +39,7 @@ class Tokenizer:
         if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
             template = next((t["template"] for t in template if t.get("name") == "default"), template[0]["template"])
         self._template = None
+        self._template_source: str | None = template or None
         if template:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
             env.globals["raise_exception"] = _raise
@@ -79,25 +81,41 @@ class Tokenizer:
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def decode_stream(self, *, skip_special_tokens: bool = True) -> Callable[[int], str | None]:
+        """A decoder fed one token at a time: the new text it completes, or None while a character is still split."""
+        stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        return lambda token: stream.step(self._tok, token)
+
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True, **kwargs: Any) -> str:
+    @property
+    def chat_template(self) -> str | None:
+        """The template's source (front-ends read which tool-call format and think markers it uses)."""
+        return self._template_source
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], /, *, add_generation_prompt: bool = True, **kwargs: Any) -> str:
+        """Render `messages`; `kwargs` become template variables (tools, enable_thinking, ...). Any failure of the
+        template (a raise_exception, a filter given the wrong type, an undefined name) is the caller's input error."""
         if self._template is None:
             raise InputError("messages", "this model has no chat template; send a plain prompt instead")
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or "role" not in m:
                 raise InputError(f"messages[{i}]", "each message needs a 'role' and a 'content'")
+        if "messages" in kwargs:
+            raise InputError("chat_template_kwargs", "may not set 'messages'")
+        variables = {
+            "bos_token": _token_name(self.config.get("bos_token")) or "",
+            "eos_token": _token_name(self.config.get("eos_token")) or "",
+            **kwargs,
+            "add_generation_prompt": add_generation_prompt,
+        }
         try:
-            return self._template.render(
-                messages=messages,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=_token_name(self.config.get("bos_token")) or "",
-                eos_token=_token_name(self.config.get("eos_token")) or "",
-                **kwargs,
-            )
-        except jinja2.TemplateError as e:
-            raise InputError("messages", f"the chat template could not render them: {e}") from e
+            return self._template.render(messages=messages, **variables)
+        except InputError:
+            raise
+        except Exception as e:  # the template is user-facing code run on user data: whatever it raises is a 400
+            raise InputError("messages", f"the chat template could not render them: {type(e).__name__}: {e}") from e
 
 
 def _token_name(tok: Any) -> str | None:

@@ -190,7 +190,7 @@ def test_bad_requests_get_openai_errors_naming_the_field(server: Server) -> None
         ("/v1/completions", {"prompt": "x", "max_tokens": "many"}, 400, "max_tokens"),
         ("/v1/completions", {"prompt": [5] * 600}, 400, "prompt"),
         ("/v1/completions", {"prompt": ""}, 400, "prompt"),
-        ("/v1/completions", {"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
+        ("/v1/completions", {"prompt": "x", "presence_penalty": 5}, 400, "presence_penalty"),
         ("/v1/completions", "{not json", 400, "body"),
         ("/v1/completions", {"prompt": "x", "model": "gpt-4"}, 404, "model"),
         ("/v1/chat/completions", {"messages": []}, 400, "messages"),

@@ -27,44 +27,51 @@ class TextDelta:
 
 
 class OutputState:
+    """Text of one request, decoded token by token (tokenizers' DecodeStream), so a delta costs what it adds, not
+    what came before: a long answer stays linear. Only the unreleased tail is searched for stop strings: released
+    text ends `hold` characters before the decoded end, so a stop string can never start inside it."""
+
     def __init__(self, request_id: str, params: SamplingParams, tokenizer: Tokenizer) -> None:
         self.request_id = request_id
         self.params = params
         self.tokenizer = tokenizer
         self.token_ids: list[int] = []
-        self.text = ""  # decoded so far (before any stop-string cut)
-        self.released = 0  # characters of `text` already handed out
         self.finished = False
+        self._step = tokenizer.decode_stream(skip_special_tokens=params.skip_special_tokens)
+        self._parts: list[str] = []  # released text, in order
+        self._tail = ""  # decoded, not yet released (a possible stop string's start)
         self._hold = max((len(s) for s in params.stop), default=1) - 1
+
+    @property
+    def text(self) -> str:
+        """Everything released so far (after a stop-string cut)."""
+        return "".join(self._parts) + (self._tail if self.finished else "")
 
     def feed(self, delta: RequestDelta) -> TextDelta:
         self.token_ids.extend(delta.token_ids)
-        visible = self.token_ids
+        visible = delta.token_ids
         stop_id = delta.stop_token_id if delta.finish_reason == "stop" else None
         if stop_id is not None and not self.params.include_stop_str_in_output and visible and visible[-1] == stop_id:
             visible = visible[:-1]
-        text = self.tokenizer.decode(visible, skip_special_tokens=self.params.skip_special_tokens)
+        for t in visible:
+            piece = self._step(t)
+            if piece:
+                self._tail += piece
         finished, reason, stop_reason, hit = delta.finished, delta.finish_reason, stop_id, False
-        if not finished and text.endswith("\ufffd"):
-            text = text[: len(text) - 1]  # an incomplete UTF-8 sequence: wait for its next byte
-        cut = self._find_stop(text)
+        cut = self._find_stop(self._tail)
         if cut is not None:
             end, stop = cut
-            text, finished, reason, stop_reason, hit = text[:end], True, "stop", stop, True
-        self.text = text
-        upto = len(text) if finished else max(self.released, len(text) - self._hold)
-        out = text[self.released : upto]
-        self.released = max(self.released, upto)
+            self._tail, finished, reason, stop_reason, hit = self._tail[:end], True, "stop", stop, True
+        upto = len(self._tail) if finished else max(0, len(self._tail) - self._hold)
+        out, self._tail = self._tail[:upto], self._tail[upto:]
+        self._parts.append(out)
         self.finished = finished
         return TextDelta(out, list(delta.token_ids), finished, reason, stop_reason, hit, delta.stats, delta.logprobs)
 
     def _find_stop(self, text: str) -> tuple[int, str] | None:
-        if not self.params.stop:
-            return None
-        begin = max(0, self.released - self._hold)
         best: tuple[int, str] | None = None
         for s in self.params.stop:
-            i = text.find(s, begin)
+            i = text.find(s)
             if i >= 0 and (best is None or i < best[0]):
                 best = (i, s)
         if best is None:

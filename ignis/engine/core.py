@@ -17,6 +17,8 @@ from ignis.backends.base import BackendContext
 from ignis.backends.registry import load_backend
 from ignis.config import IgnisConfig
 from ignis.engine.device_round import DeviceRound
+from ignis.engine.grammar import Grammars
+from ignis.engine.logits import LogitsShaper
 from ignis.engine.request import Request
 from ignis.engine.round import Emission, Runner
 from ignis.engine.warmup import warm_prefill
@@ -82,6 +84,7 @@ class Engine:
         )
         self._stats = EngineStats(position_drafted=[0] * k, position_accepted=[0] * k)
         self._seeds = make_generator(ec.seed)
+        self._grammars = Grammars(path / "tokenizer.json", self.model.config.vocab_size, list(self.model.config.eos_token_ids))
         log.info(
             "ignis.engine.ready",
             model=str(path),
@@ -108,6 +111,7 @@ class Engine:
             raise InputError("request_id", f"{req.id!r} is already running; use a unique id")
         if forced is not None and (not forced or len(forced) != req.params.max_tokens):
             raise InputError("forced", "needs one token per max_tokens (the recorded continuation)")
+        shaper = self._shaper(req) if req.params.shapes_logits else None
         if self.scheduler.queue_full():
             raise QueueFullError(f"the queue is full ({self.config.engine.max_waiting} waiting); retry later")
         seed = req.params.seed
@@ -123,12 +127,21 @@ class Engine:
                 seed=seed,
                 client=req.client,
                 forced=forced,
+                shaper=shaper,
             )
         )
         self._stats.requests_total += 1
         self._stats.prompt_tokens_total += len(req.prompt_token_ids)
         if self.backend.draft_tokens > 0:
             self._stats.speculative_requests += 1
+
+    def _shaper(self, req: EngineRequest) -> LogitsShaper:
+        p, vocab = req.params, self.model.config.vocab_size
+        bad = [t for t in (p.logit_bias or {}) if t >= vocab]
+        if bad:
+            raise InputError("logit_bias", f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        matcher = self._grammars.matcher(p.structured_outputs) if p.structured_outputs is not None else None
+        return LogitsShaper(p, len(req.prompt_token_ids), matcher)
 
     def abort(self, ids: Iterable[str]) -> list[RequestDelta]:
         deltas = []

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ignis.engine.logits import LogitsShaper
 from ignis.ipc.messages import RequestStats
 from ignis.params import SamplingParams
 
@@ -25,6 +26,7 @@ class Request:
     seed: int = 0  # the device round's counter-based draws
     client: int = 0
     forced: list[int] | None = None  # teacher forcing (acceptance replay): the tokens this request must emit
+    shaper: LogitsShaper | None = None  # penalties, logit_bias, grammar: set when params.shapes_logits
     tokens: list[int] = field(default_factory=list)  # prompt + generated; the last generated one is the anchor
     computed: int = 0  # positions 0..computed-1 are in the lane's caches
     lane: int = -1
@@ -42,6 +44,11 @@ class Request:
     @property
     def prefilling(self) -> bool:
         return self.computed < len(self.prompt)
+
+    @property
+    def needs_logits(self) -> bool:
+        """Its logits are shaped on the host per column (penalties, bias, grammar) before acceptance."""
+        return self.shaper is not None
 
     @property
     def generated(self) -> int:

@@ -74,7 +74,7 @@ class Runner:
         for r in plan.admitted:
             self.cache.reset(r.lane)
             self.backend.reset(r.lane)
-        if self.device_round is None or any(d.request.forced is not None for d in plan.decode):
+        if self.device_round is None or any(d.request.forced is not None or d.request.needs_logits for d in plan.decode):
             return self.host_round(plan)
         emissions: list[Emission] = []
         if plan.decode:
@@ -151,10 +151,14 @@ class Runner:
         for i, (d, lr) in enumerate(zip(plan.decode, rows)):
             mine = drafts[i][: d.drafts] if drafts else []
             r = d.request
+            logits = out.logits[lr.logit_offset : lr.logit_offset + lr.length]
+            if r.shaper is not None:  # penalties, bias, grammar: column j sees the drafts before it
+                logits = r.shaper.shape(logits, r.tokens, mine)
             if r.params.greedy:
-                v = accept_greedy(mine, argmax[lr.logit_offset : lr.logit_offset + lr.length])
+                lane_argmax = argmax[lr.logit_offset : lr.logit_offset + lr.length]
+                v = accept_greedy(mine, lane_argmax if r.shaper is None else logits.argmax(dim=-1).tolist())
             else:
-                p = target_probs(out.logits[lr.logit_offset : lr.logit_offset + lr.length], r.params)
+                p = target_probs(logits, r.params)
                 q = proposal.q[i, : d.drafts] if proposal.q is not None else None
                 v = accept_sampled(mine, p, q, r.generator)
             verdicts.append(v if r.forced is None else teacher_forced(v, mine, r.forced, r.generated))
@@ -189,6 +193,8 @@ class Runner:
                 r.computed += lr.length
                 continue
             row = out.logits[lr.logit_offset]
+            if r.shaper is not None:
+                row = r.shaper.shape(row[None], r.tokens, [])[0]
             if r.forced is not None:
                 first = r.forced[0]
             elif r.params.greedy:

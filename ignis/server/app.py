@@ -31,7 +31,7 @@ from ignis.client.async_client import AsyncEngineClient
 from ignis.client.async_llm import AsyncLLM
 from ignis.config import IgnisConfig
 from ignis.errors import EngineDeadError, IgnisError, InputError
-from ignis.server import openai
+from ignis.server import chat, openai, responses
 from ignis.server.errors import ModelNotFound, error_body, error_response
 from ignis.server.generation import ClientGone
 from ignis.server.metrics import CONTENT_TYPE, exposition
@@ -123,20 +123,33 @@ def build_app(
     async def chat_completions(request: Request) -> Response:
         return await openai.chat_completions(request, llm(request))
 
+    @app.post("/v1/responses")
+    async def responses_route(request: Request) -> Response:
+        return await responses.responses(request, llm(request))
+
+    def model_card(request: Request) -> dict[str, Any]:
+        info = llm(request).client.info
+        return {"id": info.model_name, "object": "model", "created": int(time.time()), "owned_by": "ignis",
+                "max_model_len": info.context, "backend": info.backend, "draft_tokens": info.draft_tokens}
+
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
-        info = llm(request).client.info
-        return _json({"object": "list", "data": [{
-            "id": info.model_name, "object": "model", "created": int(time.time()), "owned_by": "ignis",
-            "max_model_len": info.context, "backend": info.backend, "draft_tokens": info.draft_tokens,
-        }]})
+        return _json({"object": "list", "data": [model_card(request)]})
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(request: Request, model_id: str) -> Response:
+        card = model_card(request)
+        if model_id != card["id"]:
+            raise ModelNotFound(model_id, card["id"])
+        return _json(card)
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Response:
         body = await _body(request)
         tok = llm(request).tokenizer
         if isinstance(body.get("messages"), list):
-            text = tok.apply_chat_template(body["messages"], add_generation_prompt=bool(body.get("add_generation_prompt", True)))
+            text = tok.apply_chat_template(chat.template_messages(body["messages"]),
+                                           add_generation_prompt=bool(body.get("add_generation_prompt", True)))
         elif isinstance(body.get("prompt"), str):
             text = body["prompt"]
         else:

@@ -4,7 +4,8 @@ Owns: parsing and checking a request into prompts and SamplingParams, the JSON r
 envelopes (with `usage` and llama.cpp-style `timings`), and when an error becomes a status (before the first
 event) or an SSE error event (after). A streaming response starts only once the first output (or refusal) is
 there, so a full queue or bad prompt is still a 400/503, not a broken stream. Does not own: merging, disconnects
-and sums (ignis.server.generation), or the routes' app (ignis.server.app).
+and sums (ignis.server.generation), tools, reasoning and structured output (ignis.server.chat), or the routes' app
+(ignis.server.app).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from starlette.responses import Response, StreamingResponse
 
 from ignis.client.async_llm import AsyncLLM, StreamOutput
 from ignis.errors import InputError, IgnisError
+from ignis.server import chat
 from ignis.server.errors import ModelNotFound, error_event
 from ignis.server.generation import (
     Choice,
@@ -45,7 +47,7 @@ def _sse(body: dict) -> bytes:
     return b"data: " + msgspec.json.encode(body) + b"\n\n"
 
 
-def _check_model(llm: AsyncLLM, asked: str | None) -> str:
+def check_model(llm: AsyncLLM, asked: str | None) -> str:
     served = llm.client.info.model_name
     if asked and asked != served:
         raise ModelNotFound(asked, served)
@@ -55,14 +57,15 @@ def _check_model(llm: AsyncLLM, asked: str | None) -> str:
 async def completions(request: Request, llm: AsyncLLM) -> Response:
     req = decode_body(await request.body(), CompletionRequest)
     req.check()
-    model = _check_model(llm, req.model)
+    model = check_model(llm, req.model)
     prompts, given = [], req.prompts()
     for i, p in enumerate(given):
         try:
             prompts.append(llm.prompt_ids(p))
         except InputError as e:
             raise InputError(e.field if len(given) == 1 else f"prompt[{i}]", e.message) from None
-    params = sampling_params(req, max_tokens=16 if req.max_tokens is None else req.max_tokens, logprobs=req.logprobs)
+    params = sampling_params(req, max_tokens=16 if req.max_tokens is None else req.max_tokens, logprobs=req.logprobs,
+                             structured=chat.structured(None, req.structured_outputs, False))
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": model}
     count = len(prompts) * params.n
     offsets = [0] * count
@@ -106,14 +109,13 @@ async def completions(request: Request, llm: AsyncLLM) -> Response:
 async def chat_completions(request: Request, llm: AsyncLLM) -> Response:
     req = decode_body(await request.body(), ChatCompletionRequest)
     req.check()
-    model = _check_model(llm, req.model)
-    text = llm.tokenizer.apply_chat_template(req.conversation(), add_generation_prompt=True,
-                                             **(req.chat_template_kwargs or {}))
-    ids = llm.prompt_ids(text)
+    model = check_model(llm, req.model)
+    p = chat.plan(req, llm.tokenizer)
+    ids = llm.prompt_ids(p.prompt)
     limit = next((m for m in (req.max_completion_tokens, req.max_tokens) if m is not None),
                  llm.client.info.context - len(ids))  # unset: up to the end of the context, as OpenAI does
     top = (req.top_logprobs or 0) if req.logprobs else None
-    params = sampling_params(req, max_tokens=limit, logprobs=top)
+    params = sampling_params(req, max_tokens=limit, logprobs=top, structured=p.structured)
     prompts = [ids]
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model}
 
@@ -122,29 +124,28 @@ async def chat_completions(request: Request, llm: AsyncLLM) -> Response:
 
     if not req.stream:
         choices = await until_disconnect(request, collect(merged(llm, prompts, params), params.n))
+        messages = [chat.message(p, c.text, c.finish_reason) for c in choices]
         return _json({
             **head, "object": "chat.completion",
             "choices": [
-                {"index": i, "message": {"role": "assistant", "content": c.text},
-                 "logprobs": logprobs_of(c.token_ids, c.logprobs), "finish_reason": c.finish_reason}
-                for i, c in enumerate(choices)
+                {"index": i, "message": msg, "logprobs": logprobs_of(c.token_ids, c.logprobs), "finish_reason": reason}
+                for i, (c, (msg, reason)) in enumerate(zip(choices, messages))
             ],
             "usage": usage(prompts, sum(len(c.token_ids) for c in choices)),
             "timings": timings(prompts, [c.stats for c in choices]),
         })
 
-    started: set[int] = set()
+    streams: dict[int, chat.DeltaStream] = {}
 
     def chunk(index: int, o: StreamOutput) -> dict | None:
-        first = index not in started
-        if not o.text and not o.finished and not first:
+        ds = streams.setdefault(index, chat.DeltaStream(p))
+        delta = ds.feed(o.text, o.finished)
+        if delta is None and not o.finished:
             return None
-        started.add(index)
-        delta = {"role": "assistant", "content": o.text} if first else {"content": o.text}
         body: dict[str, Any] = {
             **head, "object": "chat.completion.chunk",
-            "choices": [{"index": index, "delta": delta, "logprobs": logprobs_of(o.token_ids, o.logprobs or []),
-                         "finish_reason": finish_reason(o.finish_reason) if o.finished else None}],
+            "choices": [{"index": index, "delta": delta or {}, "logprobs": logprobs_of(o.token_ids, o.logprobs or []),
+                         "finish_reason": ds.finish_reason(finish_reason(o.finish_reason)) if o.finished else None}],
         }
         if o.finished:
             body["timings"] = timings(prompts, [o.stats])

@@ -1,8 +1,8 @@
 """The OpenAI request bodies the front-end accepts, and their translation into SamplingParams.
 
 Owns: the fields of `/v1/completions` and `/v1/chat/completions` requests (msgspec structs; unknown fields are
-ignored as OpenAI clients send extras), refusing parameters ignis cannot honour (a 400 naming the field rather
-than a silently different answer), and `sampling_params`. Does not own: responses (ignis.server.openai) or
+ignored as OpenAI clients send extras, while the OpenAI fields that would change the answer and that ignis cannot
+honour are declared and refused with a 400 naming them), and `sampling_params`. Does not own: responses (ignis.server.openai) or
 prompt checks against the engine (ignis.client.async_llm).
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 from ignis.errors import InputError
-from ignis.params import SamplingParams
+from ignis.params import SamplingParams, StructuredOutputs
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
@@ -40,18 +40,25 @@ class _Generation(msgspec.Struct, kw_only=True):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    structured_outputs: dict[str, Any] | None = None  # vLLM's: json, json_object, regex, grammar (Lark), choice
     user: str | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
 
     def refuse_unsupported(self) -> None:
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0.0):
-                raise InputError(name, "is not supported by ignis; leave it at 0")
-        if self.repetition_penalty not in (None, 1.0):
-            raise InputError("repetition_penalty", "is not supported by ignis; leave it at 1")
-        if self.logit_bias:
-            raise InputError("logit_bias", "is not supported by ignis")
         if self.stream_options is not None and not self.stream:
             raise InputError("stream_options", "is only allowed with stream: true")
+
+    def token_bias(self) -> dict[int, float] | None:
+        if not self.logit_bias:
+            return None
+        out = {}
+        for k, v in self.logit_bias.items():
+            if not k.strip().isdigit():
+                raise InputError("logit_bias", f"keys must be token ids, got {k!r}")
+            out[int(k)] = v
+        return out
 
 
 class CompletionRequest(_Generation, kw_only=True):
@@ -91,15 +98,30 @@ class ChatCompletionRequest(_Generation, kw_only=True):
     max_completion_tokens: int | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    # OpenAI fields that would change the answer and that ignis does not implement: refused, never ignored.
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
 
     def check(self) -> None:
         self.refuse_unsupported()
-        if self.tools:
-            raise InputError("tools", "tool calling is not supported by ignis")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise InputError("response_format", "only {'type': 'text'} is supported by ignis")
+        for name in ("functions", "function_call"):
+            if getattr(self, name) is not None:
+                raise InputError(name, "is OpenAI's deprecated form; send 'tools' and 'tool_choice' instead")
+        if self.audio is not None or (self.modalities not in (None, ["text"])):
+            raise InputError("audio" if self.audio is not None else "modalities", "ignis generates text only")
+        for name in ("prediction", "web_search_options"):
+            if getattr(self, name) is not None:
+                raise InputError(name, "is not supported by ignis")
+        if self.chat_template_kwargs is not None and not isinstance(self.chat_template_kwargs, dict):
+            raise InputError("chat_template_kwargs", "must be an object")
         if self.top_logprobs is not None and not self.logprobs:
             raise InputError("top_logprobs", "needs logprobs: true")
         if not self.messages:
@@ -127,15 +149,18 @@ class ChatCompletionRequest(_Generation, kw_only=True):
         return out
 
 
-def sampling_params(req: _Generation, *, max_tokens: int, logprobs: int | None) -> SamplingParams:
+def sampling_params(
+    req: _Generation, *, max_tokens: int, logprobs: int | None, structured: StructuredOutputs | None = None
+) -> SamplingParams:
     """OpenAI fields -> SamplingParams; its own checks raise InputError naming the field."""
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     fields: dict[str, Any] = dict(
         n=req.n, max_tokens=max_tokens, stop=stop, stop_token_ids=tuple(req.stop_token_ids or ()),
         ignore_eos=req.ignore_eos, include_stop_str_in_output=req.include_stop_str_in_output,
         skip_special_tokens=req.skip_special_tokens, logprobs=logprobs, seed=req.seed,
+        logit_bias=req.token_bias(), structured_outputs=structured,
     )
-    for name in ("temperature", "top_p", "top_k", "min_p"):
+    for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
         if getattr(req, name) is not None:
             fields[name] = getattr(req, name)
     return SamplingParams(**fields)

@@ -1,0 +1,61 @@
+"""One `ignis serve` per test module, for the agents' API tests: started as users start it, stopped at the end."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from ignis.artifact import BUILTIN
+
+
+@contextmanager
+def serve(log: Path, *args: str) -> Iterator[str]:
+    """The base URL (http://host:port) of a server started with `args`."""
+    cmd = [sys.executable, "-m", "ignis.cli", "serve", "--profile", "cpu", "--port", "0", *args,
+           "--set", "log.format=json", "--set", "engine.lanes=4"]
+    with log.open("w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        assert proc.stdout is not None
+        url = None
+        for line in proc.stdout:
+            if m := re.search(r"OpenAI API\s+(http://\S+)/v1", line):
+                url = m.group(1)
+                break
+        assert url, f"ignis serve did not start:\n{log.read_text()[-3000:]}"
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def builtin_with_template(path: Path, template: str) -> Path:
+    """The built-in model and drafter (linked, not copied) under another chat template."""
+    import json
+
+    path.mkdir(parents=True, exist_ok=True)
+    for f in BUILTIN.iterdir():
+        if f.name != "tokenizer_config.json" and not f.name.startswith("__"):
+            (path / f.name).symlink_to(f)
+    cfg = json.loads((BUILTIN / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": template}))
+    return path
+
+
+@pytest.fixture(scope="session")
+def agents_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The built-in model with its drafter (dflash2 at 7), shared by the agents' API modules."""
+    log = tmp_path_factory.mktemp("agents") / "serve.log"
+    with serve(log, "--set", "spec.backend=dflash2", "--set", "spec.draft_tokens=7") as u:
+        yield u
