@@ -185,6 +185,8 @@ def bench_model(label: str, model: HybridModel, path: Path, bw: float, args: arg
                 device: torch.device) -> list[dict[str, Any]]:
     rows = []
     dtype = model.embed_tokens.weight.dtype
+    for rope in (model.rope, *([model.mtp.rope] if model.mtp is not None else [])):  # as the engine does
+        rope.precompute(args.context + 16, device, dtype)
     for case in CASES:
         backend = build_backend(case.backend, case.k, model, path, 8, args.context, device, dtype)
         cache = LaneCache(model.config, lanes=8, context=args.context, max_cols=case.k + 1, device=device, dtype=dtype)

@@ -52,6 +52,9 @@ class DFlash2:
         self.draft_tokens = spec.draft_tokens
         self.tap_layers = cfg.target_layer_ids
         self.model = load_drafter(path, cfg, device=ctx.device, dtype=ctx.dtype) if drafter is None else drafter
+        if not ctx.model.exact:  # fewer, larger launches; exact mode keeps the reference arithmetic
+            self.model.fuse()
+            self.model.rope.precompute(ctx.context + cfg.block_size + 1, ctx.device, ctx.dtype)
         self.shortlist: ShortlistHead | None = None
         if spec.draft_head == "shortlist":
             self.shortlist = ShortlistHead(path / SHORTLIST, hidden=target.hidden_size, vocab=self.vocab,

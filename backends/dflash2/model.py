@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ignis.backends.dflash2.config import DrafterConfig
-from ignis.model.ops import Rope, apply_rope
+from ignis.model.ops import Rope, apply_rope, fuse_rows
 
 
 class Norm(nn.Module):
@@ -87,10 +87,19 @@ class Attention(nn.Module):
         self.q_norm = Norm(c.head_dim, c.rms_norm_eps)
         self.k_norm = Norm(c.head_dim, c.rms_norm_eps)
 
+        self.qkv_proj: torch.Tensor | None = None  # [(nh + 2 nkv) hd, H]: q | k | v, once fused (inference)
+
+    def fuse(self) -> None:
+        self.qkv_proj = fuse_rows(self.q_proj, self.k_proj, self.v_proj)
+
     def keys(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] -> K, V [T, nkv, hd]: K normed and rotated at the rows' positions (cos/sin [T, rd])."""
-        k = self.k_norm(self.k_proj(x).view(x.shape[0], self.num_kv, self.head_dim))
-        return apply_rope(k, cos, sin), self.v_proj(x).view(x.shape[0], self.num_kv, self.head_dim)
+        t, nkv, hd = x.shape[0], self.num_kv, self.head_dim
+        if self.qkv_proj is not None:
+            k, v = F.linear(x, self.qkv_proj[self.num_heads * hd :]).split(nkv * hd, dim=-1)
+        else:
+            k, v = self.k_proj(x), self.v_proj(x)
+        return apply_rope(self.k_norm(k.reshape(t, nkv, hd)), cos, sin), v.reshape(t, nkv, hd)
 
     def forward(
         self,
@@ -103,8 +112,16 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         n, rows, _ = x.shape
         flat = x.reshape(n * rows, -1)
-        q = apply_rope(self.q_norm(self.q_proj(flat).view(n * rows, self.num_heads, self.head_dim)), cos, sin)
-        k, v = self.keys(flat, cos, sin)
+        t, nh, nkv, hd = n * rows, self.num_heads, self.num_kv, self.head_dim
+        if self.qkv_proj is not None:
+            # One product for q, k and v, one rotation for q and k together.
+            q, k, v = F.linear(flat, self.qkv_proj).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+            qk = apply_rope(torch.cat([self.q_norm(q.reshape(t, nh, hd)), self.k_norm(k.reshape(t, nkv, hd))], dim=1),
+                            cos, sin)
+            q, k, v = qk[:, :nh].reshape(t, nh, hd), qk[:, nh:], v.reshape(t, nkv, hd)
+        else:
+            q = apply_rope(self.q_norm(self.q_proj(flat).view(t, nh, hd)), cos, sin)
+            k, v = self.keys(flat, cos, sin)
         k = torch.cat([ctx_k, k.view(n, rows, self.num_kv, self.head_dim)], dim=1)
         v = torch.cat([ctx_v, v.view(n, rows, self.num_kv, self.head_dim)], dim=1)
         group, nkv, hd = self.num_heads // self.num_kv, self.num_kv, self.head_dim
@@ -125,8 +142,15 @@ class Mlp(nn.Module):
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        self.gate_up: torch.Tensor | None = None  # [2 inner, H], once fused (inference)
+
+    def fuse(self) -> None:
+        self.gate_up = fuse_rows(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up is not None:
+            gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -180,6 +204,14 @@ class DrafterModel(nn.Module):
         self.norm = Norm(c.hidden_size, c.rms_norm_eps)
         self.candidate_selector = Selector(c) if c.is_v2 else None
         self.rope = Rope(c.rotary_dim, c.rope_theta)
+
+    @torch.no_grad()
+    def fuse(self) -> None:
+        """Inference only: each layer's q, k, v and gate, up projections become one product each (views of one
+        weight, no extra memory). A model being trained stays unfused."""
+        for layer in self.layers:
+            cast(Layer, layer).self_attn.fuse()
+            cast(Layer, layer).mlp.fuse()
 
     def context_kv(
         self,

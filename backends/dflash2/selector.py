@@ -61,18 +61,28 @@ def select(
     unary = transform(cfg, values.view(n, k, -1))  # [n, k, K] float32; monotonic, so the candidate set is the same
     hp = selector.hidden_projection(hidden).float()  # [n, k, r]
     succ = selector.successor_codebook[cand].float()  # [n, k, K, r]
-    prev = anchors
-    drafts, probs = [], []
+    # Edge scores of every (predecessor, candidate) pair at once: the anchor before slot 0, slot t-1's candidates
+    # before slot t. The walk then only picks one row of them per slot.
+    first = torch.einsum("nr,nkr->nk", selector.predecessor_codebook[anchors].float() * hp[:, 0], succ[:, 0])
+    pairs = None
+    if k > 1:
+        pred = selector.predecessor_codebook[cand[:, :-1]].float() * hp[:, 1:, None, :]  # [n, k-1, K, r]
+        pairs = torch.einsum("ntpr,ntcr->ntpc", pred, succ[:, 1:])  # [n, k-1, K (predecessor), K]
+    width_k = cand.shape[-1]
+    picks, probs = [], []
+    pick = anchors  # unused for slot 0
     for t in range(k):
-        edge = torch.einsum("nr,nkr->nk", selector.predecessor_codebook[prev].float() * hp[:, t], succ[:, t])
+        if t == 0 or pairs is None:
+            edge = first
+        else:
+            edge = pairs[:, t - 1].gather(1, pick[:, None, None].expand(n, 1, width_k))[:, 0]
         scores = unary[:, t] + edge
         pick = scores.argmax(dim=-1)
         if choice.uniforms is not None:
             p, pick = _draw(scores, pick, choice, t)
             probs.append(p)
-        prev = cand[:, t].gather(-1, pick[:, None])[:, 0]
-        drafts.append(prev)
-    tokens = torch.stack(drafts, dim=1)
+        picks.append(pick)
+    tokens = cand.gather(-1, torch.stack(picks, dim=1)[..., None])[..., 0]
     if choice.uniforms is None:
         return tokens, None
     q = torch.zeros((n, k, vocab), dtype=torch.float32, device=logits.device)

@@ -51,6 +51,9 @@ class Engine:
         cache = LaneCache(
             self.model.config, lanes=ec.lanes, context=ec.context, max_cols=k + 1, device=device, dtype=dtype
         )
+        if not self.model.exact:  # every position a round can reach, tabulated once
+            for rope in (self.model.rope, *([self.model.mtp.rope] if self.model.mtp is not None else [])):
+                rope.precompute(ec.context + k + 2, device, dtype)
         sample_drafts = config.spec.draft_sampling == "sampled"
         started = time.perf_counter()
         most = min(ec.max_rows, ec.context)

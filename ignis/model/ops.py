@@ -114,9 +114,19 @@ class Rope:
         steps = torch.arange(0, rotary_dim, 2, dtype=torch.float32, device="cpu") / rotary_dim
         self._inv_freq = 1.0 / (theta**steps)  # [rotary_dim / 2] float32, cpu
         self._on: dict[torch.device, torch.Tensor] = {}
+        self._table: tuple[torch.Tensor, torch.Tensor] | None = None  # (cos, sin) [n, rotary_dim] once precomputed
+
+    def precompute(self, n: int, device: torch.device, dtype: torch.dtype) -> None:
+        """Tabulate positions 0..n-1 once: `tables` then looks rows up (two launches instead of seven). The caller
+        promises that no position asked for afterwards reaches n (a lookup cannot check without a device read)."""
+        self._table = None
+        self._table = self.tables(torch.arange(n, device=device), dtype)
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T] int64 -> (cos, sin) [T, rotary_dim] in dtype, computed in fp32 like HF."""
+        table = self._table
+        if table is not None and table[0].dtype == dtype and table[0].device == positions.device:
+            return table[0].index_select(0, positions), table[1].index_select(0, positions)
         inv = self._on.get(positions.device)
         if inv is None:
             inv = self._on[positions.device] = self._inv_freq.to(positions.device)
