@@ -8,14 +8,16 @@ process reads the vocabulary straight from tokenizer.json; it never imports igni
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import llguidance
 import numpy as np
 import torch
 
 from ignis.errors import InputError
 from ignis.params import StructuredOutputs
-from ignis.structured import grammar_text
+
+if TYPE_CHECKING:
+    import llguidance  # imported where a grammar is first built: an engine that serves none never loads it
 
 
 class GrammarMatcher:
@@ -55,6 +57,10 @@ class Grammars:
         self._tok: llguidance.LLTokenizer | None = None
 
     def matcher(self, spec: StructuredOutputs) -> GrammarMatcher:
+        import llguidance
+
+        from ignis.structured import grammar_text
+
         grammar = grammar_text(spec)
         if self._tok is None:
             if not self.path.is_file():
