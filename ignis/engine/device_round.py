@@ -74,6 +74,7 @@ class RoundBuffers:
         self.floats = torch.zeros((len(_FLOATS), size), dtype=torch.float32, device=device)  # [4, B] f32, device
         self.out = torch.zeros((size, k + 2), dtype=torch.int64, device=device)  # [B, K+2]: accepted, drafts, token
         self.host_out = torch.zeros((size, k + 2), dtype=torch.int64, pin_memory=pin)  # [B, K+2] int64, cpu
+        self.logits = torch.empty(0, device=device)  # [B, K+1, V] float32, device: made by the first run
         self._ints, self._floats = self.host_ints.numpy(), self.host_floats.numpy()  # views: cheap host writes
         self.idle()
 
@@ -150,7 +151,6 @@ class DeviceRound:
         self.spans = spans(cache.context + cache.max_cols)
         self.buffers = {b: RoundBuffers(b, self.k, cache.scratch, device) for b in self.buckets}
         self.graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
-        self.logits: dict[tuple[int, int, bool], torch.Tensor] = {}  # each graph's output logits [B, C, V]
         self.pool: Any = None  # the graphs' shared memory pool (torch.cuda.graph_pool_handle())
 
     def run(self, decodes: list[Decode]) -> list[Emitted]:
@@ -165,9 +165,9 @@ class DeviceRound:
         graph = self.graphs.get(key)
         if graph is not None:
             graph.replay()
-            logits = self.logits[key]
         else:
-            logits = self.forward(buf, span, sampling)
+            self.forward(buf, span, sampling)
+        logits = buf.logits
         out = buf.fetch()
         emitted = []
         for i, d in enumerate(decodes):
@@ -177,8 +177,9 @@ class DeviceRound:
         return emitted
 
     @torch.inference_mode()
-    def forward(self, buf: RoundBuffers, span: int, sampling: bool) -> torch.Tensor:
-        """The round as device work on `buf`'s inputs; writes buf.out and returns the verify logits [B, C, V]."""
+    def forward(self, buf: RoundBuffers, span: int, sampling: bool) -> None:
+        """The round as device work on `buf`'s inputs; writes buf.out and buf.logits, the verify logits [B, C, V]
+        (one buffer a bucket, shared by its graphs: memory does not grow with the number of spans)."""
         model, backend, k, b = self.model, self.backend, self.k, buf.size
         lanes, anchors, start = buf.lanes, buf.anchors, buf.positions
         # 1. propose
@@ -194,6 +195,9 @@ class DeviceRound:
         step = model.decode_step(lanes, positions, span=span, record=k > 0)
         hidden, taps = model.decode(tokens, step, self.cache, taps=backend.tap_layers)
         logits = model.logits(hidden).view(b, self.cols, -1)
+        if buf.logits.shape != logits.shape:
+            buf.logits = torch.empty_like(logits)  # the first run of the bucket, before any capture
+        buf.logits.copy_(logits)
         # 3. accept
         accepted, token = accept_greedy(drafts, logits.argmax(dim=-1), buf.allowed)
         if sampling:
@@ -217,7 +221,6 @@ class DeviceRound:
         buf.out[:, 0] = accepted
         buf.out[:, 1 : k + 1] = drafts
         buf.out[:, k + 1] = token
-        return logits
 
     def keys(self) -> list[tuple[int, int, bool]]:
         """Every (bucket, span, sampling) a round can take, the largest bucket first (its memory is then reused)."""
@@ -238,9 +241,8 @@ class DeviceRound:
                 self.forward(buf, span, sampling)  # first use: library handles, kernel loads
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, stream=side):
-                logits = self.forward(buf, span, sampling)
+                self.forward(buf, span, sampling)
             torch.cuda.current_stream(self.device).wait_stream(side)
             self.graphs[size, span, sampling] = graph
-            self.logits[size, span, sampling] = logits
         torch.cuda.synchronize(self.device)
         return time.perf_counter() - t0
