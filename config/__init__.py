@@ -9,7 +9,15 @@ Does not own: logging the resolved config (ignis.logging.log_resolved) or acting
 
 from __future__ import annotations
 
-from ignis.config.load import PROFILES, installed_backends, load_config, parse_overrides, read_profile
+from ignis.config.load import (
+    ENV_PREFIX,
+    PROFILES,
+    env_overrides,
+    installed_backends,
+    load_config,
+    parse_overrides,
+    read_profile,
+)
 from ignis.config.schema import (
     MAX_DRAFT_TOKENS,
     EngineSection,
@@ -23,4 +31,5 @@ from ignis.config.schema import (
 __all__ = [
     "IgnisConfig", "ModelSection", "EngineSection", "SpecSection", "ServerSection", "LogSection",
     "load_config", "parse_overrides", "read_profile", "installed_backends", "PROFILES", "MAX_DRAFT_TOKENS",
+    "env_overrides", "ENV_PREFIX",
 ]

@@ -1,8 +1,9 @@
-"""Resolving a config: defaults < profile < TOML file < overrides, then one checked `IgnisConfig`.
+"""Resolving a config: defaults < profile < TOML file < environment < overrides, then one checked `IgnisConfig`.
 
-Owns: the list of built-in profiles and how they are read, TOML file reading, dotted overrides in both forms
-(`{"spec.backend": "mtp"}` from Python, `["spec.backend=mtp"]` from `--set`), and naming where a refused value
-came from. Does not own: what a key accepts (ignis.config.schema) or which backends exist (the entry-point
+Owns: the list of built-in profiles and how they are read, TOML file reading, the `IGNIS_SECTION_KEY` environment
+variables (`IGNIS_ENGINE_LANES=8` is `engine.lanes = 8`; the `ignis` command passes its environment, Python callers
+pass one if they want it), dotted overrides in both forms (`{"spec.backend": "mtp"}` from Python,
+`["spec.backend=mtp"]` from `--set`), and naming where a refused value came from. Does not own: what a key accepts (ignis.config.schema) or which backends exist (the entry-point
 group, read by `installed_backends`).
 """
 
@@ -22,6 +23,7 @@ from ignis.errors import ConfigError
 
 PROFILES: tuple[str, ...] = ("cpu", "h200", "rtx5090", "rtxpro6000", "rtx50-16gb")
 BACKEND_GROUP = "ignis.spec_backends"
+ENV_PREFIX = "IGNIS_"
 
 
 def installed_backends() -> tuple[str, ...]:
@@ -33,8 +35,10 @@ def load_config(
     profile: str | None = None,
     path: str | Path | None = None,
     overrides: Mapping[str, Any] | Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> IgnisConfig:
-    """Resolve the config from defaults, then `profile`, then the TOML file at `path`, then `overrides`.
+    """Resolve the config from defaults, then `profile`, then the TOML file at `path`, then the `IGNIS_*` variables
+    of `env` (None: none are read), then `overrides`.
 
     Overrides are dotted keys: a mapping holds typed Python values; a sequence holds "key=value" strings whose
     values are read as TOML literals (7, true, "x") and otherwise taken as bare strings. Raises ConfigError
@@ -46,6 +50,10 @@ def load_config(
         _merge_tree(merged, origin, read_profile(profile), f'profile "{profile}"')
     if path is not None:
         _merge_tree(merged, origin, _read_toml(Path(path)), f"file {path}")
+    for var, (dotted, value) in env_overrides(env or {}).items():
+        section, key = _split(dotted)
+        merged.setdefault(section, {})[key] = value
+        origin[dotted] = f"environment variable {var}"
     if overrides is not None:
         if isinstance(overrides, Mapping):
             flat, source = dict(overrides), "overrides"
@@ -88,6 +96,25 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
         if typing.get_type_hints(SECTIONS[section])[key] is str and not isinstance(value, str):
             value = raw
         out[dotted] = value
+    return out
+
+
+def env_overrides(env: Mapping[str, str]) -> dict[str, tuple[str, Any]]:
+    """IGNIS_<SECTION>_<KEY> variables -> {variable: (dotted key, value)}, values read as `--set` reads them.
+
+    Only variables whose second word is a config section are config (IGNIS_PROFILE, IGNIS_DEBUG and the like are
+    other things); an unknown key in a known section is refused, naming the variable."""
+    out: dict[str, tuple[str, Any]] = {}
+    for var in sorted(env):
+        if not var.startswith(ENV_PREFIX):
+            continue
+        section, _, key = var[len(ENV_PREFIX):].lower().partition("_")
+        if section not in SECTIONS or not key:
+            continue
+        try:
+            out[var] = (f"{section}.{key}", parse_overrides([f"{section}.{key}={env[var]}"])[f"{section}.{key}"])
+        except ConfigError as e:
+            raise ConfigError(var, f"{e.message} (environment variable {var})") from None
     return out
 
 

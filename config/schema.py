@@ -21,6 +21,8 @@ from ignis.config.fields import check_section, choice, flag, integer, number, te
 from ignis.errors import ConfigError
 
 MAX_DRAFT_TOKENS = 7
+MIN_CONTEXT = 16
+AUTO = "auto"  # spec.backend: dflash2 when the model carries a drafter (see ignis.engine.defaults), else off
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
@@ -44,7 +46,8 @@ class EngineSection:
     section: ClassVar[str] = "engine"
 
     lanes: int = integer(4, 1, 1024)  # sequences decoded at once, each with its own KV and recurrent state
-    context: int = integer(4096, 16, 1048576)  # positions per lane, prompt + output
+    # positions per lane, prompt + output; 0 = auto: the model's max_position_embeddings, fitted to the memory left
+    context: int = integer(0, 0, 1048576, allowed="0 (auto: from the model, fitted to memory) or 16..1048576")
     max_rows: int = integer(512, 64)  # rows per round: verify columns plus prefill rows
     prefill_chunk: int = integer(64, 64, multiple_of=64)  # prefill splits only at multiples of this
     max_waiting: int = integer(256, 0)  # queued requests beyond the lanes; more are refused (503)
@@ -54,6 +57,9 @@ class EngineSection:
 
     def __post_init__(self) -> None:
         check_section(self.section, self)
+        if 0 < self.context < MIN_CONTEXT:
+            raise ConfigError("engine.context", f"got {self.context}; expected 0 (auto: from the model, fitted to "
+                              f"memory) or {MIN_CONTEXT}..1048576")
         if self.prefill_chunk > self.max_rows:
             raise ConfigError("engine.prefill_chunk", f"got {self.prefill_chunk}, more than engine.max_rows = "
                               f"{self.max_rows}; a prefill chunk must fit in one round: lower it or raise max_rows")
@@ -63,7 +69,7 @@ class EngineSection:
 class SpecSection:
     section: ClassVar[str] = "spec"
 
-    backend: str = text("off")  # a name in the entry-point group ignis.spec_backends
+    backend: str = text(AUTO)  # "auto" or a name in the entry-point group ignis.spec_backends
     draft_tokens: int = integer(0, 0, MAX_DRAFT_TOKENS, allowed=f"0 (unset) or 1..{MAX_DRAFT_TOKENS}")
     draft_head: str = choice("full", "full", "shortlist")
     # Sampled requests: draw drafts from the drafter's own distribution q ("sampled"), or take its argmax, a one-hot q
@@ -78,12 +84,13 @@ class SpecSection:
 
         installed = config.installed_backends()
         names = ", ".join(f'"{n}"' for n in installed) or "none (is ignis installed?)"
-        if self.backend not in installed:
-            raise ConfigError("spec.backend", f'got "{self.backend}", which is not installed; installed backends: {names}')
+        if self.backend not in installed and self.backend != AUTO:
+            raise ConfigError("spec.backend", f'got "{self.backend}", which is not installed; expected "{AUTO}" or '
+                              f"an installed backend: {names}")
         drafting = ", ".join(f'"{n}"' for n in installed if n != "off") or "none installed"
-        if self.backend == "off" and self.draft_tokens != 0:
+        if self.backend in ("off", AUTO) and self.draft_tokens != 0:
             raise ConfigError("spec.draft_tokens", f"spec.draft_tokens needs spec.backend set to a drafting backend "
-                              f'({drafting}); got draft_tokens = {self.draft_tokens} with backend "off": set '
+                              f'({drafting}); got draft_tokens = {self.draft_tokens} with backend "{self.backend}": set '
                               f"spec.backend or leave spec.draft_tokens at 0")
         if self.backend == "dflash2" and self.draft_tokens == 0:
             raise ConfigError("spec.draft_tokens", f"required with dflash2; set spec.draft_tokens to "

@@ -76,6 +76,15 @@ class EngineInfo(msgspec.Struct, kw_only=True):
     eos_token_ids: list[int]
 
 
+class Histogram(msgspec.Struct, kw_only=True):
+    """Observations as plain data: `counts[i]` fell at or below `bounds[i]` (and above the bound before), the last
+    count above every bound; `total` is their sum."""
+
+    bounds: list[float]
+    counts: list[int]
+    total: float = 0.0
+
+
 class EngineStats(msgspec.Struct, kw_only=True):
     """Engine-wide counters as plain data; only the server edge turns them into Prometheus metrics."""
 
@@ -90,6 +99,13 @@ class EngineStats(msgspec.Struct, kw_only=True):
     accepted: int = 0
     position_drafted: list[int] = msgspec.field(default_factory=list)
     position_accepted: list[int] = msgspec.field(default_factory=list)
+    lanes: int = 0
+    cache_bytes: int = 0  # the lanes' KV and recurrent state, allocated at start
+    cache_used_bytes: int = 0  # the part that running requests hold: their positions' KV plus their lanes' state
+    retained_slots: int = 0  # finished requests' state kept for a follow-up (none yet: ignis frees a lane at once)
+    preemptions: int = 0  # requests pushed out of a lane to make room (none yet: a lane holds its request to the end)
+    errors: dict[str, int] = msgspec.field(default_factory=dict)  # kind -> requests refused or ended by it
+    histograms: dict[str, Histogram] = msgspec.field(default_factory=dict)  # name (ignis.engine.telemetry) -> data
 
 
 # --- transport: what crosses the socket besides requests and deltas -------------------------------------------

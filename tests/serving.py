@@ -20,6 +20,8 @@ def tiny_artifact(path: Path, seed: int = 2) -> Path:
 
 
 def config(model: Path, **overrides: Any) -> IgnisConfig:
-    base: dict[str, Any] = {"model.path": str(model), "log.level": "warning", "engine.context": 512}
+    # Plain decoding unless a test asks for a backend: the default ("auto") would follow what the artifact carries.
+    base: dict[str, Any] = {"model.path": str(model), "log.level": "warning", "engine.context": 512,
+                            "spec.backend": "off"}
     base.update(overrides)
     return load_config(profile="cpu", overrides=base)

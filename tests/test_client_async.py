@@ -17,7 +17,7 @@ from serving import tiny_artifact
 
 GREEDY = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
 LONG = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
-OVERRIDES = {"log.level": "warning", "engine.context": 512, "engine.lanes": 16}
+OVERRIDES = {"log.level": "warning", "engine.context": 512, "engine.lanes": 16, "spec.backend": "off"}
 
 
 @pytest.fixture(scope="module")

@@ -34,9 +34,10 @@ def test_defaults_are_the_documented_ones() -> None:
     cfg = load_config()
     assert cfg == IgnisConfig()
     assert (cfg.model.path, cfg.model.dtype, cfg.model.device, cfg.model.exact) == ("", "auto", "auto", "auto")
-    assert (cfg.engine.lanes, cfg.engine.context, cfg.engine.max_rows, cfg.engine.prefill_chunk) == (4, 4096, 512, 64)
+    # context 0 and backend "auto" are settled by the engine from the model and the memory (tests/test_defaults.py).
+    assert (cfg.engine.lanes, cfg.engine.context, cfg.engine.max_rows, cfg.engine.prefill_chunk) == (4, 0, 512, 64)
     assert (cfg.engine.max_waiting, cfg.engine.seed) == (256, 0)
-    assert (cfg.spec.backend, cfg.spec.draft_tokens, cfg.spec.draft_head, cfg.spec.drafter) == ("off", 0, "full", "")
+    assert (cfg.spec.backend, cfg.spec.draft_tokens, cfg.spec.draft_head, cfg.spec.drafter) == ("auto", 0, "full", "")
     assert (cfg.server.host, cfg.server.port, cfg.server.frontends, cfg.server.transport) == ("127.0.0.1", 8000, 1, "ipc")
     assert (cfg.server.heartbeat_s, cfg.server.engine_timeout_s) == (1.0, 5.0)
     assert (cfg.log.level, cfg.log.format) == ("info", "console")
@@ -130,7 +131,8 @@ BAD: list[tuple[str, Any, str]] = [
     ("engine.lanes", 1025, "an integer from 1 to 1024"),
     ("engine.lanes", True, "a boolean"),
     ("engine.lanes", 2.0, "a number"),
-    ("engine.context", 8, "an integer from 16 to 1048576"),
+    ("engine.context", 8, "0 (auto: from the model, fitted to memory) or 16..1048576"),
+    ("engine.context", -1, "0 (auto: from the model, fitted to memory) or 16..1048576"),
     ("engine.max_rows", 32, "an integer >= 64"),
     ("engine.prefill_chunk", 96, "a positive multiple of 64"),
     ("engine.prefill_chunk", 0, "a positive multiple of 64"),

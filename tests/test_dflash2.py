@@ -89,7 +89,7 @@ def work() -> tuple[list[list[int]], list[SamplingParams]]:
 @pytest.fixture(scope="module")
 def reference(ckpt: Path, work) -> dict[str, list[int]]:
     ps, params = work
-    overrides = {"model.path": str(ckpt), "engine.lanes": 4, "log.level": "warning"}
+    overrides = {"model.path": str(ckpt), "spec.backend": "off", "engine.lanes": 4, "log.level": "warning"}
     out = run(Engine(load_config(profile="cpu", overrides=overrides)), ps, params)
     return {k: v.token_ids for k, v in out.items()}
 
@@ -160,7 +160,7 @@ def test_builtin_drafter_keeps_greedy_output_and_commits_several_tokens_a_round(
         overrides = {"engine.lanes": 2, "log.level": "warning", **{f"spec.{k}": v for k, v in spec.items()}}
         return Engine(load_config(profile="cpu", overrides=overrides))
 
-    want = run(engine(), ps, params)
+    want = run(engine(backend="off"), ps, params)  # plain decoding, said explicitly: the default speculates
     for head in ("full", "shortlist"):
         spec = engine(backend="dflash2", draft_tokens=7, draft_head=head)
         got = run(spec, ps, params)

@@ -112,7 +112,7 @@ CLIENT_THAT_DIES = textwrap.dedent("""
     from ignis.config import load_config
     from ignis.ipc.messages import EngineRequest
     from ignis.params import SamplingParams
-    cfg = load_config(profile="cpu", overrides={"model.path": sys.argv[2], "log.level": "warning"})
+    cfg = load_config(profile="cpu", overrides={"model.path": sys.argv[2], "spec.backend": "off", "log.level": "warning"})
     c = ProcessClient(cfg, sys.argv[1])
     p = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
     for i in range(6):  # more than the lanes: some run, some wait

@@ -18,7 +18,7 @@ def llm(tmp_path_factory: pytest.TempPathFactory):
     path = tiny_checkpoint(tmp_path_factory.mktemp("llm"), seed=2, mtp=True, vocab_size=8192)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(BUILTIN / name, Path(path) / name)
-    with LLM(str(path), profile="cpu", overrides={"log.level": "warning"}) as llm:
+    with LLM(str(path), profile="cpu", overrides={"log.level": "warning", "spec.backend": "off"}) as llm:
         yield llm
 
 
@@ -70,7 +70,7 @@ def test_a_batch_larger_than_lanes_and_queue_runs_whole(tmp_path: Path) -> None:
     path = tiny_checkpoint(tmp_path, seed=4, mtp=False, vocab_size=8192)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(BUILTIN / name, path / name)
-    overrides = {"log.level": "warning", "engine.lanes": 1, "engine.max_waiting": 1}
+    overrides = {"log.level": "warning", "engine.lanes": 1, "engine.max_waiting": 1, "spec.backend": "off"}
     with LLM(str(path), profile="cpu", overrides=overrides) as small:
         outs = small.generate([f"x{i} = " for i in range(5)], SamplingParams(max_tokens=3, ignore_eos=True))
     assert [len(o.outputs[0].token_ids) for o in outs] == [3] * 5

@@ -16,6 +16,7 @@ from ignis.artifact import model_name, resolve_device, resolve_dtype, resolve_ex
 from ignis.backends.base import BackendContext
 from ignis.backends.registry import load_backend
 from ignis.config import IgnisConfig
+from ignis.engine.defaults import cache_bytes, settle
 from ignis.engine.device_round import DeviceRound
 from ignis.engine.grammar import Grammars
 from ignis.engine.logits import LogitsShaper
@@ -24,38 +25,55 @@ from ignis.engine.round import Emission, Runner
 from ignis.engine.warmup import warm_prefill
 from ignis.engine.sampling import make_generator
 from ignis.engine.scheduler import Scheduler
+from ignis.engine.telemetry import Telemetry
 from ignis.errors import InputError, QueueFullError
 from ignis.params import check_prompt
 from ignis.ipc.messages import EngineInfo, EngineRequest, EngineStats, RequestDelta
 from ignis.logging import get_logger
 from ignis.model.cache import LaneCache
 from ignis.model.loader import load_model
+from ignis.progress import Progress, StartupProgress, memory_probe
 
 log = get_logger(__name__)
 
 
 class Engine:
-    def __init__(self, config: IgnisConfig) -> None:
-        self.config = config
+    def __init__(self, config: IgnisConfig, progress: Progress | None = None) -> None:
+        """Load the model, settle the defaults that depend on it (ignis.engine.defaults: `self.config` is the settled
+        config), load the backend and allocate the caches. Each phase reports to `progress` (default: a bar on a
+        terminal, log lines otherwise); a later phase such as a warm-up reports through it the same way."""
+        t0 = time.perf_counter()
         path = resolve_model_path(config)
         device = resolve_device(config)
         dtype = resolve_dtype(config, device)
+        report = progress if progress is not None else StartupProgress(memory_probe(device.type))
+        self.progress = report  # later start-up phases (a warm-up) report through it too
         if device.type == "cpu" and config.engine.cpu_threads:
             # Many small ops a round: extra intra-op threads mostly synchronise, and stall badly on shared cores.
             torch.set_num_threads(config.engine.cpu_threads)
-        self.model = load_model(path, device=device, dtype=dtype, exact=resolve_exact(config, device))
+        self.model = load_model(path, device=device, dtype=dtype, exact=resolve_exact(config, device),
+                                progress=lambda done, total: report("weights", done, total, unit="tensors"))
+        config = settle(config, path, device, dtype, self.model.config)
+        self.config = config
         ec = config.engine
         ctx = BackendContext(self.model, config, path, ec.lanes, ec.context, device, dtype)
+        report("drafter", 0, 1)
         self.backend = load_backend(config.spec.backend, ctx)
+        report("drafter", 1, 1, memory_bytes=self.backend.nbytes())
         k = self.backend.draft_tokens
+        report("caches", 0, ec.lanes, unit="lanes")
         cache = LaneCache(
             self.model.config, lanes=ec.lanes, context=ec.context, max_cols=k + 1, device=device, dtype=dtype
         )
+        self._cache_bytes = cache.nbytes()
+        report("caches", ec.lanes, ec.lanes, unit="lanes", memory_bytes=self._cache_bytes)
+        self.telemetry = Telemetry(*cache_bytes(self.model.config, k, dtype))
         if not self.model.exact:  # every position a round can reach, tabulated once
             for rope in (self.model.rope, *([self.model.mtp.rope] if self.model.mtp is not None else [])):
                 rope.precompute(ec.context + k + 2, device, dtype)
         sample_drafts = config.spec.draft_sampling == "sampled"
         started = time.perf_counter()
+        report("warmup", 0, 1)
         most = min(ec.max_rows, ec.context)
         # On a GPU every row count class of the matrix kernels is loaded before ready; the CPU has nothing to load.
         ladder = [1, 3, 16, 48, 64, 131, 256, 300, 512] if device.type == "cuda" else [2 * ec.prefill_chunk + 3, 1]
@@ -67,6 +85,7 @@ class Engine:
             if device.type == "cuda" and ec.cuda_graphs:
                 device_round.capture()
                 graphs = len(device_round.graphs)
+        report("warmup", 1, 1)
         self.runner = Runner(self.model, cache, self.backend, device, sample_drafts, device_round)
         self.scheduler = Scheduler(
             lanes=ec.lanes,
@@ -97,11 +116,12 @@ class Engine:
             draft_tokens=k,
             lanes=ec.lanes,
             context=ec.context,
-            cache_mib=round(cache.nbytes() / 2**20, 1),
+            cache_mib=round(self._cache_bytes / 2**20, 1),
             backend_mib=round(self.backend.nbytes() / 2**20, 1),
             round="device" if device_round is not None else "host",
             cuda_graphs=graphs,
             warmup_s=round(time.perf_counter() - started, 2),
+            startup_s=round(time.perf_counter() - t0, 2),
         )
 
     def add(self, req: EngineRequest, *, forced: list[int] | None = None) -> None:
@@ -109,6 +129,16 @@ class Engine:
 
         forced: teacher forcing for acceptance replay (tools.acceptance): the request emits exactly these tokens,
         while its stats count what the acceptance rule would have accepted at each round."""
+        try:
+            self._add(req, forced)
+        except InputError:
+            self.telemetry.refused("input")
+            raise
+        except QueueFullError:
+            self.telemetry.refused("queue_full")
+            raise
+
+    def _add(self, req: EngineRequest, forced: list[int] | None) -> None:
         check_prompt(req.prompt_token_ids, context=self.config.engine.context, vocab_size=self.model.config.vocab_size)
         if self.scheduler.find(req.id) is not None:
             raise InputError("request_id", f"{req.id!r} is already running; use a unique id")
@@ -154,6 +184,7 @@ class Engine:
                 continue
             self.scheduler.release(r)
             r.finish_reason = "abort"
+            self.telemetry.finished(r, time.perf_counter())
             deltas.append(self._delta(r, []))
         return deltas
 
@@ -172,6 +203,7 @@ class Engine:
         s = self._stats
         s.running = len(self.scheduler.running)
         s.waiting = len(self.scheduler.waiting)
+        self.telemetry.fill(s, self.scheduler.running, self.config.engine.lanes, self._cache_bytes)
         return s
 
     def _finish(self, e: Emission) -> RequestDelta:
@@ -180,7 +212,9 @@ class Engine:
             r.t_first = now
             r.stats.prompt_tokens = len(r.prompt)
             r.stats.prompt_ms = 1000.0 * (now - r.t_admit)
+            self.telemetry.first_token(r, now)
         else:
+            self.telemetry.round(e.accepted + 1)
             r.stats.rounds += 1
             r.stats.drafted += e.drafted
             r.stats.accepted += e.accepted
@@ -198,6 +232,7 @@ class Engine:
         r.stats.decode_ms = 1000.0 * (now - r.t_first)
         if r.finish_reason is not None:
             self.scheduler.release(r)
+            self.telemetry.finished(r, now)
         logprobs = e.logprobs[: len(kept)] if e.logprobs is not None else None
         return self._delta(r, kept, logprobs)
 

@@ -12,6 +12,7 @@ initialisation that would be overwritten.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -27,8 +28,10 @@ INDEX = "model.safetensors.index.json"
 FP32_PARAMS = ("A_log", "dt_bias")
 
 
-def load_model(path: str | Path, *, device: str | torch.device, dtype: torch.dtype, exact: bool) -> HybridModel:
-    """Read config.json and the safetensors of `path` into a HybridModel on `device` in `dtype`.
+def load_model(path: str | Path, *, device: str | torch.device, dtype: torch.dtype, exact: bool,
+               progress: Callable[[int, int], None] | None = None) -> HybridModel:
+    """Read config.json and the safetensors of `path` into a HybridModel on `device` in `dtype`; `progress(done,
+    total)` is called after each tensor.
 
     Raises ArtifactError naming the file or tensor at fault: missing files, missing tensors, wrong shapes, or a
     config.json of an architecture ignis does not run."""
@@ -42,7 +45,7 @@ def load_model(path: str | Path, *, device: str | torch.device, dtype: torch.dty
     handles: dict[Path, object] = {}
     loaded: dict[str, torch.Tensor] = {}
     try:
-        for name, meta in wanted.items():
+        for i, (name, meta) in enumerate(wanted.items()):
             if name not in files:
                 raise ArtifactError(
                     f"{root}: tensor {name} is missing from the checkpoint (expected shape {tuple(meta.shape)})"
@@ -58,6 +61,8 @@ def load_model(path: str | Path, *, device: str | torch.device, dtype: torch.dty
                 )
             target = torch.float32 if name.rsplit(".", 1)[-1] in FP32_PARAMS else dtype
             loaded[name] = handle.get_tensor(stored).to(device=device, dtype=target)  # type: ignore[attr-defined]
+            if progress is not None:
+                progress(i + 1, len(wanted))
     finally:
         handles.clear()
     model.load_state_dict(loaded, strict=True, assign=True)

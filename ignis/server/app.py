@@ -155,7 +155,7 @@ def build_app(
         else:
             raise InputError("prompt", "give a string 'prompt' or a list of chat 'messages'")
         ids = tok.encode(text)
-        return _json({"tokens": ids, "count": len(ids), "max_model_len": cfg.engine.context})
+        return _json({"tokens": ids, "count": len(ids), "max_model_len": llm(request).client.info.context})
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> Response:

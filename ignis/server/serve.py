@@ -57,6 +57,7 @@ def main(cfg: IgnisConfig) -> None:
 class Supervisor:
     def __init__(self, cfg: IgnisConfig) -> None:
         self.cfg = cfg
+        self._t0 = time.monotonic()
         self._signals = 0
         self.address = engine_address(cfg.server.transport, cfg.server.engine_address)
         self.listener = listen(cfg.server.host, cfg.server.port)
@@ -185,14 +186,16 @@ class Supervisor:
         base = f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
         lines = [
             f"ignis: serving {info.model_name!r} (backend {info.backend}, draft tokens {info.draft_tokens}, "
-            f"{info.lanes} lanes, context {info.context}) with {len(self.frontends)} front-end(s)",
+            f"{info.lanes} lanes, context {info.context}) with {len(self.frontends)} front-end(s); "
+            f"ready in {time.monotonic() - self._t0:.1f} s",
             f"  OpenAI API   {base}/v1",
             f"  Metrics      {base}/metrics",
         ]
         if has_playground():
             lines.append(f"  Playground   {base}/playground")
         print("\n".join(lines), flush=True)
-        log.info("ignis.serve.listening", url=base, model=info.model_name, frontends=len(self.frontends))
+        log.info("ignis.serve.listening", url=base, model=info.model_name, frontends=len(self.frontends),
+                 startup_s=round(time.monotonic() - self._t0, 2))
 
 
 def listen(host: str, port: int) -> socket.socket:

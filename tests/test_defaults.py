@@ -1,0 +1,117 @@
+"""Defaults that fit: the context follows the model's max_position_embeddings and the memory left, speculation is on
+when the model carries a drafter (dflash2 at 7 on every GPU profile), and each choice is logged with its reason."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import structlog
+import torch
+
+import ignis.engine.defaults as defaults
+from ignis.artifact import BUILTIN
+from ignis.config import PROFILES, load_config
+from ignis.engine.core import Engine
+from ignis.engine.defaults import CPU_AUTO, cache_bytes, fit_context, settle
+from ignis.errors import ArtifactError
+from ignis.model.config import ModelConfig
+from serving import tiny_artifact
+
+GPU_PROFILES = [p for p in PROFILES if p != "cpu"]
+CUDA = torch.device("cuda")  # a device object only: nothing is allocated on it
+
+
+@pytest.fixture
+def memory(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Pretend this much memory is free (bytes), on whichever device is asked."""
+    free = {"bytes": 64 * 2**30}
+    monkeypatch.setattr(defaults, "available_memory", lambda device: (free["bytes"], f"free on {device}"))
+    return free
+
+
+def builtin() -> ModelConfig:
+    return ModelConfig.from_dir(BUILTIN)
+
+
+def test_context_is_the_models_own_when_memory_allows(memory: dict[str, int]) -> None:
+    model = builtin()
+    context, why = fit_context(model, 8, 7, CUDA, torch.bfloat16)
+    assert context == model.max_position_embeddings == 4096
+    assert "max_position_embeddings" in why and "8 lanes x 4096 positions" in why
+
+
+def test_context_is_fitted_to_the_memory_left_and_says_so(memory: dict[str, int]) -> None:
+    model = dataclasses.replace(builtin(), max_position_embeddings=262144)
+    fixed, per_position = cache_bytes(model, 7, torch.bfloat16)
+    lanes = 8
+    memory["bytes"] = int((lanes * (fixed + 10_000 * per_position)) / defaults.GPU_MEMORY_FRACTION) + 1
+    context, why = fit_context(model, lanes, 7, CUDA, torch.bfloat16)
+    assert context == 9984  # 10,000 positions fit; rounded down to a multiple of 256
+    assert "fitted to memory" in why and "the model allows 262144" in why
+    # Less memory, shorter context; the drafter's weights still to come are taken off first.
+    shorter, _ = fit_context(model, lanes, 7, CUDA, torch.bfloat16, reserved=memory["bytes"] // 20)
+    assert 0 < shorter < context
+    # The CPU keeps half of the available memory for everything else.
+    memory["bytes"] *= 3
+    on_gpu, _ = fit_context(model, lanes, 7, CUDA, torch.bfloat16)
+    on_cpu, why = fit_context(model, lanes, 7, torch.device("cpu"), torch.bfloat16)
+    assert context < on_cpu < on_gpu and "50% usable" in why
+
+
+def test_too_little_memory_is_a_clear_error(memory: dict[str, int]) -> None:
+    memory["bytes"] = 2**20
+    with pytest.raises(ArtifactError, match="not enough memory for 8 lanes.*lower engine.lanes or set engine.context"):
+        fit_context(builtin(), 8, 7, CUDA, torch.bfloat16)
+
+
+def test_an_explicit_context_is_kept(memory: dict[str, int]) -> None:
+    cfg = load_config(profile="cpu", overrides={"engine.context": 512, "spec.backend": "off"})
+    assert settle(cfg, BUILTIN, torch.device("cpu"), torch.float32, builtin()) == cfg
+
+
+@pytest.mark.parametrize("profile", GPU_PROFILES)
+def test_the_builtin_model_speculates_with_dflash2_at_7_on_every_gpu_profile(profile: str, memory: dict[str, int]) -> None:
+    cfg = settle(load_config(profile=profile), BUILTIN, CUDA, torch.bfloat16, builtin())
+    assert (cfg.spec.backend, cfg.spec.draft_tokens) == ("dflash2", 7)
+    assert cfg.engine.context > 0
+
+
+def test_on_the_cpu_the_builtin_model_takes_the_measured_choice_and_a_model_without_drafter_runs_plainly(
+    tmp_path: Path, memory: dict[str, int]
+) -> None:
+    cpu = torch.device("cpu")
+    with structlog.testing.capture_logs() as logs:
+        cfg = settle(load_config(profile="cpu"), BUILTIN, cpu, torch.float32, builtin())
+    assert (cfg.spec.backend, cfg.spec.draft_tokens) == CPU_AUTO
+    chosen = [e for e in logs if e["event"] == "ignis.engine.spec_default"]
+    assert len(chosen) == 1 and "drafter" in chosen[0]["reason"]
+    assert [e["context"] for e in logs if e["event"] == "ignis.engine.context_default"] == [4096]
+    plain = tiny_artifact(tmp_path / "plain")  # MTP weights, but no drafter directory
+    cfg = settle(load_config(profile="cpu"), plain, cpu, torch.float32, ModelConfig.from_dir(plain))
+    assert (cfg.spec.backend, cfg.spec.draft_tokens) == ("off", 0)
+    # spec.drafter points elsewhere: that drafter counts.
+    pointed = load_config(profile="cpu", overrides={"spec.drafter": str(BUILTIN / "drafter")})
+    assert settle(pointed, plain, CUDA, torch.bfloat16, ModelConfig.from_dir(plain)).spec.backend == "dflash2"
+
+
+def test_drafts_are_kept_within_the_row_budget(memory: dict[str, int]) -> None:
+    cfg = load_config(overrides={"engine.lanes": 128, "engine.max_rows": 512})
+    assert settle(cfg, BUILTIN, CUDA, torch.bfloat16, builtin()).spec.draft_tokens == 3  # 128 x (3 + 1) = 512
+    cfg = load_config(overrides={"engine.lanes": 512, "engine.max_rows": 512})
+    assert settle(cfg, BUILTIN, CUDA, torch.bfloat16, builtin()).spec.backend == "off"
+
+
+def test_the_engine_settles_its_defaults_and_reports_them(tmp_path: Path) -> None:
+    phases: list[tuple[str, int, int]] = []
+    engine = Engine(load_config(profile="cpu", overrides={"engine.lanes": 1, "log.level": "warning"}),
+                    progress=lambda phase, done, total, **kw: phases.append((phase, done, total)))
+    assert (engine.info.backend, engine.info.draft_tokens) == CPU_AUTO
+    assert engine.info.context == engine.config.engine.context == 4096
+    assert engine.config.spec.backend == CPU_AUTO[0]
+    # Every phase ends with done == total, weights tensor by tensor.
+    ends = [(p, d) for p, d, t in phases if d == t]
+    assert [p for p, _ in ends] == ["weights", "drafter", "caches"]
+    weights = [d for p, d, _ in phases if p == "weights"]
+    assert weights == list(range(1, len(weights) + 1)) and len(weights) > 10
