@@ -16,6 +16,12 @@ import structlog
 from ignis.cli import main
 from ignis.config import IgnisConfig, load_config
 from ignis.errors import ArtifactError
+from tiny import tiny_checkpoint
+
+
+def tiny_dir(base: Path) -> Path:
+    """A model directory whose config.json the CLI checks before anything starts (no weights are read)."""
+    return tiny_checkpoint(base / "model", seed=0)
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -73,17 +79,18 @@ def test_config_show_reads_a_config_file(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_serve_resolves_flags_over_set_and_logs_the_config_once(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     seen: list[IgnisConfig] = []
     fake = types.ModuleType("ignis.server.serve")
     fake.main = lambda cfg: seen.append(cfg) or 0  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "ignis.server.serve", fake)
-    code = main(["serve", "--model", "/models/qwen", "--port", "9001", "--set", "server.port=1",
+    model = str(tiny_dir(tmp_path))
+    code = main(["serve", "--model", model, "--port", "9001", "--set", "server.port=1",
                  "--set", "log.format=json", "--profile", "cpu"])
     assert code == 0 and len(seen) == 1
     cfg = seen[0]
-    assert (cfg.model.path, cfg.server.port, cfg.model.device, cfg.log.format) == ("/models/qwen", 9001, "cpu", "json")
+    assert (cfg.model.path, cfg.server.port, cfg.model.device, cfg.log.format) == (model, 9001, "cpu", "json")
     assert capsys.readouterr().err.count('"event": "ignis.config.resolved"') == 1
 
 
@@ -125,16 +132,21 @@ def fake_llm(monkeypatch: pytest.MonkeyPatch) -> type[FakeLLM]:
     return FakeLLM
 
 
-def test_generate_prints_text_and_metrics(fake_llm: type[FakeLLM], capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["generate", "--model", "/m", "--prompt", "def fib(n):", "--profile", "cpu", "--max-tokens", "4",
+def test_generate_prints_text_and_metrics(
+    fake_llm: type[FakeLLM], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    model = str(tiny_dir(tmp_path))
+    code = main(["generate", model, "--prompt", "def fib(n):", "--profile", "cpu", "--max-tokens", "4",
                  "--set", "spec.backend=mtp", "--set", "model.name=2024"])
     assert code == 0
     out, err = capsys.readouterr()
     assert out == "completion text\n"
     assert "prompt_tokens=3 prompt_ms=1.2" in err and "tokens_per_s=500.0 rounds=2 drafted=2 accepted=2" in err
     made = fake_llm.made[0]
-    assert (made["model"], made["profile"]) == ("/m", "cpu")
-    assert made["overrides"] == {"spec.backend": "mtp", "model.name": "2024"}
+    # The LLM gets the resolved config, every layer applied (the profile's device included).
+    assert made["model"] == model
+    o = made["overrides"]
+    assert (o["spec.backend"], o["spec.draft_tokens"], o["model.name"], o["model.device"]) == ("mtp", 1, "2024", "cpu")
     kind, prompts, params = made["calls"][0]
     assert (kind, prompts, params.max_tokens, params.temperature) == ("generate", ["def fib(n):"], 4, 0.0)
     assert made["calls"][-1][0] == "close"
@@ -150,4 +162,4 @@ def test_generate_chat_sends_a_user_turn(fake_llm: type[FakeLLM], capsys: pytest
 
 def test_generate_artifact_error_exits_2(fake_llm: type[FakeLLM], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "--model", "missing", "--prompt", "x"]) == 2
-    assert "has no config.json" in capsys.readouterr().err
+    assert "'missing': no such directory" in capsys.readouterr().err and not fake_llm.made
