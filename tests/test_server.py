@@ -26,6 +26,10 @@ from ignis.client.process_client import ProcessClient
 from serving import config, tiny_artifact
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+DASHBOARD = Path(__file__).resolve().parent.parent / "docs" / "grafana" / "ignis.json"
+HISTOGRAMS = ("ignis_time_to_first_token_seconds", "ignis_time_per_output_token_seconds",
+              "ignis_e2e_request_latency_seconds", "ignis_request_queue_time_seconds", "ignis_request_prompt_tokens",
+              "ignis_request_generation_tokens", "ignis_tokens_per_round")
 LONG = {"max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": True}
 
 
@@ -36,6 +40,7 @@ class Server:
     log: Path
     address: str
     model: Path
+    banner: list[str]
 
     def events(self, name: str) -> list[dict]:
         out = []
@@ -70,14 +75,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with log.open("w") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
     url = None
+    banner: list[str] = []
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
+            banner.append(line)
             if m := re.search(r"OpenAI API\s+(http://\S+)/v1", line):
                 url = m.group(1)
                 break
         assert url, f"ignis serve did not start:\n{log.read_text()[-3000:]}"
-        yield Server(proc, url, log, address, model)
+        yield Server(proc, url, log, address, model, banner)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -113,6 +120,16 @@ def _wait_idle(server: Server, timeout: float = 30.0) -> float:
         time.sleep(0.05)
 
 
+def test_start_up_reports_each_phase_with_its_memory_and_the_ready_line_says_how_long_it_took(server: Server) -> None:
+    loaded = server.events("ignis.engine.loaded")
+    assert [e["phase"] for e in loaded] == ["weights", "drafter", "caches"]
+    assert all(e["seconds"] >= 0 and e["memory_mib"] >= 0 for e in loaded) and loaded[-1]["memory_mib"] > 0
+    assert loaded[0]["tensors"] > 10 and loaded[-1]["lanes"] == 8
+    m = re.search(r"serving 'model' \(backend mtp, draft tokens 2, 8 lanes, context 512\) with 2 front-end\(s\); "
+                  r"ready in (\d+\.\d) s", server.banner[0])
+    assert m and 0 < float(m.group(1)) < 300 and server.events("ignis.serve.listening")[0]["startup_s"] > 0
+
+
 def test_metrics_parse_are_the_same_from_every_frontend_and_speculative_ones_appear_after_a_request(server: Server) -> None:
     bodies: dict[str, str] = {}
     for _ in range(60):
@@ -133,6 +150,64 @@ def test_metrics_parse_are_the_same_from_every_frontend_and_speculative_ones_app
         v for k, v in after.items() if k.startswith("ignis_speculative_position_drafted_total"))
     assert "ignis_speculative_position_accepted_total{position=1}" in after
     assert r.json()["timings"]["draft_n"] == after["ignis_speculative_drafted_tokens_total"]
+
+
+def test_metrics_operators_chart_are_there_after_a_request_and_the_dashboard_charts_only_those(server: Server) -> None:
+    before = _scrape(server)
+    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "def fib(n):", "max_tokens": 5, "temperature": 0,
+                                                        "ignore_eos": True}, timeout=120)
+    assert r.status_code == 200
+    text = httpx.get(f"{server.url}/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    after = _metrics(text)
+    for name in HISTOGRAMS:
+        assert families[name].type == "histogram", name
+        assert after[f"{name}_count"] > before.get(f"{name}_count", 0), name
+        assert after[f"{name}_bucket{{le=+Inf}}"] == after[f"{name}_count"], name
+    # The request's own figures: 5 tokens out, its prompt in, and every verify round in tokens_per_round.
+    grew = {k: after[k] - before.get(k, 0) for k in after}
+    assert grew["ignis_request_generation_tokens_sum"] == 5 and grew["ignis_request_generation_tokens_count"] == 1
+    assert grew["ignis_request_prompt_tokens_sum"] == r.json()["usage"]["prompt_tokens"]
+    timings = r.json()["timings"]
+    assert grew["ignis_tokens_per_round_count"] == timings["rounds"]
+    assert grew["ignis_tokens_per_round_sum"] == timings["rounds"] + timings["draft_n_accepted"]
+    assert grew["ignis_e2e_request_latency_seconds_sum"] >= grew["ignis_time_to_first_token_seconds_sum"] > 0
+    assert (after["ignis_lanes"], after["ignis_lanes_in_use"], after["ignis_cache_used_bytes"]) == (8, 0, 0)
+    assert after["ignis_cache_bytes"] > 0 and after["ignis_retained_slots"] == 0 and after["ignis_preemptions_total"] == 0
+    assert {"ignis_request_errors_total{kind=input}", "ignis_request_errors_total{kind=queue_full}",
+            "ignis_request_errors_total{kind=aborted}"} <= set(after)
+    # Every metric the Grafana dashboard charts is one /metrics serves.
+    served = {s.name for f in families.values() for s in f.samples}
+    charted = {m for panel in json.loads(DASHBOARD.read_text())["panels"] for t in panel["targets"]
+               for m in re.findall(r"\bignis_\w+", t["expr"])}
+    assert len(charted) >= 20 and charted <= served, charted - served
+    readme = README.read_text()
+    assert [f.name for f in families.values() if f.name not in readme] == []  # the README documents every family
+
+
+def test_ignis_bench_measures_this_server_against_an_ignis_serve_it_starts(server: Server, tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    started = "--profile cpu --spec off --context 512 --lanes 2 --set log.format=json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ignis.cli", "bench", str(server.model), "--compare", f"{server.url}/v1", started,
+         "--concurrency", "1,2", "--requests", "3", "--max-tokens", "8", "--ignore-eos", "--out", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "bench.json").read_text())
+    mtp, off = result["targets"]
+    assert off["label"] == f"ignis serve {started}" and mtp["base_url"] == f"{server.url}/v1"
+    for target in (mtp, off):
+        assert [r["concurrency"] for r in target["levels"]] == [1, 2]
+        for r in target["levels"]:
+            assert (r["requests"], r["errors"], r["output_tokens"]) == (3, 0, 24)
+            assert r["output_tokens_per_s"] > 0 and 0 < r["ttft_ms"]["p50"] <= r["e2e_ms"]["p50"]
+            assert r["tpot_ms"]["p50"] > 0 and r["ttft_ms"]["p50"] <= r["ttft_ms"]["p99"]
+    # From ignis's timings: at least the model's own token a round (this random model rarely accepts a draft).
+    assert all(1 <= r["tokens_per_round"] <= 3 for r in mtp["levels"])  # mtp at 2 drafts
+    assert all(r["tokens_per_round"] == 1 for r in off["levels"])
+    assert [r["concurrency"] for r in result["ratios"]] == [1, 2] and all(r["output_tokens_per_s"] for r in result["ratios"])
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"ignis serve {started} / {server.url}/v1" in proc.stdout and "wrote " in proc.stdout
 
 
 def test_the_openai_package_streams_a_chat_completion_and_a_completion(server: Server) -> None:
@@ -262,8 +337,9 @@ def test_a_full_queue_is_a_503_and_disconnected_clients_free_their_lanes(server:
         client, streams = await _open_streams(server, 8)  # every lane
         waiting = [asyncio.create_task(client.post(f"{server.url}/v1/completions", json={"prompt": "y", **LONG}))
                    for _ in range(2)]  # engine.max_waiting
-        while _scrape(server)["ignis_requests_waiting"] < 2:
+        while (busy := _scrape(server))["ignis_requests_waiting"] < 2:
             await asyncio.sleep(0.05)
+        assert busy["ignis_lanes_in_use"] == 8 and 0 < busy["ignis_cache_used_bytes"] <= busy["ignis_cache_bytes"]
         full = await client.post(f"{server.url}/v1/completions", json={"prompt": "z", **LONG})
         assert full.status_code == 503 and full.json()["error"]["code"] == "queue_full"
         for _, task in streams:
@@ -273,8 +349,12 @@ def test_a_full_queue_is_a_503_and_disconnected_clients_free_their_lanes(server:
         await asyncio.gather(*(t for _, t in streams), *waiting, return_exceptions=True)
         await client.aclose()
 
+    before = _scrape(server)
     asyncio.run(main())
     assert _wait_idle(server) < 10
+    after = _scrape(server)
+    assert after["ignis_request_errors_total{kind=queue_full}"] == before["ignis_request_errors_total{kind=queue_full}"] + 1
+    assert after["ignis_request_errors_total{kind=aborted}"] == before["ignis_request_errors_total{kind=aborted}"] + 10
 
 
 def test_killing_a_frontend_frees_its_lanes_within_a_second_and_the_other_keeps_streaming(server: Server) -> None:
