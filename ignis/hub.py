@@ -63,8 +63,9 @@ def download(repo_id: str, revision: str | None = None) -> Path:
     except RevisionNotFoundError:
         raise ArtifactError(f"{repo_id!r} has no revision {revision!r} on the Hugging Face hub") from None
     except LocalEntryNotFoundError:
-        raise ArtifactError(f"{repo_id!r}{at} is not in the Hugging Face cache and the hub cannot be reached "
-                            "(offline, or HF_HUB_OFFLINE=1); download it once online, or give a directory") from None
+        raise ArtifactError(f"{repo_id!r}{at} is not a directory here, nor in the Hugging Face cache, and the hub "
+                            "cannot be reached (offline, or HF_HUB_OFFLINE=1); download it once online, or give a "
+                            "directory") from None
     except (HfHubHTTPError, OSError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ArtifactError(f"could not fetch {repo_id!r}{at} from the Hugging Face hub: {first}") from None

@@ -4,6 +4,7 @@ when the model carries a drafter (dflash2 at 7 on every GPU profile), and each c
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,14 @@ from serving import tiny_artifact
 
 GPU_PROFILES = [p for p in PROFILES if p != "cpu"]
 CUDA = torch.device("cuda")  # a device object only: nothing is allocated on it
+
+
+@pytest.fixture(autouse=True)
+def default_logging() -> Iterator[None]:
+    """structlog's defaults (no level filter), so that capture_logs sees info events whatever ran before."""
+    structlog.reset_defaults()
+    yield
+    structlog.reset_defaults()
 
 
 @pytest.fixture

@@ -4,7 +4,9 @@ its time and memory."""
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 
+import pytest
 import structlog
 
 from ignis.progress import StartupProgress
@@ -13,6 +15,14 @@ from ignis.progress import StartupProgress
 class Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
+
+
+@pytest.fixture(autouse=True)
+def default_logging() -> Iterator[None]:
+    """structlog's defaults (no level filter), so that capture_logs sees info events whatever ran before."""
+    structlog.reset_defaults()
+    yield
+    structlog.reset_defaults()
 
 
 def test_a_terminal_gets_a_bar_that_ends_each_phase_on_its_own_line() -> None:
