@@ -1,7 +1,7 @@
 """Start-up progress: what the engine's load steps report, and how it reaches the person waiting.
 
-Owns: the `Progress` interface every start-up phase calls (`weights`, `drafter`, `caches`, and any later one such
-as a CUDA-graph `warmup`) and `StartupProgress`, which draws a bar when stderr is a terminal and otherwise logs a
+Owns: the `Progress` interface every start-up phase calls (`weights`, `drafter`, `caches`, `warmup`: prefill and
+the round's CUDA graphs) and `StartupProgress`, which draws a bar when stderr is a terminal and otherwise logs a
 line at most every `every_s` seconds, and logs each phase's end with its time and the memory it took. Does not own
 what the phases do (ignis.engine.core, ignis.model.loader) or the ready line (ignis.server.serve).
 

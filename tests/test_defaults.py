@@ -121,6 +121,6 @@ def test_the_engine_settles_its_defaults_and_reports_them(tmp_path: Path) -> Non
     assert engine.config.spec.backend == CPU_AUTO[0]
     # Every phase ends with done == total, weights tensor by tensor.
     ends = [(p, d) for p, d, t in phases if d == t]
-    assert [p for p, _ in ends] == ["weights", "drafter", "caches"]
+    assert [p for p, _ in ends] == ["weights", "drafter", "caches", "warmup"]
     weights = [d for p, d, _ in phases if p == "weights"]
     assert weights == list(range(1, len(weights) + 1)) and len(weights) > 10

@@ -40,14 +40,14 @@ log = get_logger(__name__)
 class Engine:
     def __init__(self, config: IgnisConfig, progress: Progress | None = None) -> None:
         """Load the model, settle the defaults that depend on it (ignis.engine.defaults: `self.config` is the settled
-        config), load the backend and allocate the caches. Each phase reports to `progress` (default: a bar on a
-        terminal, log lines otherwise); a later phase such as a warm-up reports through it the same way."""
+        config), load the backend, allocate the caches and warm up (prefill, and the round's CUDA graphs on a GPU). Each
+        phase reports to `progress` (default: a bar on a terminal, log lines otherwise)."""
         t0 = time.perf_counter()
         path = resolve_model_path(config)
         device = resolve_device(config)
         dtype = resolve_dtype(config, device)
         report = progress if progress is not None else StartupProgress(memory_probe(device.type))
-        self.progress = report  # later start-up phases (a warm-up) report through it too
+        self.progress = report  # for start-up work done outside this constructor
         if device.type == "cpu" and config.engine.cpu_threads:
             # Many small ops a round: extra intra-op threads mostly synchronise, and stall badly on shared cores.
             torch.set_num_threads(config.engine.cpu_threads)

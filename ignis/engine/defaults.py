@@ -6,8 +6,9 @@ memory figures behind them. Does not own: the config rules (ignis.config) or all
 (ignis.model.cache, the backends).
 
 Speculation is the point of ignis, so a model that carries a DFlash drafter (`<model>/drafter` or `spec.drafter`)
-decodes with it: dflash2 at its trained width (at most 7) on a GPU. On the CPU the choice is `CPU_AUTO`, the backend
-that decoded the built-in model fastest on the CPU (tools/bench_engine; the figures are in the commit that set it).
+decodes with it: dflash2 at its trained width (at most 7) on a GPU. On the CPU the choice is `CPU_AUTO`, measured on
+the built-in model with tools/bench_engine (the figures are in the commits that set and rechecked it): dflash2 at 7
+decodes one lane about twice as fast as mtp at 3, and four busy lanes within the noise of it.
 A model without a drafter decodes plainly.
 """
 
