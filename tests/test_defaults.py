@@ -81,7 +81,9 @@ def test_an_explicit_context_is_kept(memory: dict[str, int]) -> None:
 
 
 @pytest.mark.parametrize("profile", GPU_PROFILES)
-def test_the_builtin_model_speculates_with_dflash2_at_7_on_every_gpu_profile(profile: str, memory: dict[str, int]) -> None:
+def test_the_builtin_model_speculates_with_dflash2_at_7_on_every_gpu_profile(
+    profile: str, memory: dict[str, int]
+) -> None:
     cfg = settle(load_config(profile=profile), BUILTIN, CUDA, torch.bfloat16, builtin())
     assert (cfg.spec.backend, cfg.spec.draft_tokens) == ("dflash2", 7)
     assert cfg.engine.context > 0

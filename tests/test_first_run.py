@@ -102,7 +102,8 @@ def test_serve_takes_a_hub_id_from_the_cache_and_serves_it_under_that_id(
 
 
 @pytest.mark.parametrize(("argv", "needle"), [
-    (["serve", "/no/such/model"], "'/no/such/model': no such directory; give a checkpoint directory or a Hugging Face id"),
+    (["serve", "/no/such/model"], "'/no/such/model': no such directory; give a checkpoint directory or a Hugging "
+                                  "Face id"),
     (["serve", "ignis-test/missing"], "'ignis-test/missing' is not a directory here, nor in the Hugging Face cache, "
                                       "and the hub cannot be reached"),
     (["serve", REPO, "--revision", "v9"], "at revision 'v9' is not a directory here, nor in the Hugging Face cache"),

@@ -33,7 +33,8 @@ def test_a_terminal_gets_a_bar_that_ends_each_phase_on_its_own_line() -> None:
         for done in range(1, 5):
             progress("weights", done, 4, unit="tensors")
     text = out.getvalue()
-    assert text.count("\r") == 4 and text.endswith("4/4 tensors   0.0 s\n") and "[" + "#" * 15 + "." * 15 + "] 2/4" in text
+    assert text.count("\r") == 4 and text.endswith("4/4 tensors   0.0 s\n")
+    assert "[" + "#" * 15 + "." * 15 + "] 2/4" in text
     assert [(e["event"], e["phase"], e["memory_mib"], e["tensors"]) for e in logs] == [
         ("ignis.engine.loaded", "weights", 300.0, 4)]
 
