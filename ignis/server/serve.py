@@ -184,18 +184,20 @@ class Supervisor:
     def _announce(self, info: EngineInfo) -> None:
         host = self.cfg.server.host
         base = f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
+        took = time.monotonic() - self._t0
+        # Logged before the banner, so that whoever waits for the banner finds the event already written.
+        log.info("ignis.serve.listening", url=base, model=info.model_name, frontends=len(self.frontends),
+                 startup_s=round(took, 2))
         lines = [
             f"ignis: serving {info.model_name!r} (backend {info.backend}, draft tokens {info.draft_tokens}, "
             f"{info.lanes} lanes, context {info.context}) with {len(self.frontends)} front-end(s); "
-            f"ready in {time.monotonic() - self._t0:.1f} s",
+            f"ready in {took:.1f} s",
             f"  OpenAI API   {base}/v1",
             f"  Metrics      {base}/metrics",
         ]
         if has_playground():
             lines.append(f"  Playground   {base}/playground")
         print("\n".join(lines), flush=True)
-        log.info("ignis.serve.listening", url=base, model=info.model_name, frontends=len(self.frontends),
-                 startup_s=round(time.monotonic() - self._t0, 2))
 
 
 def listen(host: str, port: int) -> socket.socket:
