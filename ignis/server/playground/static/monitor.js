@@ -118,12 +118,13 @@ function draw() {
 
 const SUMMARY = [
   ["model", (c) => c.engine?.model_name ?? (c.config.model.path || "built-in")],
-  ["backend", (c) => c.config.spec.backend],
-  ["draft tokens", (c) => c.config.spec.draft_tokens],
+  // What the engine runs: "auto" backend and context 0 in the config are settled by the engine at start-up.
+  ["backend", (c) => c.engine?.backend ?? c.config.spec.backend],
+  ["draft tokens", (c) => c.engine?.draft_tokens ?? c.config.spec.draft_tokens],
   ["draft head", (c) => c.config.spec.draft_head],
   ["profile", (c) => c.profile ?? "none"],
   ["lanes", (c) => c.config.engine.lanes],
-  ["context", (c) => c.config.engine.context.toLocaleString("en-US")],
+  ["context", (c) => (c.engine?.context ?? c.config.engine.context).toLocaleString("en-US")],
   ["device", (c) => c.config.model.device],
 ];
 
