@@ -119,6 +119,18 @@ class ServerSection:
     engine_address: str = text("", pattern=_is_address, allowed='"" or an address "ipc://PATH" or "tcp://HOST:PORT"')
     heartbeat_s: float = number(1.0)
     engine_timeout_s: float = number(5.0)  # no heartbeat for this long = engine stuck or dead
+    # Access: every route but /health needs "Authorization: Bearer KEY" once a key is set (here, in the file
+    # api_key_file, or in the environment variable IGNIS_API_KEY). Never logged.
+    api_key: str = text("")
+    api_key_file: str = text("")
+    cors_origins: str = text("")  # comma-separated origins a browser may call from ("*": any); "" = CORS off
+    allowed_hosts: str = text("")  # comma-separated Host header values served ("*." prefixes allowed); "" = any
+    # Limits on one HTTP request, checked before any work starts (ignis.server.limits).
+    max_body_bytes: int = integer(32 * 2**20, 1024)  # request body; more is a 413 before it is read
+    max_samples: int = integer(64, 1)  # choices per request: n x prompts
+    max_stop: int = integer(16, 0)  # stop strings per request
+    max_stop_chars: int = integer(1024, 1)  # characters per stop string
+    max_prompt_chars: int = integer(0, 0, allowed="0 (64 x engine.context) or a character count")  # per text prompt
 
     def __post_init__(self) -> None:
         check_section(self.section, self)
@@ -162,6 +174,13 @@ class IgnisConfig:
             raise ConfigError("engine.max_rows", f"got {self.engine.max_rows}, fewer than the {columns} verify "
                               f"columns of one round (engine.lanes = {self.engine.lanes} x (spec.draft_tokens = "
                               f"{self.spec.draft_tokens} + 1)); raise engine.max_rows or lower engine.lanes")
+
+    def redacted(self) -> dict[str, dict[str, Any]]:
+        """`as_dict()` with secrets (server.api_key) masked: what logs may show."""
+        out = self.as_dict()
+        if out["server"]["api_key"]:
+            out["server"]["api_key"] = "***"
+        return out
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
         """Nested plain dict, section -> key -> value: for logging, the wire and `from_dict`."""

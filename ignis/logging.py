@@ -85,4 +85,4 @@ def get_logger(name: str | None = None) -> Any:
 
 def log_resolved(cfg: IgnisConfig) -> None:
     """Log the resolved config, once per process start, as the event `ignis.config.resolved`."""
-    get_logger("ignis.config").info("ignis.config.resolved", config=cfg.as_dict())
+    get_logger("ignis.config").info("ignis.config.resolved", config=cfg.redacted())

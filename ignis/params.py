@@ -7,9 +7,14 @@ how stop strings are matched (ignis.client.output).
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
 from ignis.errors import InputError
+
+MAX_INT = 2**31 - 1  # counts and token ids: beyond this an int cannot be a real length or id (nor cross the wire)
+GREEDY_BELOW = 1e-5  # a temperature below this is greedy, as in vLLM
 
 
 class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -53,15 +58,18 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.n, int) or self.n < 1:
-            raise InputError("n", f"must be an integer >= 1, got {self.n!r}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise InputError("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
-        if not self.temperature >= 0.0:
-            raise InputError("temperature", f"must be >= 0 (0 means greedy), got {self.temperature!r}")
+        if not isinstance(self.n, int) or not 1 <= self.n <= MAX_INT:
+            raise InputError("n", f"must be an integer from 1 to {MAX_INT}, got {self.n!r}")
+        if not isinstance(self.max_tokens, int) or not 1 <= self.max_tokens <= MAX_INT:
+            raise InputError("max_tokens", f"must be an integer from 1 to {MAX_INT}, got {self.max_tokens!r}")
+        if not 0.0 <= self.temperature < math.inf:
+            raise InputError("temperature", f"must be a finite number >= 0 (0 means greedy), got {self.temperature!r}")
+        if self.temperature < GREEDY_BELOW:
+            # logits / 1e-300 overflow to inf and the draw turns to noise; the limit of a tiny temperature is greedy.
+            msgspec.structs.force_setattr(self, "temperature", 0.0)
         if not 0.0 < self.top_p <= 1.0:
             raise InputError("top_p", f"must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
+        if not isinstance(self.top_k, int) or not -1 <= self.top_k <= MAX_INT:
             raise InputError("top_k", f"must be an integer >= 0 (0 or -1 turn it off), got {self.top_k!r}")
         if not 0.0 <= self.min_p <= 1.0:
             raise InputError("min_p", f"must be in [0, 1], got {self.min_p!r}")
@@ -69,8 +77,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
             raise InputError("seed", f"must be an integer in [0, 2**63), got {self.seed!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InputError("stop", "every stop string must be a non-empty string")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
-            raise InputError("stop_token_ids", "every stop token id must be an integer >= 0")
+        if any(not isinstance(t, int) or not 0 <= t <= MAX_INT for t in self.stop_token_ids):
+            raise InputError("stop_token_ids", f"every stop token id must be an integer from 0 to {MAX_INT}")
         if self.logprobs is not None and not (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20):
             raise InputError("logprobs", f"must be an integer in [0, 20], got {self.logprobs!r}")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -84,6 +92,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
                 raise InputError("logit_bias", f"keys must be token ids (integers >= 0), got {t!r}")
             if not (isinstance(b, (int, float)) and -100.0 <= b <= 100.0):
                 raise InputError("logit_bias", f"biases must be numbers in [-100, 100], got {b!r} for token {t}")
+
+    def for_engine(self) -> SamplingParams:
+        """What crosses to the engine: stop strings stay with the client that matches them (ignis.client.output),
+        so a request's long stop strings are never copied into the GPU process."""
+        return msgspec.structs.replace(self, stop=()) if self.stop else self
 
     @property
     def greedy(self) -> bool:

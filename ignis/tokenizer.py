@@ -76,7 +76,9 @@ class Tokenizer:
         return cls(tok, config, tuple(eos))
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch releases the GIL while Rust works (encode holds it): a front-end that tokenizes a long prompt
+        # in a worker thread keeps its event loop, and every other stream, running.
+        return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)

@@ -1,7 +1,9 @@
 """The front-end's ASGI app: OpenAI routes, tokenize/detokenize, health and metrics, over one AsyncLLM.
 
-Owns: the routes, the app's lifespan (load the tokenizer, connect to the GPU process without waiting for it,
-so `/health` can say 503 while it loads), and turning any ignis error into OpenAI's error shape. FastAPI and
+Owns: the routes (with the OpenAPI document at `/openapi.json`), the middleware stack (CORS when configured,
+ignis.server.guard's checks and its last-resort 500), the app's lifespan (load the tokenizer, connect to the GPU
+process without waiting for it, so `/health` can say 503 while it loads), and turning any ignis error into OpenAI's
+error shape. FastAPI and
 uvicorn because they are the standard Python ASGI stack every OpenAI-compatible server users know is built on.
 Does not own: request/response shapes (ignis.server.openai), metric names (ignis.server.metrics), or the
 process that runs the app (ignis.server.frontend).
@@ -23,9 +25,11 @@ from typing import Any
 import msgspec
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ignis import __version__
 from ignis.artifact import resolve_model_path
 from ignis.client.async_client import AsyncEngineClient
 from ignis.client.async_llm import AsyncLLM
@@ -34,6 +38,10 @@ from ignis.errors import EngineDeadError, IgnisError, InputError
 from ignis.server import chat, openai, responses
 from ignis.server.errors import ModelNotFound, error_body, error_response
 from ignis.server.generation import ClientGone
+from ignis.server.openapi_schema import document
+from ignis.server.guard import Access, Errors, Gate, Guard
+from ignis.server.limits import Limits
+from ignis.server.schemas import ChatCompletionRequest, decode_body
 from ignis.server.metrics import CONTENT_TYPE, exposition
 from ignis.tokenizer import Tokenizer
 
@@ -68,14 +76,15 @@ class _ServedBy:
 
 
 def build_app(
-    cfg: IgnisConfig, address: str, frontend: int = 0, on_ready: Callable[[], None] | None = None
+    cfg: IgnisConfig, address: str, frontend: int = 0, on_ready: Callable[[], None] | None = None,
+    gate: Gate | None = None, secret: str = "",
 ) -> FastAPI:
-    """The app of front-end number `frontend`, talking to the GPU process at `address`; `on_ready` is called
-    once the engine first answers."""
+    """The app of front-end number `frontend`, talking to the GPU process at `address` (with its `secret`, for
+    tcp); `on_ready` is called once the engine first answers; `gate` is how the process running it drains it."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        client = AsyncEngineClient(cfg, address)
+        client = AsyncEngineClient(cfg, address, secret=secret)
         await client.start(wait=False)
         app.state.llm = AsyncLLM.from_parts(cfg, Tokenizer.from_dir(resolve_model_path(cfg)), client)
 
@@ -92,6 +101,13 @@ def build_app(
             await client.close()
 
     app = FastAPI(title="ignis", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    access = Access.of(cfg)
+    app.state.gate = gate or Gate()
+    app.add_middleware(Errors)  # innermost: what no handler took
+    app.add_middleware(Guard, access=access, gate=app.state.gate)
+    if access.origins:
+        app.add_middleware(CORSMiddleware, allow_origins=sorted(access.origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"], max_age=600)
     app.add_middleware(_ServedBy, frontend=frontend)
 
     @app.exception_handler(IgnisError)
@@ -102,10 +118,6 @@ def build_app(
     @app.exception_handler(ClientGone)
     async def _gone(request: Request, exc: Exception) -> Response:
         return Response(status_code=499)  # nobody reads it; the requests are already aborted
-
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, exc: Exception) -> Response:
-        return error_response(exc)
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> Response:
@@ -147,14 +159,19 @@ def build_app(
     async def tokenize(request: Request) -> Response:
         body = await _body(request)
         tok = llm(request).tokenizer
+        limits = Limits.of(cfg)
         if isinstance(body.get("messages"), list):
-            text = tok.apply_chat_template(chat.template_messages(body["messages"]),
-                                           add_generation_prompt=bool(body.get("add_generation_prompt", True)))
+            messages = ChatCompletionRequest(messages=body["messages"]).conversation()
+            limits.check_text("messages", "".join(m["content"] for m in messages))
+            add = bool(body.get("add_generation_prompt", True))
+            text = await asyncio.to_thread(tok.apply_chat_template, chat.template_messages(messages),
+                                           add_generation_prompt=add)
         elif isinstance(body.get("prompt"), str):
             text = body["prompt"]
+            limits.check_text("prompt", text)
         else:
             raise InputError("prompt", "give a string 'prompt' or a list of chat 'messages'")
-        ids = tok.encode(text)
+        ids = await asyncio.to_thread(tok.encode, text)
         return _json({"tokens": ids, "count": len(ids), "max_model_len": llm(request).client.info.context})
 
     @app.post("/detokenize")
@@ -167,6 +184,10 @@ def build_app(
         if any(t >= tok.vocab_size for t in ids):
             raise InputError("tokens", f"token ids must be below the vocabulary size {tok.vocab_size}")
         return _json({"prompt": tok.decode(ids, skip_special_tokens=False)})
+
+    @app.get("/openapi.json")
+    async def openapi_document(request: Request) -> Response:
+        return _json(document(__version__))
 
     @app.get("/health")
     async def health(request: Request) -> Response:
@@ -186,10 +207,7 @@ def build_app(
 
 
 async def _body(request: Request) -> dict[str, Any]:
-    try:
-        body = msgspec.json.decode(await request.body())
-    except msgspec.DecodeError as e:
-        raise InputError("body", f"is not valid JSON: {e}") from None
+    body = decode_body(await request.body(), Any)
     if not isinstance(body, dict):
         raise InputError("body", "must be a JSON object")
     return body

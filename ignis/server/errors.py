@@ -1,7 +1,8 @@
 """Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`, with the HTTP status that fits.
 
 Owns: mapping ignis errors to statuses (bad input 400, unknown model 404, full queue or engine down 503) and the
-same body as an SSE event for errors that happen after a stream has started. Does not own: raising them.
+same body as an SSE event for errors that happen after a stream has started; a 503 says when to retry
+(Retry-After). Does not own: raising them.
 """
 
 from __future__ import annotations
@@ -9,7 +10,14 @@ from __future__ import annotations
 import msgspec
 from starlette.responses import Response
 
-from ignis.errors import ArtifactError, EngineDeadError, InputError, QueueFullError
+from ignis.errors import ArtifactError, EngineDeadError, IgnisError, InputError, QueueFullError
+
+
+RETRY_AFTER_S = 1  # what a 503 tells a client to wait: a full queue or a restarting engine clears in seconds
+
+
+class PayloadTooLarge(IgnisError):
+    """The request body is larger than server.max_body_bytes (HTTP 413)."""
 
 
 class ModelNotFound(Exception):
@@ -25,6 +33,8 @@ def describe(exc: BaseException) -> tuple[int, dict]:
     """The status and body for an exception a handler let through."""
     if isinstance(exc, InputError):
         return 400, error_body(400, str(exc), "invalid_request_error", exc.field, "invalid_value")
+    if isinstance(exc, PayloadTooLarge):
+        return 413, error_body(413, str(exc), "invalid_request_error", "body", "body_too_large")
     if isinstance(exc, ModelNotFound):
         return 404, error_body(404, str(exc), "invalid_request_error", "model", "model_not_found")
     if isinstance(exc, QueueFullError):
@@ -38,7 +48,8 @@ def describe(exc: BaseException) -> tuple[int, dict]:
 
 def error_response(exc: BaseException) -> Response:
     status, body = describe(exc)
-    return Response(msgspec.json.encode(body), status_code=status, media_type="application/json")
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+    return Response(msgspec.json.encode(body), status_code=status, media_type="application/json", headers=headers)
 
 
 def error_event(exc: BaseException) -> bytes:

@@ -10,6 +10,7 @@ and sums (ignis.server.generation), tools, reasoning and structured output (igni
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -34,6 +35,7 @@ from ignis.server.generation import (
     until_disconnect,
     usage,
 )
+from ignis.server.limits import Limits, check_fit, check_stop_ids
 from ignis.server.schemas import ChatCompletionRequest, CompletionRequest, decode_body, sampling_params
 
 Events = AsyncGenerator[tuple[int, StreamOutput], None]
@@ -58,14 +60,21 @@ async def completions(request: Request, llm: AsyncLLM) -> Response:
     req = decode_body(await request.body(), CompletionRequest)
     req.check()
     model = check_model(llm, req.model)
-    prompts, given = [], req.prompts()
-    for i, p in enumerate(given):
-        try:
-            prompts.append(llm.prompt_ids(p))
-        except InputError as e:
-            raise InputError(e.field if len(given) == 1 else f"prompt[{i}]", e.message) from None
+    given, limits = req.prompts(), Limits.of(llm.config)
+    limits.check_counts(n=req.n, prompts=len(given), stop=req.stop)
     params = sampling_params(req, max_tokens=16 if req.max_tokens is None else req.max_tokens, logprobs=req.logprobs,
                              structured=chat.structured(None, req.structured_outputs, False))
+    check_stop_ids(params, llm.client.info.vocab_size)
+    prompts = []
+    for i, p in enumerate(given):
+        field = "prompt" if len(given) == 1 else f"prompt[{i}]"
+        try:
+            if isinstance(p, str):
+                limits.check_text(field, p)
+            prompts.append(await asyncio.to_thread(llm.prompt_ids, p))  # a long prompt must not stall other streams
+        except InputError as e:
+            raise InputError(e.field if len(given) == 1 else field, e.message) from None
+        check_fit(params, len(prompts[-1]), context=llm.client.info.context)
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": model}
     count = len(prompts) * params.n
     offsets = [0] * count
@@ -110,12 +119,19 @@ async def chat_completions(request: Request, llm: AsyncLLM) -> Response:
     req = decode_body(await request.body(), ChatCompletionRequest)
     req.check()
     model = check_model(llm, req.model)
-    p = chat.plan(req, llm.tokenizer)
-    ids = llm.prompt_ids(p.prompt)
-    limit = next((m for m in (req.max_completion_tokens, req.max_tokens) if m is not None),
-                 llm.client.info.context - len(ids))  # unset: up to the end of the context, as OpenAI does
+    limits = Limits.of(llm.config)
+    limits.check_counts(n=req.n, prompts=1, stop=req.stop)
+    limits.check_text("messages", "".join(m["content"] for m in req.conversation()))
+    # Rendering and tokenizing a long conversation must not stall the other streams of this front-end.
+    p = await asyncio.to_thread(chat.plan, req, llm.tokenizer)
+    ids = await asyncio.to_thread(llm.prompt_ids, p.prompt)
+    given = next(((f, m) for f, m in (("max_completion_tokens", req.max_completion_tokens),
+                                      ("max_tokens", req.max_tokens)) if m is not None), None)
+    limit = given[1] if given else llm.client.info.context - len(ids)  # unset: up to the end of the context
     top = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling_params(req, max_tokens=limit, logprobs=top, structured=p.structured)
+    check_stop_ids(params, llm.client.info.vocab_size)
+    check_fit(params, len(ids), context=llm.client.info.context, field=given[0] if given else "messages")
     prompts = [ids]
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model}
 

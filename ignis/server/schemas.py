@@ -14,6 +14,9 @@ import msgspec
 
 from ignis.errors import InputError
 from ignis.params import SamplingParams, StructuredOutputs
+from ignis.server.limits import check_depth
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})  # OpenAI's; anything else could forge a turn
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
@@ -131,7 +134,12 @@ class ChatCompletionRequest(_Generation, kw_only=True):
         """Messages with content flattened to text (OpenAI's list-of-parts form allows text parts only here)."""
         out = []
         for i, m in enumerate(self.messages):
+            role = m.get("role")
+            if role not in ROLES:
+                raise InputError(f"messages[{i}].role", f"must be one of {', '.join(sorted(ROLES))}, got {role!r}")
             content = m.get("content")
+            if content is None and role != "assistant":  # an assistant turn may carry only tool calls
+                raise InputError(f"messages[{i}].content", f"a {role} message needs a content")
             if isinstance(content, list):
                 parts = []
                 for part in content:
@@ -143,8 +151,6 @@ class ChatCompletionRequest(_Generation, kw_only=True):
                 content = ""
             elif not isinstance(content, str):
                 raise InputError(f"messages[{i}].content", "must be a string or a list of text parts")
-            if not isinstance(m.get("role"), str):
-                raise InputError(f"messages[{i}].role", "must be a string")
             out.append({**m, "content": content})
         return out
 
@@ -166,10 +172,13 @@ def sampling_params(
     return SamplingParams(**fields)
 
 
-def decode_body(body: bytes, kind: type[msgspec.Struct]) -> Any:
-    """Parse a JSON body; a malformed one raises InputError naming the field at fault."""
+def decode_body(body: bytes, kind: Any) -> Any:
+    """Parse a JSON body; a malformed or too deeply nested one raises InputError naming the field at fault."""
+    check_depth(body)
     try:
         return msgspec.json.decode(body, type=kind)
+    except RecursionError:  # deeper than check_depth saw (it cannot see through malformed JSON)
+        raise InputError("body", "nests arrays and objects too deeply") from None
     except msgspec.ValidationError as e:
         text = str(e)
         field = text.rsplit("at `$.", 1)[1].rstrip("`") if "at `$." in text else "body"
