@@ -1,7 +1,8 @@
 """Where the GPU process listens: a private `ipc://` socket by default, `tcp://` only when asked.
 
 Owns: choosing the engine's address from the server config, making the private directory (mode 0700, so only
-this user can connect) and removing it. Does not own: binding or connecting (ignis.ipc.queues).
+this user can connect) and removing it, also when its owner was killed before it could (the next start sweeps).
+Does not own: binding or connecting (ignis.ipc.queues).
 """
 
 from __future__ import annotations
@@ -10,12 +11,17 @@ import ipaddress
 import os
 import shutil
 import socket
+import stat
 import tempfile
+import time
 from pathlib import Path
 
 from ignis.errors import ConfigError
 
 _LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
+PREFIX = "ignis-"
+OWNER = "owner.pid"  # the pid of the process that made the directory and removes it on a clean stop
+ORPHAN_AFTER_S = 60.0
 
 
 class EngineAddress:
@@ -35,10 +41,47 @@ class EngineAddress:
 
 
 def private_ipc_address() -> EngineAddress:
+    sweep_stale()
     # mkdtemp creates the directory with mode 0700; chmod again in case a umask or platform differs.
-    path = Path(tempfile.mkdtemp(prefix="ignis-"))
+    path = Path(tempfile.mkdtemp(prefix=PREFIX))
     os.chmod(path, 0o700)
+    (path / OWNER).write_text(str(os.getpid()))
     return EngineAddress(f"ipc://{path}/engine.sock", path)
+
+
+def sweep_stale(root: Path | None = None) -> list[Path]:
+    """Remove the private directories of owners that died without cleaning up (kill -9): ours (this user's, mode
+    0700), whose owner process is gone, or, with no owner file, older than a minute. Returns what it removed."""
+    root = Path(tempfile.gettempdir()) if root is None else root
+    removed = []
+    for path in root.glob(f"{PREFIX}*"):
+        try:
+            st = path.lstat()
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) != 0o700:
+                continue
+            owner = path / OWNER
+            if owner.is_file():
+                if _alive(int(owner.read_text().strip() or 0)):
+                    continue
+            elif time.time() - st.st_mtime < ORPHAN_AFTER_S:
+                continue  # being made right now, or from a version that wrote no owner file
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        except (OSError, ValueError):
+            continue  # gone meanwhile, or not ours to judge
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone's process with that pid: not provably dead
+    return True
 
 
 def free_tcp_port(host: str = "127.0.0.1") -> int:

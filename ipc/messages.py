@@ -118,6 +118,7 @@ class Hello(msgspec.Struct, tag="hello", kw_only=True):
 
     client: int
     pid: int = 0
+    secret: str = ""  # the per-start secret of a tcp engine; nothing else is taken from a client before it matches
 
 
 class UtilityCall(msgspec.Struct, tag="call", kw_only=True):
@@ -151,10 +152,13 @@ class Deltas(msgspec.Struct, tag="deltas", kw_only=True):
 
 
 class Rejected(msgspec.Struct, tag="rejected", kw_only=True):
-    """An EngineRequest the engine refused before any work; `kind` picks the HTTP status (400 vs 503)."""
+    """A frame the engine refused before any work, so no sender waits for an answer that never comes. `kind`:
+    "input" and "queue_full" for an EngineRequest (HTTP 400 vs 503); "malformed" for a frame that did not decode
+    (`id` is the request's when it could be read, else ""); "unauthenticated" for anything from a client that has
+    not said the engine's secret."""
 
     id: str
-    kind: Literal["input", "queue_full"]
+    kind: Literal["input", "queue_full", "malformed", "unauthenticated"]
     message: str
     field: str | None = None
 

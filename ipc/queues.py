@@ -28,8 +28,8 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from ignis.ipc.codec import client_decoder, encode, engine_decoder
-from ignis.ipc.messages import ClientMessage, EngineMessage, Heartbeat
+from ignis.ipc.codec import client_decoder, encode, engine_decoder, refusal_of
+from ignis.ipc.messages import ClientMessage, EngineMessage, Heartbeat, Rejected
 from ignis.logging import get_logger
 
 log = get_logger(__name__)
@@ -60,12 +60,14 @@ class EngineSocket:
     loop never holds it longer than MAX_WAIT_S while waiting for frames.
     """
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, max_frame_bytes: int = -1) -> None:
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.setsockopt(zmq.SNDHWM, 0)
         self._sock.setsockopt(zmq.RCVHWM, 0)
+        # A larger frame drops its sender's connection before libzmq allocates it (-1: no limit).
+        self._sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
         self._sock.setsockopt(zmq.LINGER, 2000)  # long enough for the engine-dead frame to leave
         self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._sock.bind(address)
@@ -111,10 +113,12 @@ class EngineSocket:
                 self._decoder.dropped += 1
                 log.warning("ignis.ipc.dropped_frame", direction="client->engine", error="not [routing id, payload]")
                 continue
+            client = int.from_bytes(frames[0], "big")
             msg = self._decoder.decode(frames[1])
             if msg is None:
+                rid, field = refusal_of(frames[1], self._decoder.error)
+                self.send(client, Rejected(id=rid, kind="malformed", message=self._decoder.error, field=field))
                 continue
-            client = int.from_bytes(frames[0], "big")
             self.clients.add(client)
             out.append((client, msg))
         now = time.monotonic()

@@ -33,12 +33,12 @@ Item: TypeAlias = RequestDelta | BaseException
 class AsyncEngineClient:
     """Connects to `address`, or starts a GPU process on a private address when none is given."""
 
-    def __init__(self, config: IgnisConfig, address: str | None = None) -> None:
+    def __init__(self, config: IgnisConfig, address: str | None = None, *, secret: str = "") -> None:
         self.config = config
         self._owned = OwnedEngine(config, self) if address is None else None
         self.address: str = self._owned.address.address if self._owned is not None else str(address)
         self.client_id = new_client_id()
-        self._link = EngineLink(self.client_id, config.server.engine_timeout_s)
+        self._link = EngineLink(self.client_id, config.server.engine_timeout_s, secret)
         self._sock: AsyncClientSocket | None = None
         self._reader: asyncio.Task[None] | None = None
         self._queues: dict[str, asyncio.Queue[Item]] = {}
@@ -58,7 +58,7 @@ class AsyncEngineClient:
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
         while not self._link.ready:
-            if self._link.dead is not None or (self._owned is not None and self._owned.exit_reason()):
+            if self._link.failed or (self._owned is not None and self._owned.exit_reason()):
                 raise self._link.start_error()
             if deadline is not None and loop.time() > deadline:
                 raise EngineDeadError(f"no engine answered at {self.address} within {timeout_s:g} s")

@@ -31,9 +31,11 @@ def new_client_id() -> int:
 class EngineLink:
     """Liveness of the engine for one client. Feed it everything the socket yields; ask it whether to serve."""
 
-    def __init__(self, client: int, timeout_s: float) -> None:
+    def __init__(self, client: int, timeout_s: float, secret: str = "") -> None:
         self.client = client
         self.timeout_s = timeout_s
+        self.secret = secret  # a tcp engine's per-start secret, said in every Hello
+        self.refused: str | None = None  # why the engine would not take this client, if it said so
         self.info: EngineInfo | None = None
         self.ready = False
         self.down_reason: str | None = "the GPU process has not answered yet"
@@ -47,7 +49,7 @@ class EngineLink:
         """Update from one socket item; returns a Hello when one must be sent (on every new connection)."""
         now = time.monotonic()
         if item is Link.CONNECTED:
-            return Hello(client=self.client, pid=os.getpid())
+            return Hello(client=self.client, pid=os.getpid(), secret=self.secret)
         if item is Link.DISCONNECTED:
             self.mark_down("the GPU process closed its connection (it exited or crashed)")
             return None
@@ -58,6 +60,10 @@ class EngineLink:
         elif isinstance(item, EngineDead):
             self.dead = item
             self.mark_down(f"the engine died: {item.reason}")
+        elif isinstance(item, Rejected) and item.kind == "unauthenticated":
+            self.refused = f"the engine refused this client: {item.message} (the secret of a tcp engine is handed " \
+                           "only to the processes its starter made)"
+            self.mark_down(self.refused)
         elif isinstance(item, Heartbeat):
             self.round_s = item.round_s
             if self._stalled:
@@ -90,8 +96,15 @@ class EngineLink:
         reason, self._fresh_down = self._fresh_down, None
         return reason
 
+    @property
+    def failed(self) -> bool:
+        """The engine said it will not serve this client (it died, failed to start, or refused it)."""
+        return self.dead is not None or self.refused is not None
+
     def start_error(self) -> IgnisError:
         """The error to raise when the engine never became ready."""
+        if self.refused is not None:
+            return EngineDeadError(self.refused)
         if self.dead is not None:
             return dead_error(self.dead)
         return EngineDeadError(self.down_reason or "the GPU process did not become ready")
@@ -108,6 +121,8 @@ def dead_error(dead: EngineDead) -> IgnisError:
 def rejection_error(rej: Rejected) -> IgnisError:
     if rej.kind == "queue_full":
         return QueueFullError(rej.message)
+    if rej.kind == "unauthenticated":
+        return EngineDeadError(f"the engine refused this client: {rej.message}")
     return InputError(rej.field or "request", rej.message)
 
 

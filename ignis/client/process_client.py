@@ -75,7 +75,7 @@ class ProcessClient:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while not self._link.ready:
             self._pump(POLL_S)
-            if self._link.dead is not None or (self._owned is not None and self._owned.exit_reason()):
+            if self._link.failed or (self._owned is not None and self._owned.exit_reason()):
                 raise self._link.start_error()
             if deadline is not None and time.monotonic() > deadline:
                 raise EngineDeadError(f"no engine answered at {self.address} within {timeout_s:g} s")

@@ -2,8 +2,9 @@
 
 Owns: the process's entry point (`python -m ignis.engine.process`, `run`), its loop (`serve`: take messages ->
 round -> send deltas, with eager aborts), the heartbeat thread, which client owns which request, freeing the
-lanes of a client that vanished, the engine-dead frame on an unrecoverable error, and `EngineProcess`, a parent's
-handle on it. Does not own: the round (ignis.engine.core), the wire (ignis.ipc), tokenizing or HTTP
+lanes of a client that vanished, the engine-dead frame on an unrecoverable error, who may talk to it (a tcp
+engine's per-start secret, checked before any request is taken), and `EngineProcess`, a parent's handle on it.
+Does not own: the round (ignis.engine.core), the wire (ignis.ipc), tokenizing or HTTP
 (front-ends), or restarting a dead process (its parent).
 
 A client is detected as gone by the socket (ignis.ipc.queues): a disconnect makes the engine probe its clients,
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hmac
 import os
 import signal
 import threading
@@ -40,7 +42,7 @@ from ignis.ipc.messages import (
     UtilityReply,
 )
 from ignis.ipc.queues import EngineSocket
-from ignis.ipc.spawn import Child, parent_gone, read_config
+from ignis.ipc.spawn import Child, parent_gone, read_start
 from ignis.logging import configure, get_logger
 
 if TYPE_CHECKING:
@@ -51,13 +53,13 @@ log = get_logger("ignis.engine.process")  # not __name__: this module runs as __
 START_FAILURE_GRACE_S = 1.0  # after a failed start, answer late hellos with the reason for this long
 
 
-def run(cfg: IgnisConfig, address: str, parent_pid: int) -> None:
+def run(cfg: IgnisConfig, address: str, parent_pid: int, secret: str = "") -> None:
     """Entry point of the spawned GPU process. Exits 0 when told to stop (SIGTERM), 1 after engine-dead."""
     configure(cfg.log.level, cfg.log.format)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the parent decides
-    sock = EngineSocket(address)
+    sock = EngineSocket(address, max_frame_bytes(cfg))
     try:
         from ignis.engine.core import Engine
 
@@ -66,17 +68,26 @@ def run(cfg: IgnisConfig, address: str, parent_pid: int) -> None:
         log.exception("ignis.engine.start_failed")
         _refuse_start(sock, _dead(e))
         raise SystemExit(1) from None
-    serve(engine, sock, cfg.server.heartbeat_s, stop, parent_pid)
+    serve(engine, sock, cfg.server.heartbeat_s, stop, parent_pid, secret)
 
 
-def serve(engine: Engine, sock: EngineSocket, heartbeat_s: float, stop: threading.Event, parent_pid: int = 0) -> None:
+def max_frame_bytes(cfg: IgnisConfig) -> int:
+    """The largest frame a client may send: a whole-context prompt and as many stop ids, with room to spare.
+    Front-ends refuse anything larger before it is tokenized; this guards the engine from other senders."""
+    return 2**20 + 16 * cfg.engine.context
+
+
+def serve(engine: Engine, sock: EngineSocket, heartbeat_s: float, stop: threading.Event, parent_pid: int = 0,
+          secret: str = "") -> None:
     """Serve until `stop` is set (or the parent is gone), then close the socket. On an unrecoverable error every
-    client is sent engine-dead first, and SystemExit(1) is raised."""
+    client is sent engine-dead first, and SystemExit(1) is raised. With a `secret`, a client is served only after
+    a Hello that carries it."""
     owners: dict[str, int] = {}  # request id -> client that added it
     ready = Ready(info=engine.info, pid=os.getpid(), heartbeat_s=heartbeat_s)
     beat = _Heartbeat(sock, heartbeat_s)
+    door = _Door(secret)
     try:
-        _loop(engine, sock, owners, ready, beat, stop, parent_pid)
+        _loop(engine, sock, owners, ready, beat, stop, parent_pid, door)
     except Exception as e:
         beat.stop()
         log.exception("ignis.engine.dead")
@@ -89,7 +100,7 @@ def serve(engine: Engine, sock: EngineSocket, heartbeat_s: float, stop: threadin
 
 
 def _loop(engine: Engine, sock: EngineSocket, owners: dict[str, int], ready: Ready, beat: _Heartbeat,
-          stop: threading.Event, parent_pid: int) -> None:
+          stop: threading.Event, parent_pid: int, door: _Door) -> None:
     """The loop: take every message (aborts take effect at once), run one round, send each client its deltas."""
     next_check = 0.0
     while not stop.is_set():
@@ -101,7 +112,8 @@ def _loop(engine: Engine, sock: EngineSocket, owners: dict[str, int], ready: Rea
                 del owners[rid]
             log.info("ignis.engine.client_gone", client=client, aborted=len(ids))
         for client, msg in messages:
-            _take(engine, sock, owners, ready, client, msg)
+            if door.lets_in(sock, client, msg):
+                _take(engine, sock, owners, ready, client, msg)
         if engine.has_work():
             with beat.round():
                 deltas = engine.step()
@@ -160,6 +172,28 @@ def _refuse_start(sock: EngineSocket, dead: EngineDead) -> None:
     sock.close(linger_s=1.0)
 
 
+class _Door:
+    """Who may talk to the engine: everyone when there is no secret (an ipc socket in a 0700 directory); else only
+    a client whose Hello carried the secret (a tcp port any local user can reach). Everything else is answered
+    with Rejected "unauthenticated" and never reaches the engine."""
+
+    def __init__(self, secret: str) -> None:
+        self._secret = secret.encode()
+        self._in: set[int] = set()
+
+    def lets_in(self, sock: EngineSocket, client: int, msg: ClientMessage) -> bool:
+        if not self._secret or client in self._in:
+            return True
+        if isinstance(msg, Hello) and hmac.compare_digest(msg.secret.encode(), self._secret):
+            self._in.add(client)
+            return True
+        log.warning("ignis.engine.unauthenticated", client=client, kind=type(msg).__name__)
+        sock.send(client, Rejected(id=getattr(msg, "id", ""), kind="unauthenticated",
+                                   message="this engine takes frames only from clients that hold its secret"))
+        sock.clients.discard(client)  # no heartbeats or broadcasts for it either
+        return False
+
+
 class _Heartbeat:
     """Beats every `every_s` from its own thread, so a long round does not look like a dead process; each beat
     says how long the round in progress has run, which is how clients tell a stuck engine from a busy one."""
@@ -195,9 +229,9 @@ class _Heartbeat:
 class EngineProcess:
     """A parent's handle on one GPU process it started (a fresh interpreter, so CUDA never sees a forked parent)."""
 
-    def __init__(self, cfg: IgnisConfig, address: str) -> None:
+    def __init__(self, cfg: IgnisConfig, address: str, secret: str = "") -> None:
         self.address = address
-        self._child = Child("ignis.engine.process", ["--address", address], cfg)
+        self._child = Child("ignis.engine.process", ["--address", address], cfg, secret=secret)
         self.pid = self._child.pid
 
     def alive(self) -> bool:
@@ -217,7 +251,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--address", required=True)
     parser.add_argument("--parent", type=int, required=True)
     args = parser.parse_args(argv)
-    run(read_config(), args.address, args.parent)
+    cfg, secret = read_start()
+    run(cfg, args.address, args.parent, secret)
 
 
 if __name__ == "__main__":

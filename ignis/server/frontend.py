@@ -1,7 +1,7 @@
 """A front-end process: uvicorn on uvloop serving the app, on a listening socket the supervisor shares.
 
-Owns: the process's entry point, its signals (SIGTERM drains: stop accepting, finish in-flight responses; SIGINT
-is the supervisor's to act on), and exiting when its parent is gone. Does not own: the app (ignis.server.app)
+Owns: the process's entry point, its signals (SIGTERM drains: new requests get 503 + Retry-After while the
+in-flight responses finish, then the process exits; SIGINT is the supervisor's to act on), and exiting when its parent is gone. Does not own: the app (ignis.server.app)
 or restarts (ignis.server.serve).
 """
 
@@ -11,6 +11,7 @@ import argparse
 import os
 import signal
 import socket
+import time
 from collections.abc import Callable
 from types import FrameType
 
@@ -18,8 +19,9 @@ import structlog
 import uvicorn
 
 from ignis.config import IgnisConfig
-from ignis.ipc.spawn import parent_gone, read_config
+from ignis.ipc.spawn import parent_gone, read_start
 from ignis.logging import configure, get_logger
+from ignis.server.guard import Gate
 
 log = get_logger("ignis.server.frontend")  # not __name__: this module runs as __main__
 
@@ -27,24 +29,38 @@ DRAIN_S = 60  # how long SIGTERM waits for in-flight responses before cancelling
 
 
 class _Server(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, parent_pid: int) -> None:
+    """uvicorn, with a drain that keeps answering: after SIGTERM new requests get 503 + Retry-After (not a
+    connection left waiting in the accept queue), and the server stops once the requests in flight are done."""
+
+    def __init__(self, config: uvicorn.Config, parent_pid: int, gate: Gate) -> None:
         super().__init__(config)
         self.parent_pid = parent_pid
+        self.gate = gate
+        self.drain_until = 0.0
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Ctrl-C reaches every process of the terminal's group; only the supervisor decides what stops.
-        if sig != signal.SIGINT:
-            super().handle_exit(sig, frame)
+        if sig == signal.SIGINT:
+            return
+        if sig == signal.SIGTERM and not self.gate.draining:
+            self.gate.draining = True
+            self.drain_until = time.monotonic() + DRAIN_S
+            log.info("ignis.frontend.draining", inflight=self.gate.inflight)
+            return
+        super().handle_exit(sig, frame)  # a second SIGTERM: uvicorn's own shutdown
 
     async def on_tick(self, counter: int) -> bool:
         if counter % 10 == 0 and parent_gone(self.parent_pid):
             log.warning("ignis.frontend.orphaned", parent=self.parent_pid)
             self.should_exit = True
+        if self.gate.draining and not self.should_exit and (self.gate.inflight == 0 or time.monotonic() > self.drain_until):
+            log.info("ignis.frontend.drained", inflight=self.gate.inflight)
+            self.should_exit = True
         return await super().on_tick(counter)
 
 
 def run(cfg: IgnisConfig, listener: socket.socket, address: str, index: int, parent_pid: int,
-        on_ready: Callable[[], None] | None = None) -> None:
+        on_ready: Callable[[], None] | None = None, secret: str = "") -> None:
     """Serve on `listener` until SIGTERM, talking to the engine at `address`; `on_ready` once the engine answers."""
     configure(cfg.log.level, cfg.log.format)
     structlog.contextvars.bind_contextvars(frontend=index)
@@ -53,15 +69,16 @@ def run(cfg: IgnisConfig, listener: socket.socket, address: str, index: int, par
     # uvicorn re-raises the signal it drained on; with this handler that ends in a clean exit code.
     signal.signal(signal.SIGTERM, lambda *_: None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    gate = Gate()
     config = uvicorn.Config(
-        build_app(cfg, address, index, on_ready),
+        build_app(cfg, address, index, on_ready, gate, secret),
         loop="uvloop",
         log_config=None,
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=DRAIN_S,
     )
-    _Server(config, parent_pid).run(sockets=[listener])
+    _Server(config, parent_pid, gate).run(sockets=[listener])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -78,7 +95,8 @@ def main(argv: list[str] | None = None) -> None:
         os.write(args.ready_fd, b"r")
         os.close(args.ready_fd)
 
-    run(read_config(), listener, args.address, args.frontend, args.parent, ready)
+    cfg, secret = read_start()
+    run(cfg, listener, args.address, args.frontend, args.parent, ready, secret)
 
 
 if __name__ == "__main__":
