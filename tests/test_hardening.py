@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -281,3 +282,23 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(served: Serv
             case.call_and_validate(base_url=served.url, headers=AUTH, timeout=60, checks=checks)
 
         check()
+
+
+def test_sigterm_drains_new_requests_get_503_with_retry_after_and_the_stream_in_flight_completes(served: Served) -> None:
+    """Runs last: it stops the module's server."""
+    body = {"prompt": "def", "max_tokens": CONTEXT - 16, "temperature": 0, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{served.url}{COMP}", json=body, headers=AUTH, timeout=120) as r:
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        served.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)  # the signal reaches the front-end
+        t = time.monotonic()
+        refused = httpx.post(f"{served.url}{COMP}", json={"prompt": "x", "max_tokens": 1}, headers=AUTH, timeout=30)
+        assert time.monotonic() - t < 2.0
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1", refused.text
+        assert refused.json()["error"]["code"] == "draining"
+        rest = [line for line in lines if line.startswith("data: ")]
+    assert rest[-1] == "data: [DONE]" and '"finish_reason":"length"' in rest[-2]
+    assert served.proc.wait(60) == 0
+    with pytest.raises(httpx.ConnectError):  # nothing listens once drained: refused, not left hanging
+        httpx.get(f"{served.url}/health", timeout=5)
