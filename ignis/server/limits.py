@@ -10,6 +10,7 @@ field's own range (ignis.params.SamplingParams, the request structs in ignis.ser
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,27 +77,17 @@ def check_stop_ids(params: SamplingParams, vocab_size: int) -> None:
         raise InputError("stop_token_ids", f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
 
 
-_OPEN, _CLOSE = np.frombuffer(b"[{", np.uint8), np.frombuffer(b"]}", np.uint8)
-_QUOTE, _BACKSLASH = ord('"'), ord("\\")
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes included
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
 
 
 def check_depth(body: bytes, limit: int = MAX_JSON_DEPTH) -> None:
-    """Refuse JSON nested deeper than `limit` before any parser recurses into it (vectorised: no Python loop
-    over the bytes). Brackets inside strings do not count; a string's quotes are found by skipping escaped ones."""
+    """Refuse JSON nested deeper than `limit` before any parser recurses into it. Strings are cut out (a bracket
+    inside one does not count), the rest reduced to its brackets, and the deepest point is a running sum."""
     if body.count(b"[") + body.count(b"{") <= limit:
         return
-    b = np.frombuffer(body, np.uint8)
-    quote = b == _QUOTE
-    if quote.any():
-        # A quote is escaped when an odd run of backslashes ends just before it.
-        index = np.arange(len(b))
-        last_plain = np.maximum.accumulate(np.where(b != _BACKSLASH, index, -1))  # last non-backslash at or before i
-        slashes_before = np.concatenate(([0], index[:-1] - last_plain[:-1]))
-        quote &= slashes_before % 2 == 0
-        inside = (np.cumsum(quote) % 2 == 1) & ~quote  # after an opening quote, up to its closing one
-    else:
-        inside = np.zeros(len(b), bool)
-    step = np.isin(b, _OPEN).astype(np.int32) - np.isin(b, _CLOSE).astype(np.int32)
-    step[inside] = 0
+    brackets = np.frombuffer(_STRING.sub(b"", body).translate(None, _NOT_BRACKETS), np.uint8)
+    step = np.where(brackets <= ord("["), np.int32(1), np.int32(-1))  # "[" 91 and "{" 123 open; "]" 93, "}" 125 close
+    step[brackets == ord("{")] = 1
     if int(np.cumsum(step).max(initial=0)) > limit:
         raise InputError("body", f"nests arrays and objects deeper than {limit} levels")
