@@ -14,7 +14,7 @@ import msgspec
 from ignis.errors import InputError
 
 MAX_INT = 2**31 - 1  # counts and token ids: beyond this an int cannot be a real length or id (nor cross the wire)
-GREEDY_BELOW = 1e-5  # a temperature below this is greedy, as in vLLM
+GREEDY_BELOW = 1e-5  # a temperature (or top_p) below this is greedy, as in vLLM
 
 
 class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -69,6 +69,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
             msgspec.structs.force_setattr(self, "temperature", 0.0)
         if not 0.0 < self.top_p <= 1.0:
             raise InputError("top_p", f"must be in (0, 1], got {self.top_p!r}")
+        if self.top_p < GREEDY_BELOW:
+            # Only the most likely token reaches so small a mass; as float32 (the device's) 1e-300 would read as 0
+            # and drop every token.
+            msgspec.structs.force_setattr(self, "top_p", 1.0)
+            msgspec.structs.force_setattr(self, "top_k", 1)
         if not isinstance(self.top_k, int) or not -1 <= self.top_k <= MAX_INT:
             raise InputError("top_k", f"must be an integer >= 0 (0 or -1 turn it off), got {self.top_k!r}")
         if not 0.0 <= self.min_p <= 1.0:

@@ -13,7 +13,6 @@ import shutil
 import socket
 import stat
 import tempfile
-import time
 from pathlib import Path
 
 from ignis.errors import ConfigError
@@ -21,7 +20,6 @@ from ignis.errors import ConfigError
 _LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
 PREFIX = "ignis-"
 OWNER = "owner.pid"  # the pid of the process that made the directory and removes it on a clean stop
-ORPHAN_AFTER_S = 60.0
 
 
 class EngineAddress:
@@ -50,8 +48,8 @@ def private_ipc_address() -> EngineAddress:
 
 
 def sweep_stale(root: Path | None = None) -> list[Path]:
-    """Remove the private directories of owners that died without cleaning up (kill -9): ours (this user's, mode
-    0700), whose owner process is gone, or, with no owner file, older than a minute. Returns what it removed."""
+    """Remove the private directories of owners that died without cleaning up (kill -9): this user's, mode 0700,
+    whose owner file names a process that is gone. Returns what it removed."""
     root = Path(tempfile.gettempdir()) if root is None else root
     removed = []
     for path in root.glob(f"{PREFIX}*"):
@@ -60,11 +58,8 @@ def sweep_stale(root: Path | None = None) -> list[Path]:
             if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) != 0o700:
                 continue
             owner = path / OWNER
-            if owner.is_file():
-                if _alive(int(owner.read_text().strip() or 0)):
-                    continue
-            elif time.time() - st.st_mtime < ORPHAN_AFTER_S:
-                continue  # being made right now, or from a version that wrote no owner file
+            if not owner.is_file() or _alive(int(owner.read_text().strip() or 0)):
+                continue  # being made right now, or by a version that wrote no owner file: not ours to judge
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
         except (OSError, ValueError):

@@ -112,6 +112,9 @@ class EngineSocket:
             if len(frames) != 2 or len(frames[0]) != 4:
                 self._decoder.dropped += 1
                 log.warning("ignis.ipc.dropped_frame", direction="client->engine", error="not [routing id, payload]")
+                if len(frames[0]) == 4:  # a multipart message from a real peer: it is told, like any refused frame
+                    self.send(int.from_bytes(frames[0], "big"), Rejected(
+                        id="", kind="malformed", message="a message must be one frame (multipart is not accepted)"))
                 continue
             client = int.from_bytes(frames[0], "big")
             msg = self._decoder.decode(frames[1])

@@ -74,10 +74,12 @@ def test_a_socket_directory_left_by_a_kill_9_is_removed_by_the_next_start(tmp_pa
     live = private_ipc_address()  # a live owner's (ours): kept by the next sweep
     foreign = tmp_path / "ignis-notours"
     foreign.mkdir(mode=0o755)  # not private: not ours to judge
+    unowned = tmp_path / "ignis-unowned"
+    unowned.mkdir(mode=0o700)  # no owner file (being made, or by another version): not ours to judge either
     mine = private_ipc_address()
     try:
         assert not left.exists()
-        assert live.private_dir is not None and live.private_dir.is_dir() and foreign.is_dir()
+        assert live.private_dir is not None and live.private_dir.is_dir() and foreign.is_dir() and unowned.is_dir()
     finally:
         live.close()
         mine.close()

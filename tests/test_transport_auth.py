@@ -133,6 +133,9 @@ def test_a_frame_that_fails_validation_gets_a_rejected_reply_naming_the_request(
         raw.sock.send(b"\xc1 not msgpack")
         r = raw.answer((Rejected,))
         assert isinstance(r, Rejected) and r.kind == "malformed" and r.id == ""
+        raw.sock.send_multipart([encode(REQUEST), b"more"])
+        r = raw.answer((Rejected,))
+        assert isinstance(r, Rejected) and r.kind == "malformed" and "one frame" in r.message
     finally:
         raw.close()
 

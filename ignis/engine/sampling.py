@@ -29,7 +29,6 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
         before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # mass of strictly larger tokens
         drop_sorted = before >= params.top_p
-        drop_sorted[..., 0] = False  # the largest token always stays (a top_p below float32's range reads as 0)
         drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
     if params.min_p > 0.0:
