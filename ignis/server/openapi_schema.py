@@ -59,7 +59,9 @@ def document(version: str) -> dict[str, Any]:
         return out
 
     obj = {"application/json": {"schema": {"type": "object"}}}
-    generated = {**obj, "text/event-stream": {"schema": {"type": "string"}}}
+    # A stream is server-sent events, each a chunk in `data` (the last one "[DONE]").
+    event = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
+    generated = {**obj, "text/event-stream": {"schema": event}}
     guarded = ("400", "401", "403", "413", "415", "503")
 
     def post(summary: str, body: dict[str, Any], ok: dict[str, Any], *codes: str) -> dict[str, Any]:

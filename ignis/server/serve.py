@@ -35,6 +35,7 @@ from ignis.ipc.spawn import Child
 from ignis.logging import get_logger
 from ignis.server.app import has_playground
 from ignis.server.frontend import DRAIN_S
+from ignis.server.guard import Access
 
 log = get_logger(__name__)
 
@@ -64,6 +65,7 @@ class Supervisor:
     def __init__(self, cfg: IgnisConfig) -> None:
         self.cfg = cfg
         self._t0 = time.monotonic()
+        Access.of(cfg)  # an unreadable server.api_key_file fails here, before anything starts
         self._signals = 0
         self.address = engine_address(cfg.server.transport, cfg.server.engine_address)
         # A tcp port is open to every local user (an ipc socket sits in a 0700 directory): the engine takes frames
