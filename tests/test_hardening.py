@@ -284,7 +284,8 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(served: Serv
         check()
 
 
-def test_sigterm_drains_new_requests_get_503_with_retry_after_and_the_stream_in_flight_completes(served: Served) -> None:
+def test_sigterm_drains_new_requests_get_503_with_retry_after_and_the_stream_in_flight_completes(served: Served
+                                                                                                  ) -> None:
     """Runs last: it stops the module's server."""
     body = {"prompt": "def", "max_tokens": CONTEXT - 16, "temperature": 0, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", f"{served.url}{COMP}", json=body, headers=AUTH, timeout=120) as r:

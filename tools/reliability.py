@@ -152,11 +152,13 @@ async def probe_memory(s: Server) -> bool:
 
 async def probe_frontend_kill(s: Server, max_tokens: int, alone: dict[str, str]) -> bool:
     async with _client() as c:
-        firsts = [asyncio.Event() for _ in range(16)]
         served: list[list[str]] = [[] for _ in range(16)]
-        tasks = [asyncio.create_task(stream(c, s.url, PROMPTS[i % len(PROMPTS)], max_tokens, firsts[i], served[i]))
-                 for i in range(16)]
-        await asyncio.gather(*(f.wait() for f in firsts))
+        tasks = []
+        for i in range(16):  # one at a time, each on its own connection: the two front-ends take turns accepting
+            first = asyncio.Event()
+            tasks.append(asyncio.create_task(stream(c, s.url, PROMPTS[i % len(PROMPTS)], max_tokens, first,
+                                                    served[i])))
+            await first.wait()
         counts = {f: sum(x == [f] for x in served) for f in ("0", "1")}
         victim = max(counts, key=lambda f: counts[f])  # the busier one
         os.kill(s.frontend_pid(int(victim)), signal.SIGKILL)
@@ -174,7 +176,7 @@ async def probe_frontend_kill(s: Server, max_tokens: int, alone: dict[str, str])
     same = sum(r[0] == alone[PROMPTS[i % len(PROMPTS)]] for i, r in survivors)  # type: ignore[index]
     lost = len(results) - len(survivors)
     return report("front-end killed (kill -9) while 16 streams run on two front-ends",
-                  lost == counts[victim] and same == len(survivors),
+                  lost == counts[victim] and 0 < same == len(survivors),
                   f"its {lost} streams cut, their lanes free {freed_s:.2f} s after the kill; {same}/{len(survivors)} "
                   "on the other front-end complete and identical to solo")
 

@@ -135,7 +135,8 @@ class AsyncLLM:
                 seed = None if params.seed is None else (params.seed + j) % 2**63
                 sample = msgspec.structs.replace(params, n=1, seed=seed)
                 cid = rid if params.n == 1 else f"{rid}-{j}"
-                self.client.add(EngineRequest(id=cid, prompt_token_ids=ids, params=sample.for_engine(), stop_token_ids=stop_ids), queue)
+                req = EngineRequest(id=cid, prompt_token_ids=ids, params=sample.for_engine(), stop_token_ids=stop_ids)
+                self.client.add(req, queue)
                 states[cid] = (j, OutputState(cid, sample, self.tokenizer))
                 live.add(cid)
             while live:

@@ -138,7 +138,8 @@ class LLM:
             while len(reasons) < len(states):
                 while pending and len(live) < room:
                     rid, ids, sample = pending.popleft()
-                    self.client.add(EngineRequest(id=rid, prompt_token_ids=ids, params=sample.for_engine(), stop_token_ids=stop_ids))
+                    self.client.add(EngineRequest(id=rid, prompt_token_ids=ids, params=sample.for_engine(),
+                                                  stop_token_ids=stop_ids))
                     live.add(rid)
                 for delta in self.client.get_deltas(timeout=None):
                     if delta.id not in live:

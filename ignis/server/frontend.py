@@ -1,8 +1,8 @@
 """A front-end process: uvicorn on uvloop serving the app, on a listening socket the supervisor shares.
 
 Owns: the process's entry point, its signals (SIGTERM drains: new requests get 503 + Retry-After while the
-in-flight responses finish, then the process exits; SIGINT is the supervisor's to act on), and exiting when its parent is gone. Does not own: the app (ignis.server.app)
-or restarts (ignis.server.serve).
+in-flight responses finish, then the process exits; SIGINT is the supervisor's to act on), and exiting when its
+parent is gone. Does not own: the app (ignis.server.app) or restarts (ignis.server.serve).
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ class _Server(uvicorn.Server):
         if counter % 10 == 0 and parent_gone(self.parent_pid):
             log.warning("ignis.frontend.orphaned", parent=self.parent_pid)
             self.should_exit = True
-        if self.gate.draining and not self.should_exit and (self.gate.inflight == 0 or time.monotonic() > self.drain_until):
+        drained = self.gate.inflight == 0 or time.monotonic() > self.drain_until
+        if self.gate.draining and not self.should_exit and drained:
             log.info("ignis.frontend.drained", inflight=self.gate.inflight)
             self.should_exit = True
         return await super().on_tick(counter)
