@@ -9,6 +9,7 @@ import asyncio
 import http.client
 import json
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -133,6 +134,12 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read_even_when_chunked(se
 
     r = httpx.post(f"{served.url}{COMP}", content=chunks(), headers={**AUTH, "Content-Type": "application/json"})
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+    # A Content-Length over the limit is answered at once, before a byte of the body is sent.
+    host, port = served.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(f"POST {COMP} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {KEY}\r\n"
+                     f"Content-Type: application/json\r\nContent-Length: {2**30}\r\n\r\n".encode())
+        assert sock.recv(4096).startswith(b"HTTP/1.1 413")
 
 
 def test_a_tiny_temperature_or_top_p_is_greedy_not_noise(served: Served) -> None:
