@@ -159,6 +159,8 @@ def test_api_key_host_origin_and_content_type(served: Served) -> None:
     url = served.url
     body = {"prompt": "x", "max_tokens": 1}
     assert httpx.get(f"{url}/health").status_code == 200  # open: probes carry no key
+    assert httpx.get(f"{url}/playground").status_code == 200  # a page holds no data; what it fetches needs the key
+    assert httpx.get(f"{url}/metrics.json").status_code == 401
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}, {"Authorization": f"Basic {KEY}"}):
         r = httpx.post(f"{url}{COMP}", json=body, headers=headers)
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (headers, r.text)

@@ -32,7 +32,10 @@ from ignis.server.errors import RETRY_AFTER_S, PayloadTooLarge, error_body
 log = get_logger(__name__)
 
 API_KEY_ENV = "IGNIS_API_KEY"
-OPEN_PATHS = frozenset({"/health"})  # answered without a key: load balancers and supervisors probe it
+# Answered without a key: /health (load balancers and supervisors probe it) and the Playground's pages, which hold
+# no data (HTML, scripts, styles); what a page fetches needs the key like any other client's request.
+OPEN_PATHS = frozenset({"/health", "/", "/playground", "/playground/", "/playground/monitor"})
+OPEN_PREFIXES = ("/playground/static/",)
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 Scope = dict[str, Any]
@@ -125,7 +128,9 @@ class Guard:
             return await _refuse(send, 503, "this server is shutting down; retry in a moment", "service_unavailable",
                                  "draining", None, [(b"retry-after", str(RETRY_AFTER_S).encode()),
                                                     (b"connection", b"close")])
-        if scope["path"] not in OPEN_PATHS and not self.access.key_ok(h.get("authorization", "")):
+        path = scope["path"]
+        open_path = path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
+        if not open_path and not self.access.key_ok(h.get("authorization", "")):
             return await _refuse(send, 401, "a valid API key is required: send 'Authorization: Bearer KEY'",
                                  "invalid_request_error", "invalid_api_key", None, [(b"www-authenticate", b"Bearer")])
         origin = h.get("origin")
