@@ -281,7 +281,7 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(served: Serv
     schema = schemathesis.openapi.from_dict(httpx.get(f"{served.url}/openapi.json", headers=AUTH).json())
     checks = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 7
+    assert len(operations) == 9
 
     for operation in operations:
         @given(case=operation.as_strategy())

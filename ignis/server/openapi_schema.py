@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from ignis.server.responses import ResponsesRequest
 from ignis.server.schemas import ChatCompletionRequest, CompletionRequest
 
 
@@ -48,9 +49,10 @@ _REFUSALS = {
 
 
 def document(version: str) -> dict[str, Any]:
-    structs = [CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest, ErrorResponse]
+    structs = [CompletionRequest, ChatCompletionRequest, ResponsesRequest, TokenizeRequest, DetokenizeRequest,
+               ErrorResponse]
     refs, components = msgspec.json.schema_components(structs, ref_template="#/components/schemas/{name}")
-    completion, chat, tokenize, detokenize, error = refs
+    completion, chat, responses_, tokenize, detokenize, error = refs
 
     def responses(ok: dict[str, Any], *codes: str) -> dict[str, Any]:
         out: dict[str, Any] = {"200": {"description": "OK", "content": ok}}
@@ -77,9 +79,14 @@ def document(version: str) -> dict[str, Any]:
         "paths": {
             "/v1/completions": post("Text completions", completion, generated, *guarded, "404"),
             "/v1/chat/completions": post("Chat completions", chat, generated, *guarded, "404"),
+            "/v1/responses": post("Responses (stateless)", responses_, generated, *guarded, "404"),
             "/tokenize": post("Token ids of a prompt or conversation", tokenize, obj, *guarded),
             "/detokenize": post("Text of token ids", detokenize, obj, *guarded),
             "/v1/models": get("The served model", obj, "400", "401", "403", "503"),
+            "/v1/models/{model_id}": {"get": {
+                "summary": "One model", "parameters": [{"name": "model_id", "in": "path", "required": True,
+                                                       "schema": {"type": "string"}}],
+                "responses": responses(obj, "400", "401", "403", "404", "503")}},
             "/health": get("Whether the engine serves", obj, "400", "503"),
             "/metrics": get("Prometheus metrics", {"text/plain": {"schema": {"type": "string"}}},
                             "400", "401", "403", "503"),

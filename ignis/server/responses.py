@@ -10,6 +10,7 @@ Does not own: templates, parsing or grammars (ignis.server.chat) or sampling (ig
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -25,6 +26,7 @@ from ignis.server import chat
 from ignis.server.errors import describe
 from ignis.server.openai import check_model
 from ignis.server.generation import collect, merged, until_disconnect, usage
+from ignis.server.limits import Limits, check_fit, check_stop_ids
 from ignis.server.schemas import ChatCompletionRequest, decode_body, sampling_params
 
 
@@ -150,10 +152,15 @@ async def responses(request: Request, llm: AsyncLLM) -> Response:
     creq = req.as_chat()
     creq.check()
     model = check_model(llm, req.model)
-    p = chat.plan(creq, llm.tokenizer)
-    ids = llm.prompt_ids(p.prompt)
+    limits = Limits.of(llm.config)
+    limits.check_counts(n=creq.n, prompts=1, stop=creq.stop)
+    limits.check_text("input", "".join(m["content"] for m in creq.conversation()))
+    p = await asyncio.to_thread(chat.plan, creq, llm.tokenizer)  # off the event loop, as chat does
+    ids = await asyncio.to_thread(llm.prompt_ids, p.prompt)
     limit = req.max_output_tokens if req.max_output_tokens is not None else llm.client.info.context - len(ids)
     params = sampling_params(creq, max_tokens=limit, logprobs=None, structured=p.structured)
+    check_stop_ids(params, llm.client.info.vocab_size)
+    check_fit(params, len(ids), context=llm.client.info.context, field="max_output_tokens")
     head: dict[str, Any] = {
         "id": f"resp_{uuid.uuid4().hex}", "object": "response", "created_at": int(time.time()), "model": model,
         "instructions": req.instructions, "tools": req.tools or [], "tool_choice": req.tool_choice or "auto",
