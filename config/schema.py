@@ -119,8 +119,8 @@ class ServerSection:
     engine_address: str = text("", pattern=_is_address, allowed='"" or an address "ipc://PATH" or "tcp://HOST:PORT"')
     heartbeat_s: float = number(1.0)
     engine_timeout_s: float = number(5.0)  # no heartbeat for this long = engine stuck or dead
-    # Access: every route but /health needs "Authorization: Bearer KEY" once a key is set (here, in the file
-    # api_key_file, or in the environment variable IGNIS_API_KEY). Never logged.
+    # Access: every route but /health needs "Authorization: Bearer KEY" once a key is set (here, by the `ignis`
+    # command's IGNIS_SERVER_API_KEY, or in the file api_key_file). Never logged.
     api_key: str = text("")
     api_key_file: str = text("")
     cors_origins: str = text("")  # comma-separated origins a browser may call from ("*": any); "" = CORS off
@@ -130,7 +130,7 @@ class ServerSection:
     max_samples: int = integer(64, 1)  # choices per request: n x prompts
     max_stop: int = integer(16, 0)  # stop strings per request
     max_stop_chars: int = integer(1024, 1)  # characters per stop string
-    max_prompt_chars: int = integer(0, 0, allowed="0 (64 x engine.context) or a character count")  # per text prompt
+    max_prompt_chars: int = integer(0, 0, allowed="0 (64 x the engine's context) or a character count")  # per text prompt
 
     def __post_init__(self) -> None:
         check_section(self.section, self)

@@ -159,7 +159,7 @@ def build_app(
     async def tokenize(request: Request) -> Response:
         body = await _body(request)
         tok = llm(request).tokenizer
-        limits = Limits.of(cfg)
+        limits = Limits.of(cfg, llm(request).client.info.context)
         if isinstance(body.get("messages"), list):
             messages = ChatCompletionRequest(messages=body["messages"]).conversation()
             limits.check_text("messages", "".join(m["content"] for m in messages))

@@ -14,7 +14,6 @@ the answer, not a "simple" cross-origin POST (text/plain, no preflight) from run
 from __future__ import annotations
 
 import hmac
-import os
 import re
 import secrets
 import traceback
@@ -31,7 +30,6 @@ from ignis.server.errors import RETRY_AFTER_S, PayloadTooLarge, error_body
 
 log = get_logger(__name__)
 
-API_KEY_ENV = "IGNIS_API_KEY"
 # Answered without a key: /health (load balancers and supervisors probe it) and the Playground's pages, which hold
 # no data (HTML, scripts, styles); what a page fetches needs the key like any other client's request.
 OPEN_PATHS = frozenset({"/health", "/", "/playground", "/playground/", "/playground/monitor"})
@@ -59,7 +57,6 @@ class Access:
                 raise ConfigError("server.api_key_file", f"cannot be read: {e}") from None
             if not key:
                 raise ConfigError("server.api_key_file", f"{s.api_key_file} is empty")
-        key = key or os.environ.get(API_KEY_ENV, "")
         return cls(
             api_key=key.encode() if key else None,
             origins=frozenset(o.strip().rstrip("/") for o in s.cors_origins.split(",") if o.strip()),

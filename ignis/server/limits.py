@@ -32,14 +32,15 @@ class Limits:
     context: int
 
     @classmethod
-    def of(cls, cfg: IgnisConfig) -> Limits:
+    def of(cls, cfg: IgnisConfig, context: int) -> Limits:
+        """The limits of a server whose engine runs `context` positions (engine.context may say 0, auto)."""
         s = cfg.server
         return cls(
             max_samples=s.max_samples,
             max_stop=s.max_stop,
             max_stop_chars=s.max_stop_chars,
-            max_prompt_chars=s.max_prompt_chars or CHARS_PER_TOKEN * cfg.engine.context,
-            context=cfg.engine.context,
+            max_prompt_chars=s.max_prompt_chars or CHARS_PER_TOKEN * context,
+            context=context,
         )
 
     def check_counts(self, *, n: int, prompts: int, stop: str | list[str] | None) -> None:

@@ -60,7 +60,7 @@ async def completions(request: Request, llm: AsyncLLM) -> Response:
     req = decode_body(await request.body(), CompletionRequest)
     req.check()
     model = check_model(llm, req.model)
-    given, limits = req.prompts(), Limits.of(llm.config)
+    given, limits = req.prompts(), Limits.of(llm.config, llm.client.info.context)
     limits.check_counts(n=req.n, prompts=len(given), stop=req.stop)
     params = sampling_params(req, max_tokens=16 if req.max_tokens is None else req.max_tokens, logprobs=req.logprobs,
                              structured=chat.structured(None, req.structured_outputs, False))
@@ -119,7 +119,7 @@ async def chat_completions(request: Request, llm: AsyncLLM) -> Response:
     req = decode_body(await request.body(), ChatCompletionRequest)
     req.check()
     model = check_model(llm, req.model)
-    limits = Limits.of(llm.config)
+    limits = Limits.of(llm.config, llm.client.info.context)
     limits.check_counts(n=req.n, prompts=1, stop=req.stop)
     limits.check_text("messages", "".join(m["content"] for m in req.conversation()))
     # Rendering and tokenizing a long conversation must not stall the other streams of this front-end.

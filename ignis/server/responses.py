@@ -152,7 +152,7 @@ async def responses(request: Request, llm: AsyncLLM) -> Response:
     creq = req.as_chat()
     creq.check()
     model = check_model(llm, req.model)
-    limits = Limits.of(llm.config)
+    limits = Limits.of(llm.config, llm.client.info.context)
     limits.check_counts(n=creq.n, prompts=1, stop=creq.stop)
     limits.check_text("input", "".join(m["content"] for m in creq.conversation()))
     p = await asyncio.to_thread(chat.plan, creq, llm.tokenizer)  # off the event loop, as chat does
