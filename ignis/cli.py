@@ -25,7 +25,7 @@ from ignis.errors import ArtifactError, ConfigError, IgnisError, InputError
 # flag dest -> config key. The flags are shorthands for --set and win over it, as the more specific spelling.
 FLAG_KEYS = {
     "lanes": "engine.lanes", "context": "engine.context", "drafter": "spec.drafter",
-    "host": "server.host", "port": "server.port", "frontends": "server.frontends",
+    "host": "server.host", "port": "server.port", "frontends": "server.frontends", "api_key": "server.api_key",
 }
 
 
@@ -90,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--frontends", type=int, metavar="N",
                        help=f"front-end processes sharing the port (server.frontends; default "
                             f"{_default('server.frontends')})")
+    serve.add_argument("--api-key", metavar="KEY",
+                       help="require 'Authorization: Bearer KEY' on every route but /health (server.api_key; default "
+                            "none). A command line is visible to other users of the machine: prefer "
+                            "$IGNIS_SERVER_API_KEY or server.api_key_file")
     _add_config_flags(serve)
 
     from ignis.train.options import add_arguments

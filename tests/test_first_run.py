@@ -152,7 +152,7 @@ def test_help_shows_every_flag_with_its_default(capsys: pytest.CaptureFixture[st
                    "--context N", "max_position_embeddings, fitted to the memory left", "--spec BACKEND[:K]",
                    "default auto: dflash2 at 7 when the model carries a drafter", "--drafter PATH",
                    "server.host; default 127.0.0.1", "server.port; default 8000", "server.frontends; default 1",
-                   "--profile", "--revision", "--debug"):
+                   "--api-key KEY", "server.api_key; default none", "--profile", "--revision", "--debug"):
         assert needle in text, needle
 
 
@@ -167,11 +167,13 @@ def test_layers_resolve_in_the_documented_order(
     monkeypatch.setenv("IGNIS_ENGINE_LANES", "3")  # over the file, under --set
     monkeypatch.setenv("IGNIS_SERVER_FRONTENDS", "4")  # over the file, under the flag
     monkeypatch.setenv("IGNIS_LOG_LEVEL", "warning")
+    monkeypatch.setenv("IGNIS_SERVER_API_KEY", "from-env")  # under the flag
     assert main(["serve", str(model), "--config", str(site), "--set", "engine.lanes=6", "--frontends", "5",
-                 "--set", "server.frontends=1", "--set", "model.device=cpu"]) == 0
+                 "--set", "server.frontends=1", "--set", "model.device=cpu", "--api-key", "from-flag"]) == 0
     cfg = serve_spy[0]
     assert cfg.engine.context == 32768  # the profile, named by IGNIS_PROFILE
     assert (cfg.engine.seed, cfg.engine.max_waiting, cfg.engine.lanes, cfg.server.frontends) == (5, 9, 6, 5)
+    assert cfg.server.api_key == "from-flag"
 
 
 def test_a_bad_environment_variable_is_named(
