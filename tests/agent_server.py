@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import re
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,31 +9,15 @@ from pathlib import Path
 import pytest
 
 from ignis.artifact import BUILTIN
+from serving import launch
 
 
 @contextmanager
 def serve(log: Path, *args: str) -> Iterator[str]:
     """The base URL (http://host:port) of a server started with `args`."""
-    cmd = [sys.executable, "-m", "ignis.cli", "serve", "--profile", "cpu", "--port", "0", *args,
-           "--set", "log.format=json", "--set", "engine.lanes=4"]
-    with log.open("w") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
-    try:
-        assert proc.stdout is not None
-        url = None
-        for line in proc.stdout:
-            if m := re.search(r"OpenAI API\s+(http://\S+)/v1", line):
-                url = m.group(1)
-                break
-        assert url, f"ignis serve did not start:\n{log.read_text()[-3000:]}"
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with launch(["--profile", "cpu", "--port", "0", *args, "--set", "log.format=json", "--set", "engine.lanes=4"],
+                log) as s:
+        yield s.url
 
 
 def builtin_with_template(path: Path, template: str) -> Path:

@@ -1,8 +1,16 @@
-"""Helpers for tests of the GPU process, the clients and the server: a tiny artifact with a real tokenizer."""
+"""Helpers for tests of the GPU process, the clients and the server: a tiny artifact with a real tokenizer, and
+`ignis serve` started as a user starts it."""
 
 from __future__ import annotations
 
+import re
 import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,3 +33,39 @@ def config(model: Path, **overrides: Any) -> IgnisConfig:
                             "spec.backend": "off"}
     base.update(overrides)
     return load_config(profile="cpu", overrides=base)
+
+
+@dataclass
+class Launched:
+    proc: subprocess.Popen
+    url: str  # http://host:port
+    log: Path  # the server's stderr
+    banner: list[str]  # what it printed up to the URL
+
+
+@contextmanager
+def launch(args: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[Launched]:
+    """`ignis serve ARGS` in a real process tree, stderr to `log`; yields once the banner names the API's URL, and
+    stops it (SIGTERM, then SIGKILL) at the end unless the test already did."""
+    with log.open("w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "ignis.cli", "serve", *args], stdout=subprocess.PIPE,
+                                stderr=err, text=True, env=env)
+    banner: list[str] = []
+    try:
+        url = None
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            banner.append(line)
+            if m := re.search(r"OpenAI API\s+(http://\S+)/v1", line):
+                url = m.group(1)
+                break
+        assert url, f"ignis serve did not start:\n{log.read_text()[-3000:]}"
+        yield Launched(proc, url, log, banner)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -10,9 +10,7 @@ from __future__ import annotations
 import fnmatch
 import re
 import shlex
-import signal
 import subprocess
-import sys
 import time
 import tomllib
 from collections.abc import Iterator
@@ -25,6 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ignis.config import IgnisConfig, load_config
+from serving import launch
 
 STATIC = Path(__file__).resolve().parent.parent / "ignis" / "server" / "playground" / "static"
 SVG_NS = "http://www.w3.org/2000/svg"  # a namespace name inside SVG markup, not something fetched
@@ -40,27 +39,9 @@ class Server:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("playground") / "serve.log"
-    cmd = [sys.executable, "-m", "ignis.cli", "serve", "--profile", "cpu", "--port", "0",
-           "--set", "spec.backend=dflash2", "--set", "spec.draft_tokens=7", "--set", "log.format=json"]
-    with log.open("w") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
-    try:
-        url = None
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if m := re.search(r"OpenAI API\s+(http://\S+)/v1", line):
-                url = m.group(1)
-                break
-        assert url, f"ignis serve did not start:\n{log.read_text()[-3000:]}"
-        yield Server(proc, url, log)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    with launch(["--profile", "cpu", "--port", "0", "--set", "spec.backend=dflash2", "--set", "spec.draft_tokens=7",
+                 "--set", "log.format=json"], log) as s:
+        yield Server(s.proc, s.url, log)
 
 
 def scrape(server: Server) -> dict[str, float]:

@@ -23,7 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ignis.client.process_client import ProcessClient
-from serving import config, tiny_artifact
+from serving import config, launch, tiny_artifact
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 DASHBOARD = Path(__file__).resolve().parent.parent / "docs" / "grafana" / "ignis.json"
@@ -69,30 +69,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "server.frontends": 2, "server.engine_address": address, "engine.context": 512, "engine.lanes": 8,
         "engine.max_waiting": 2, "spec.backend": "mtp", "spec.draft_tokens": 2, "log.format": "json",
     }
-    cmd = [sys.executable, "-m", "ignis.cli", "serve", "--model", str(model), "--profile", "cpu", "--port", "0"]
+    args = ["--model", str(model), "--profile", "cpu", "--port", "0"]
     for k, v in sets.items():
-        cmd += ["--set", f"{k}={v}"]
-    with log.open("w") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
-    url = None
-    banner: list[str] = []
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            banner.append(line)
-            if m := re.search(r"OpenAI API\s+(http://\S+)/v1", line):
-                url = m.group(1)
-                break
-        assert url, f"ignis serve did not start:\n{log.read_text()[-3000:]}"
-        yield Server(proc, url, log, address, model, banner)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        args += ["--set", f"{k}={v}"]
+    with launch(args, log) as s:
+        yield Server(s.proc, s.url, log, address, model, s.banner)
 
 
 def _metrics(text: str) -> dict[str, float]:
