@@ -1,13 +1,30 @@
-"""Suite-wide settings: tiny models run on one intra-op thread, here and in every engine process a test starts.
+"""Suite-wide settings: tiny models run on one intra-op thread, here and in every engine process a test starts; and
+the `restore_logging` fixture for modules that configure logging.
 
 For matrices this small a second thread only adds synchronisation, which turns into long stalls on a shared
 machine; one thread keeps the suite's time predictable on CI's two cores."""
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
 
+import pytest
+import structlog
 import torch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
+
+
+@pytest.fixture()
+def restore_logging() -> Iterator[None]:
+    """For tests that configure logging (the CLI, the config log, training runs): put the root logger's handlers and
+    level and structlog's defaults back afterwards, so the next test starts from a clean slate."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    structlog.reset_defaults()

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import subprocess
 import sys
 import types
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 
 from ignis.cli import main
 from ignis.config import IgnisConfig, load_config
@@ -28,14 +25,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "ignis.cli", *args], capture_output=True, text=True, timeout=60)
 
 
-@pytest.fixture(autouse=True)
-def restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    structlog.reset_defaults()
+pytestmark = pytest.mark.usefixtures("restore_logging")  # tests/conftest.py
 
 
 def test_config_show_prints_toml_that_loads_back(tmp_path: Path) -> None:

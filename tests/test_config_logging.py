@@ -7,23 +7,14 @@ import json
 import logging
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
-import structlog
 
 from ignis.config import load_config
 from ignis.logging import configure, get_logger, log_resolved
 
 
-@pytest.fixture(autouse=True)
-def restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    structlog.reset_defaults()
+pytestmark = pytest.mark.usefixtures("restore_logging")  # tests/conftest.py
 
 
 def lines(stream: io.StringIO) -> list[dict[str, object]]:

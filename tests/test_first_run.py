@@ -4,17 +4,14 @@ defaults, and the order of the config layers (file < IGNIS_* environment < --set
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import subprocess
 import sys
 import types
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 
 import ignis.ipc.spawn
 from ignis.cli import main
@@ -25,14 +22,7 @@ REPO = "ignis-test/tiny-qwen"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
-@pytest.fixture(autouse=True)
-def restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    structlog.reset_defaults()
+pytestmark = pytest.mark.usefixtures("restore_logging")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
