@@ -1,4 +1,4 @@
-"""The `ignis` command: `serve [MODEL]`, `generate [MODEL]`, `bench`, `train-drafter`, `config show`.
+"""The `ignis` command: `serve [MODEL]`, `generate [MODEL]`, `bench`, `train-drafter`, `quantize`, `config show`.
 
 Owns: argument parsing, the first-class flags and the config keys they stand for, the order of the layers
 (defaults < profile < --config file < IGNIS_* environment < --set < flags), checking the model (a directory or a
@@ -105,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
     from ignis.bench.cli import add_parser as add_bench
 
     add_bench(commands)
+
+    quant = commands.add_parser("quantize", help="convert a checkpoint to 4-bit weights (docs/quantization.md)")
+    quant.add_argument("src", metavar="SRC", help="Hugging Face Qwen3.5 checkpoint directory")
+    quant.add_argument("dst", metavar="DST", help="new (or empty) directory for the quantized checkpoint")
+    quant.add_argument("--bits", type=int, default=4, choices=[4], help="bits a weight (4)")
+    quant.add_argument("--group", type=int, default=128, choices=[64, 128],
+                       help="input columns sharing one scale and zero point (default 128)")
     return parser
 
 
@@ -121,6 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ignis.bench.cli import run as bench
 
             return bench(args)
+        if args.command == "quantize":
+            return _quantize(args)
         return _serve(args)
     except KeyboardInterrupt:
         return 130
@@ -239,6 +248,14 @@ def _train_drafter(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("ignis: interrupted; run the same command to continue where it stopped", file=sys.stderr)
         return 130
+    return 0
+
+
+def _quantize(args: argparse.Namespace) -> int:
+    from ignis.quant.convert import ProgressBar, convert
+
+    convert(args.src, args.dst, group=args.group, bits=args.bits, progress=ProgressBar())
+    print(f"wrote {args.dst} (int4, group {args.group})", file=sys.stderr)
     return 0
 
 

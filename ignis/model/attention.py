@@ -15,7 +15,7 @@ from torch import nn
 from ignis.model.cache import AttnState
 from ignis.model.config import ModelConfig
 from ignis.model.decode import DecodeStep
-from ignis.model.ops import RMSNorm, Step, apply_rope, fuse_rows, linear, sigmoid
+from ignis.model.ops import RMSNorm, Step, Weight, apply_rope, fuse_weights, linear, sigmoid
 
 
 class GatedAttention(nn.Module):
@@ -33,10 +33,10 @@ class GatedAttention(nn.Module):
         self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
-        self.qkv_proj: torch.Tensor | None = None  # [(2 nh + 2 nkv) hd, H]: q+gate | k | v, once fused
+        self.qkv_proj: Weight | None = None  # [(2 nh + 2 nkv) hd, H]: q+gate | k | v, once fused
 
     def fuse(self) -> None:
-        self.qkv_proj = fuse_rows(self.q_proj, self.k_proj, self.v_proj)
+        self.qkv_proj = fuse_weights(self.q_proj, self.k_proj, self.v_proj)
         self.q_norm.fuse()
         self.k_norm.fuse()
 
@@ -68,9 +68,9 @@ class GatedAttention(nn.Module):
         b, c = step.positions.shape
         t, nh, nkv, hd = b * c, self.num_heads, self.num_kv, self.head_dim
         if self.qkv_proj is not None:
-            qg, k, v = torch.split(F.linear(x, self.qkv_proj), [2 * nh * hd, nkv * hd, nkv * hd], dim=-1)
+            qg, k, v = torch.split(linear(x, self.qkv_proj, False), [2 * nh * hd, nkv * hd, nkv * hd], dim=-1)
         else:
-            qg, k, v = (F.linear(x, m.weight) for m in (self.q_proj, self.k_proj, self.v_proj))
+            qg, k, v = (linear(x, m.weight, False) for m in (self.q_proj, self.k_proj, self.v_proj))
         qg = qg.reshape(t, nh, 2 * hd)
         q, gate = self.q_norm(qg[..., :hd]), qg[..., hd:]
         k = self.k_norm(k.reshape(t, nkv, hd))
@@ -88,7 +88,7 @@ class GatedAttention(nn.Module):
         qh = q.view(b, c, nkv, group, hd).permute(0, 2, 3, 1, 4).reshape(b, nkv, group * c, hd)
         o = F.scaled_dot_product_attention(qh, keys, vals, attn_mask=step.mask, scale=self.scale)
         o = o.view(b, nkv, group, c, hd).permute(0, 3, 1, 2, 4).reshape(t, nh * hd)
-        return F.linear(o * torch.sigmoid(gate.reshape(t, -1)), self.o_proj.weight)
+        return linear(o * torch.sigmoid(gate.reshape(t, -1)), self.o_proj.weight, False)
 
     def _attend_exact(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
         """q [L, nh, hd] at positions start..start+L-1; k/v [context, nkv, hd] of the lane -> [L, nh, hd].

@@ -17,7 +17,7 @@ from ignis.model import delta_rule
 from ignis.model.cache import GDNState
 from ignis.model.config import ModelConfig
 from ignis.model.decode import DecodeStep
-from ignis.model.ops import Step, fuse_rows, gated_rms_norm, l2norm, linear, sigmoid, silu, softplus
+from ignis.model.ops import Step, Weight, fuse_weights, gated_rms_norm, l2norm, linear, sigmoid, silu, softplus
 
 
 class GatedDeltaNet(nn.Module):
@@ -40,12 +40,13 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(c.linear_num_value_heads))
         self.norm = _GatedNormWeight(c.linear_value_head_dim)
         self.out_proj = nn.Linear(c.value_dim, c.hidden_size, bias=False)
-        self.in_proj: torch.Tensor | None = None  # [conv_dim + value_dim + 2 Hv, H]: qkv | z | b | a, once fused
+        # [conv_dim + value_dim + 2 Hv, H]: qkv | z | b | a, once fused (left unfused when qkv and z are 4-bit packed)
+        self.in_proj: Weight | None = None
         self.decay_rate: torch.Tensor | None = None  # [Hv] float32: -exp(A_log), once fused
         self.conv_weight: torch.Tensor | None = None  # [conv_dim, Kc] float32, once fused
 
     def fuse(self) -> None:
-        self.in_proj = fuse_rows(self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
+        self.in_proj = fuse_weights(self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
         self.decay_rate = -torch.exp(self.A_log.detach().float())
         self.conv_weight = self.conv1d.weight.detach()[:, 0, :].float()
 
@@ -106,10 +107,10 @@ class GatedDeltaNet(nn.Module):
         b, c = step.positions.shape
         t, lanes = b * c, step.lanes
         if self.in_proj is not None:
-            qkv, z, ba = torch.split(F.linear(x, self.in_proj), [self.key_dim * 2 + self.value_dim, self.value_dim,
+            qkv, z, ba = torch.split(linear(x, self.in_proj, False), [self.key_dim * 2 + self.value_dim, self.value_dim,
                                                                  2 * self.hv], dim=-1)
         else:
-            qkv, z = F.linear(x, self.in_proj_qkv.weight), F.linear(x, self.in_proj_z.weight)
+            qkv, z = linear(x, self.in_proj_qkv.weight, False), linear(x, self.in_proj_z.weight, False)
             ba = torch.cat([F.linear(x, self.in_proj_b.weight), F.linear(x, self.in_proj_a.weight)], dim=-1)
         qkv = qkv.reshape(b, c, -1)  # [B, C, conv_dim] raw conv input
         z = z.reshape(t, self.hv, self.dv)
@@ -131,7 +132,7 @@ class GatedDeltaNet(nn.Module):
         # The gated output norm (ops.gated_rms_norm: norm in fp32, cast, weight, then the gate in fp32).
         h = F.rms_norm(out.view(t, self.hv, self.dv).to(x.dtype).float(), (self.dv,), eps=self.eps).to(x.dtype)
         y = (self.norm.weight * h * F.silu(z.float())).to(x.dtype)
-        return F.linear(y.reshape(t, self.value_dim), self.out_proj.weight)
+        return linear(y.reshape(t, self.value_dim), self.out_proj.weight, False)
 
     def _heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """mixed [n, L, conv_dim] f32 -> q, k [n, L, Hv, dk] (l2-normed, q scaled, repeated to value heads), v."""

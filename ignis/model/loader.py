@@ -2,7 +2,9 @@
 
 Owns: finding the safetensors (single file or sharded with an index), mapping tensor names of both public layouts
 (`Qwen3_5ForConditionalGeneration`: `model.language_model.*`; `Qwen3_5ForCausalLM`: `model.*`; or bare), checking
-every shape, and placing the weights on the device in the model dtype. Does not own: the architecture
+every shape, and placing the weights on the device in the model dtype; for a 4-bit checkpoint (config.json has an
+ignis-int4 `quantization_config`, docs/quantization.md), putting a `QuantLinear` in place of each linear stored packed,
+whose codes and zero points stay uint8 and whose scales take the model dtype. Does not own: the architecture
 (ignis.model.model), the tokenizer or the drafter (their own loaders).
 
 The model is built on the meta device and the checkpoint's tensors are assigned into it, so no memory is spent on an
@@ -21,6 +23,8 @@ from safetensors import safe_open
 from ignis.errors import ArtifactError
 from ignis.model.config import ModelConfig
 from ignis.model.model import HybridModel
+from ignis.quant.format import QuantConfig
+from ignis.quant.linear import QuantLinear
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -37,10 +41,13 @@ def load_model(path: str | Path, *, device: str | torch.device, dtype: torch.dty
     config.json of an architecture ignis does not run."""
     root = Path(path)
     config = ModelConfig.from_dir(root)
+    quant = QuantConfig.from_dir(root)
     files = _tensor_files(root)
     mtp = any(name.startswith("mtp.") for name in files)
     with torch.device("meta"):
         model = HybridModel(config, mtp=mtp, exact=exact)
+        if quant is not None:
+            _pack_linears(model, files, quant.group_size)
     wanted = model.state_dict()
     handles: dict[Path, object] = {}
     loaded: dict[str, torch.Tensor] = {}
@@ -60,6 +67,8 @@ def load_model(path: str | Path, *, device: str | torch.device, dtype: torch.dty
                     f"{file.name}: tensor {stored} has shape {found}, expected {tuple(meta.shape)} for this config.json"
                 )
             target = torch.float32 if name.rsplit(".", 1)[-1] in FP32_PARAMS else dtype
+            if not meta.dtype.is_floating_point:  # packed codes and zero points
+                target = meta.dtype
             loaded[name] = handle.get_tensor(stored).to(device=device, dtype=target)  # type: ignore[attr-defined]
             if progress is not None:
                 progress(i + 1, len(wanted))
@@ -71,6 +80,21 @@ def load_model(path: str | Path, *, device: str | torch.device, dtype: torch.dty
     if not exact:
         model.fuse()
     return model
+
+
+def _pack_linears(model: HybridModel, files: dict[str, tuple[Path, str]], group: int) -> None:
+    """Put a QuantLinear (on the meta device) in place of every linear the checkpoint stores packed."""
+    for name in [n for n in files if n.endswith(".qweight")]:
+        path = name.removesuffix(".qweight")
+        try:
+            dense = model.get_submodule(path)
+        except AttributeError:
+            continue  # a tensor ignis does not use; the load reports nothing for it, as for dense ones
+        if not isinstance(dense, torch.nn.Linear) or dense.in_features % group:
+            raise ArtifactError(f"{files[name][0].name}: {files[name][1]} is packed, but {path} is not a linear "
+                                f"whose inputs split into groups of {group}")
+        parent, _, attr = path.rpartition(".")
+        setattr(model.get_submodule(parent), attr, QuantLinear(dense.in_features, dense.out_features, group))
 
 
 def _tensor_files(root: Path) -> dict[str, tuple[Path, str]]:

@@ -24,7 +24,7 @@ from ignis.model.cache import AttnState, GDNState, LaneCache
 from ignis.model.config import ModelConfig
 from ignis.model.decode import DecodeStep
 from ignis.model.gdn import GatedDeltaNet
-from ignis.model.ops import RMSNorm, Rope, Step, fuse_rows, linear, silu
+from ignis.model.ops import RMSNorm, Rope, Step, Weight, fuse_weights, linear, silu
 
 
 class MLP(nn.Module):
@@ -35,15 +35,15 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, inner, bias=False)
         self.up_proj = nn.Linear(hidden, inner, bias=False)
         self.down_proj = nn.Linear(inner, hidden, bias=False)
-        self.gate_up: torch.Tensor | None = None  # [2 inner, H], once fused
+        self.gate_up: Weight | None = None  # [2 inner, H], once fused
 
     def fuse(self) -> None:
-        self.gate_up = fuse_rows(self.gate_proj, self.up_proj)
+        self.gate_up = fuse_weights(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor, exact: bool) -> torch.Tensor:
         if self.gate_up is not None and not exact:
-            gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
-            return F.linear(F.silu(gate) * up, self.down_proj.weight)
+            gate, up = linear(x, self.gate_up, False).chunk(2, dim=-1)
+            return linear(F.silu(gate) * up, self.down_proj.weight, False)
         gate = silu(linear(x, self.gate_proj.weight, exact), exact)
         return linear(gate * linear(x, self.up_proj.weight, exact), self.down_proj.weight, exact)
 

@@ -20,12 +20,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from ignis.model.batch import Segment
+from ignis.quant.linear import PackedWeight, QuantLinear, fuse_packed, packed_linear
 
 EXACT_MIN_ROWS = 16
+Weight = torch.Tensor | PackedWeight  # a projection's weight: dense, or 4-bit packed (ignis.quant)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, exact: bool) -> torch.Tensor:
-    """x [..., in] @ weight[out, in]^T -> [..., out]; in exact mode each row's bits do not depend on the row count."""
+def linear(x: torch.Tensor, weight: Weight, exact: bool) -> torch.Tensor:
+    """x [..., in] @ weight[out, in]^T -> [..., out]; in exact mode each row's bits do not depend on the row count.
+    Packed weights go through `packed_linear` (the 4-bit kernel's seam) on every path."""
+    if isinstance(weight, PackedWeight):
+        if exact:  # the dequantized weight is the same for any row count, so padding keeps rows exact as for dense
+            return linear(x, weight.dequantize(), True)
+        return packed_linear(x, weight)
     if not exact:
         return F.linear(x, weight)
     lead = x.shape[:-1]
@@ -78,6 +85,19 @@ class RMSNorm(nn.Module):
         if self.scale is not None:
             return F.rms_norm(x.float(), (x.shape[-1],), self.scale, self.eps).to(x.dtype)
         return rms_norm(x, self.weight, self.eps)
+
+
+def fuse_weights(*linears: nn.Module) -> Weight | None:
+    """`fuse_rows` for projections that may be packed (ignis.quant): packed linears join into one packed weight;
+    None (left unfused) when dense and packed are mixed, as in a quantized Gated DeltaNet, whose small gate
+    projections keep their precision and so cannot share the packed matrix."""
+    dense = [m for m in linears if isinstance(m, nn.Linear)]
+    packed = [m for m in linears if isinstance(m, QuantLinear)]
+    if len(dense) == len(linears):
+        return fuse_rows(*dense)
+    if len(packed) == len(linears):
+        return fuse_packed(tuple(packed))
+    return None
 
 
 def fuse_rows(*linears: nn.Linear) -> torch.Tensor:

@@ -1,0 +1,83 @@
+"""The packed 4-bit linear: `PackedWeight` (what a quantized projection's `.weight` is), `QuantLinear` (the module
+that holds it under the checkpoint's names) and `packed_linear`, the one function every product with a packed
+weight goes through, on the host round and the device round alike.
+
+Owns: the product x @ W^T for a packed W, and joining packed weights by rows (`fuse_rows` for quantized models).
+Does not own: the format (ignis.quant.format) or deciding which layers are packed (ignis.model.loader).
+
+`packed_linear` is the seam for a GPU kernel: today it dequantizes the weight and calls F.linear (the reference:
+exact by construction, on any device, capturable since nothing is read back to the host); a fused 4-bit GEMV/GEMM for
+1 to 64 rows on CUDA replaces its body, keeping the reference for the CPU and for checking the kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ignis.quant.format import dequantize
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A 4-bit weight [out, in]: codes, scales and zero points (ignis.quant.format), rows views of one storage when
+    fused."""
+
+    qweight: torch.Tensor  # [out, in/2] uint8
+    scales: torch.Tensor  # [out, in/group] model dtype
+    qzeros: torch.Tensor  # [out, in/group] uint8
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.qweight.shape[0], 2 * self.qweight.shape[1]))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.scales.dtype
+
+    def dequantize(self) -> torch.Tensor:
+        return dequantize(self.qweight, self.scales, self.qzeros, self.scales.dtype)
+
+    def __getitem__(self, rows: slice) -> PackedWeight:
+        return PackedWeight(self.qweight[rows], self.scales[rows], self.qzeros[rows])
+
+
+def packed_linear(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
+    """x [..., in] @ W^T -> [..., out] for a packed W: the reference, F.linear on the dequantized weight."""
+    return F.linear(x, weight.dequantize())
+
+
+class QuantLinear(nn.Module):
+    """A bias-free linear whose weight is stored packed (state dict: qweight, scales, qzeros)."""
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    qzeros: torch.Tensor
+
+    def __init__(self, in_features: int, out_features: int, group: int) -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.group = in_features, out_features, group
+        self.register_buffer("qweight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
+        self.register_buffer("scales", torch.zeros(out_features, in_features // group, dtype=torch.float16))
+        self.register_buffer("qzeros", torch.zeros(out_features, in_features // group, dtype=torch.uint8))
+
+    @property
+    def weight(self) -> PackedWeight:
+        return PackedWeight(self.qweight, self.scales, self.qzeros)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return packed_linear(x, self.weight)
+
+
+def fuse_packed(linears: tuple[QuantLinear, ...]) -> PackedWeight:
+    """One packed weight holding the rows of `linears`, which keep their buffers as views of it (no extra memory)."""
+    joined = PackedWeight(*(torch.cat([getattr(m, name) for m in linears]) for name in ("qweight", "scales", "qzeros")))
+    offset = 0
+    for m in linears:
+        rows = slice(offset, offset + m.out_features)
+        m.qweight, m.scales, m.qzeros = joined.qweight[rows], joined.scales[rows], joined.qzeros[rows]
+        offset += m.out_features
+    return joined
