@@ -36,6 +36,9 @@ class ModelSection:
     device: str = text("auto", pattern=lambda s: _DEVICE.fullmatch(s) is not None,
                        allowed='"auto", "cpu", "cuda" or "cuda:N"')
     exact: str = choice("auto", "auto", "on", "off")  # batch-invariant arithmetic; auto: on for cpu
+    # The weight format a profile's lanes and context were sized for (int4: a checkpoint made by `ignis quantize`);
+    # the memory plan counts the checkpoint as it is and names a mismatch. auto: any.
+    weights: str = choice("auto", "auto", "int4", "bf16")
 
     def __post_init__(self) -> None:
         check_section(self.section, self)
@@ -54,6 +57,8 @@ class EngineSection:
     seed: int = integer(0, 0, 2**63 - 1)  # seed for requests that bring none
     cpu_threads: int = integer(1, 0, 1024)  # torch intra-op threads on the CPU (0: torch's default); small models run best on 1
     cuda_graphs: bool = flag(True)  # capture the decode/verify rounds at start-up and replay them (CUDA only)
+    # Device memory the memory plan must fit, in MiB: 0 = the CUDA device's own total. Profiles state their card's.
+    memory_mib: int = integer(0, 0)
 
     def __post_init__(self) -> None:
         check_section(self.section, self)

@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     config = commands.add_parser("config", help="inspect the configuration")
     config_commands = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
     show = config_commands.add_parser("show", help="print the resolved config as TOML")
+    show.add_argument("--model", metavar="PATH",
+                      help="also print the memory plan of this model directory (only its config.json files are read)")
     _add_config_flags(show)
 
     gen = commands.add_parser("generate", help="generate one completion and print it")
@@ -199,8 +201,16 @@ def parse_spec(text: str) -> dict[str, Any]:
 
 
 def _config_show(args: argparse.Namespace) -> int:
-    cfg = load_config(profile=args.profile, path=args.config, overrides=args.sets, env=os.environ)
+    sets = [*args.sets, *([f"model.path={args.model}"] if args.model else [])]
+    cfg = load_config(profile=args.profile, path=args.config, overrides=sets, env=os.environ)
     print(cfg.to_toml(), end="")
+    if args.model:
+        from pathlib import Path
+
+        from ignis.plan import memory_plan, weights_note
+
+        plan = memory_plan(cfg, Path(args.model))
+        print(plan.render() + weights_note(cfg, plan), end="")
     return 0
 
 
@@ -263,6 +273,12 @@ def _serve(args: argparse.Namespace) -> int:
     from ignis.logging import configure, log_resolved
 
     cfg = resolve(args)
+    from ignis.plan import check_plan, on_cuda
+
+    if on_cuda(cfg):  # a plan that cannot fit the GPU is refused before anything loads
+        from ignis.artifact import resolve_model_path
+
+        check_plan(cfg, resolve_model_path(cfg))
     configure(cfg.log.level, cfg.log.format)
     log_resolved(cfg)
     from ignis.server.serve import main as serve_main

@@ -64,14 +64,14 @@ def test_cpu_and_h200_profiles() -> None:
     assert (h200.model.device, h200.model.dtype, h200.engine.lanes, h200.engine.context) == ("cuda", "bfloat16", 8, 32768)
 
 
-RTX = {"rtx5090": (8, 65536), "rtxpro6000": (16, 131072), "rtx50-16gb": (4, 16384)}
+RTX = {"rtx5090": (4, 16384), "rtxpro6000": (8, 32768), "rtx50-16gb": (4, 16384)}  # tests/test_plan.py: why
 
 
 @pytest.mark.parametrize("name", sorted(RTX))
 def test_rtx_profiles_set_dflash2_at_seven(name: str) -> None:
     tree = read_profile(name)
     assert tree["spec"] == {"backend": "dflash2", "draft_tokens": 7}
-    assert tree["model"] == {"device": "cuda", "dtype": "bfloat16"}
+    assert tree["model"] == {"device": "cuda", "dtype": "bfloat16", "weights": "bf16" if name == "rtxpro6000" else "int4"}
     assert (tree["engine"]["lanes"], tree["engine"]["context"]) == RTX[name]
 
 

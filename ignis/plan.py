@@ -1,0 +1,202 @@
+"""The memory plan: what a model directory needs on a device under a config, item by item, against what the device has.
+
+Owns: `memory_plan` (weights, attention K/V, recurrent states, drafter, CUDA-graph and activation scratch, runtime,
+headroom), `device_memory` (the profile's `engine.memory_mib`, else the visible CUDA device's total) and
+`check_plan`, which refuses a plan that cannot fit before anything is loaded. Does not own: loading (ignis.model,
+the backends) or the config rules (ignis.config).
+
+Everything is counted from config.json files on the meta device (no weights are read), with the same classes the
+engine allocates, so the numbers are the engine's own: the target from its config.json and quantization_config, the
+lane cache from `LaneCache`, a dflash2 drafter from its config.json and `ContextCache`. Two items are estimates, and
+say so: the scratch of a round (activations and logits of the largest round, and one dequantized weight while
+4-bit products use the reference linear) and the runtime (CUDA context, cuBLAS workspace, allocator slack).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ignis.config import IgnisConfig
+from ignis.errors import ConfigError
+from ignis.model.cache import AttnState, LaneCache
+from ignis.model.config import ModelConfig
+from ignis.model.model import HybridModel
+from ignis.quant.format import QuantConfig, quantized_name
+from ignis.quant.linear import QuantLinear
+
+GIB = 2**30
+RUNTIME = int(1.5 * GIB)  # CUDA context (~0.5 GiB), cuBLAS workspaces, allocator fragmentation
+
+
+@dataclass(frozen=True)
+class Item:
+    name: str
+    nbytes: int
+    how: str
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    model: Path
+    weights: str  # the target's format: "int4 (group 128)" or a dtype name
+    device: str  # what the capacity is, in words
+    capacity: int  # bytes; 0 when unknown (the CPU: host memory is not planned)
+    items: tuple[Item, ...]
+
+    @property
+    def total(self) -> int:
+        return sum(i.nbytes for i in self.items)
+
+    @property
+    def headroom(self) -> int:
+        return self.capacity - self.total
+
+    @property
+    def fits(self) -> bool:
+        return self.capacity == 0 or self.headroom >= 0
+
+    def render(self) -> str:
+        lines = [f"# memory plan: {self.model} ({self.weights} weights) on {self.device}"]
+        lines += [f"#   {i.name:<22} {i.nbytes / GIB:8.2f} GiB  {i.how}" for i in self.items]
+        lines.append(f"#   {'total':<22} {self.total / GIB:8.2f} GiB")
+        if self.capacity:
+            verdict = "fits" if self.fits else "DOES NOT FIT"
+            lines.append(f"#   {'device':<22} {self.capacity / GIB:8.2f} GiB")
+            lines.append(f"#   {'headroom':<22} {self.headroom / GIB:8.2f} GiB  {verdict}")
+        return "\n".join(lines) + "\n"
+
+
+def _dtype(cfg: IgnisConfig, on_cuda: bool) -> torch.dtype:
+    if cfg.model.dtype == "auto":
+        return torch.bfloat16 if on_cuda else torch.float32
+    dtype: torch.dtype = getattr(torch, cfg.model.dtype)
+    return dtype
+
+
+def on_cuda(cfg: IgnisConfig) -> bool:
+    """Whether the engine would run on CUDA under `cfg` (auto: when a device is visible)."""
+    if cfg.model.device == "auto":
+        return torch.cuda.is_available()
+    return cfg.model.device.startswith("cuda")
+
+
+def device_memory(cfg: IgnisConfig) -> tuple[int, str]:
+    """(bytes, description) of the memory the plan must fit: engine.memory_mib when set, else the CUDA device the
+    engine would use; (0, "cpu") on the CPU."""
+    if not on_cuda(cfg):
+        return 0, "the CPU (host memory is not planned)"
+    stated = cfg.engine.memory_mib * 2**20
+    if torch.cuda.is_available():
+        index = torch.device(cfg.model.device if cfg.model.device != "auto" else "cuda").index or 0
+        props = torch.cuda.get_device_properties(index)
+        if not stated or props.total_memory < stated:  # a smaller card than the profile's: the card decides
+            return int(props.total_memory), f"{props.name} (cuda:{index}, {props.total_memory // 2**20} MiB)"
+    if stated:
+        return stated, f"{cfg.engine.memory_mib} MiB (engine.memory_mib)"
+    return 0, "a CUDA device (none visible here and engine.memory_mib unset)"
+
+
+def memory_plan(cfg: IgnisConfig, model_dir: Path) -> MemoryPlan:
+    """The plan for serving `model_dir` (only its config.json files are read) under `cfg`."""
+    cuda = on_cuda(cfg)
+    dtype = _dtype(cfg, cuda)
+    size = torch.finfo(dtype).bits // 8
+    raw = json.loads((model_dir / "config.json").read_text())
+    config = ModelConfig.from_dir(model_dir)
+    quant = QuantConfig.of(raw, model_dir / "config.json")
+    text = raw.get("text_config", raw)
+    mtp = int(text.get("mtp_num_hidden_layers", 0) or 0) > 0
+    with torch.device("meta"):
+        model = HybridModel(config, mtp=mtp)
+        if quant is not None:
+            _pack(model, quant.group_size)
+    weights = sum(_stored_bytes(name, t, size) for name, t in model.state_dict().items())
+    largest = max((m.out_features * m.in_features for m in model.modules() if isinstance(m, QuantLinear)), default=0)
+
+    ec, k = cfg.engine, cfg.spec.draft_tokens
+    cache = LaneCache(config, lanes=ec.lanes, context=ec.context, max_cols=k + 1, device="meta", dtype=dtype)
+    kv = sum(s.k.nbytes + s.v.nbytes for s in cache.layers if isinstance(s, AttnState))
+    recurrent = cache.nbytes() - kv
+    fmt = f"int4 (group {quant.group_size})" if quant is not None else str(dtype).removeprefix("torch.")
+    items = [
+        Item("weights", weights, f"target, {fmt}" + (" with its MTP layer" if mtp else "")),
+        Item("kv cache", kv, f"{sum(1 for t in config.layer_types if t == 'full_attention')} attention layers x "
+                             f"{ec.lanes + 1} lanes x {ec.context + k + 1} positions"),
+        Item("recurrent states", recurrent, f"{sum(1 for t in config.layer_types if t != 'full_attention')} Gated "
+                                            f"DeltaNet layers x {ec.lanes + 1} lanes, fp32, with the verify record"),
+        _drafter(cfg, model_dir, config, dtype),
+    ]
+    rows = ec.lanes * (k + 1)
+    hidden = max(2 * config.intermediate_size, config.conv_dim + config.value_dim, 4 * config.hidden_size)
+    scratch = 3 * rows * config.vocab_size * 4 + 4 * rows * hidden * size + largest * size
+    how = f"estimate: logits and activations of a {ec.lanes} x {k + 1} round"
+    if largest:
+        how += ", one dequantized weight (reference 4-bit linear)"
+    if cuda:
+        items.append(Item("cuda graphs, scratch", scratch, how))
+        items.append(Item("runtime", RUNTIME, "estimate: CUDA context, cuBLAS workspace, allocator slack"))
+    capacity, device = device_memory(cfg)
+    return MemoryPlan(model_dir, fmt, device, capacity, tuple(items))
+
+
+def check_plan(cfg: IgnisConfig, model_dir: Path) -> MemoryPlan:
+    """The plan, or a ConfigError with its numbers when it cannot fit the device the engine would use."""
+    plan = memory_plan(cfg, model_dir)
+    if not plan.fits:
+        table = plan.render().replace("# ", "").rstrip()
+        raise ConfigError("engine", f"this model and config need {plan.total / GIB:.2f} GiB but {plan.device} has "
+                          f"{plan.capacity / GIB:.2f} GiB; lower engine.lanes or engine.context, or quantize the "
+                          f"weights (ignis quantize):\n{table}")
+    return plan
+
+
+def weights_note(cfg: IgnisConfig, plan: MemoryPlan) -> str:
+    """A comment line when the profile was sized for another weight format than the checkpoint holds, else ""."""
+    want = cfg.model.weights
+    held = "int4" if plan.weights.startswith("int4") else "bf16" if plan.weights == "bfloat16" else plan.weights
+    if want == "auto" or want == held:
+        return ""
+    return (f"# note: model.weights = {want!r}: this profile was sized for {want} weights; the checkpoint holds "
+            f"{plan.weights} (convert it with `ignis quantize`)\n")
+
+
+def _pack(model: HybridModel, group: int) -> None:
+    """Put a QuantLinear in place of every linear `ignis quantize` packs (named as in the checkpoint)."""
+    for name, module in list(model.named_modules()):
+        if isinstance(module, torch.nn.Linear) and quantized_name(f"model.{name}.weight", tuple(module.weight.shape), group):
+            parent, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent), attr, QuantLinear(module.in_features, module.out_features, group))
+
+
+def _stored_bytes(name: str, t: torch.Tensor, size: int) -> int:
+    if not t.dtype.is_floating_point:
+        return t.numel() * t.element_size()
+    if name.rsplit(".", 1)[-1] in ("A_log", "dt_bias"):
+        return t.numel() * 4
+    return t.numel() * size
+
+
+def _drafter(cfg: IgnisConfig, model_dir: Path, target: ModelConfig, dtype: torch.dtype) -> Item:
+    """The drafter's weights and its own cache."""
+    ec = cfg.engine
+    size = torch.finfo(dtype).bits // 8
+    if cfg.spec.backend == "dflash2":
+        from ignis.backends.dflash2.config import DrafterConfig
+        from ignis.backends.dflash2.context import ContextCache
+        from ignis.backends.dflash2.weights import expected_shapes
+
+        path = cfg.spec.drafter_dir(model_dir)
+        dcfg = DrafterConfig.from_dir(path, target)
+        params = sum(int(torch.Size(s).numel()) for s in expected_shapes(dcfg).values())
+        context = ContextCache(dcfg, lanes=ec.lanes, context=ec.context, device=torch.device("meta"), dtype=dtype)
+        shortlist = (path / "shortlist.safetensors").stat().st_size if cfg.spec.draft_head == "shortlist" else 0
+        return Item("drafter", params * size + context.nbytes() + shortlist,
+                    f"dflash2, {params / 1e9:.2f} B parameters + its context K/V ({dcfg.num_layers} layers)")
+    if cfg.spec.backend == "mtp":
+        kv = 2 * (ec.lanes + 1) * (ec.context + cfg.spec.draft_tokens + 1) * target.num_key_value_heads
+        return Item("drafter", kv * target.head_dim * size, "mtp: its layer's K/V (weights are the target's)")
+    return Item("drafter", 0, f"spec.backend = {cfg.spec.backend!r}")

@@ -1,0 +1,94 @@
+"""Memory plans at the Qwen3.5-27B shape (config.json files only, no weights) for every GPU profile, `ignis config
+show --model`, and `ignis serve` refusing a plan that cannot fit, with its numbers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ignis.cli import main
+from ignis.config import load_config
+from ignis.model.random import _full_config
+from ignis.plan import GIB, memory_plan
+from ignis.quant.format import QuantConfig
+from tools.bench_round import QWEN35_27B
+
+BUILTIN_DRAFTER = Path(__file__).resolve().parents[1] / "ignis" / "builtin" / "drafter" / "config.json"
+KV_PER_POSITION = 16 * 2 * 4 * 256 * 2  # attention layers x (K, V) x KV heads x head_dim x bf16 bytes = 64 KiB
+
+
+def _write(root: Path, int4: bool) -> Path:
+    """The 27B's config.json (with its MTP layer) and its dflash2 drafter's: 5 layers of the target's width."""
+    root.mkdir(parents=True)
+    cfg = _full_config(QWEN35_27B, mtp=True)
+    if int4:
+        cfg["quantization_config"] = QuantConfig(group_size=128).to_json()
+    (root / "config.json").write_text(json.dumps(cfg))
+    drafter = json.loads(BUILTIN_DRAFTER.read_text())
+    drafter.update(hidden_size=5120, intermediate_size=17408, num_attention_heads=32, num_key_value_heads=8,
+                   head_dim=128, num_target_layers=64, vocab_size=248320)
+    drafter["dflash_config"].update(target_layer_ids=[1, 16, 31, 46, 61], mask_token_id=248077)
+    (root / "drafter").mkdir()
+    (root / "drafter" / "config.json").write_text(json.dumps(drafter))
+    return root
+
+
+@pytest.fixture(scope="module")
+def q27b(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("27b")
+    return {"int4": _write(root / "int4", True), "bf16": _write(root / "bf16", False)}
+
+
+DFLASH2 = {"spec.backend": "dflash2", "spec.draft_tokens": 7}
+# profile -> (weights it states, whether the 27B with its drafter fits, total GiB as its comment states)
+PROFILES = {"rtx5090": ("int4", True, 28.1), "rtxpro6000": ("bf16", True, 75.9), "h200": ("bf16", True, 75.9),
+            "rtx50-16gb": ("int4", False, 28.1)}
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_each_profile_plans_the_27b_with_its_drafter(profile: str, q27b: dict[str, Path]) -> None:
+    weights, fits, total = PROFILES[profile]
+    cfg = load_config(profile=profile, overrides=DFLASH2)
+    assert cfg.model.weights == weights
+    plan = memory_plan(cfg, q27b[weights])
+    items = {i.name: i.nbytes for i in plan.items}
+    lanes, context = cfg.engine.lanes, cfg.engine.context
+    assert items["kv cache"] == (lanes + 1) * (context + 8) * KV_PER_POSITION
+    # bf16: every parameter in two bytes (27.3 B with the MTP layer); int4: the projections in half a byte plus
+    # 3 bytes of scale and zero point a group of 128, the embedding, head, norms, gates and MTP layer in bf16.
+    assert (16.5 if weights == "int4" else 50.5) * GIB < items["weights"] < (17.5 if weights == "int4" else 51.5) * GIB
+    assert 3.3 * GIB < items["drafter"] < 4.2 * GIB  # 1.83 B parameters in bf16 and its context K/V
+    assert plan.capacity == cfg.engine.memory_mib * 2**20
+    assert plan.fits == fits
+    assert round(plan.total / GIB, 1) == total
+    assert (plan.headroom > 0) == fits
+
+
+def test_bf16_27b_does_not_fit_the_5090_but_int4_does(q27b: dict[str, Path]) -> None:
+    cfg = load_config(profile="rtx5090")
+    full, packed = memory_plan(cfg, q27b["bf16"]), memory_plan(cfg, q27b["int4"])
+    assert not full.fits and packed.fits
+    assert full.total - packed.total > 30 * GIB
+
+
+def test_config_show_prints_the_plan(q27b: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "show", "--profile", "rtx5090", "--model", str(q27b["bf16"])]) == 0
+    out = capsys.readouterr().out
+    load_config(profile="rtx5090", overrides={"model.path": str(q27b["bf16"])})  # the TOML part still resolves
+    for line in ("weights", "kv cache", "recurrent states", "drafter", "cuda graphs, scratch", "runtime", "headroom"):
+        assert f"#   {line}" in out
+    assert "DOES NOT FIT" in out
+    assert "sized for int4 weights; the checkpoint holds bfloat16" in out
+
+
+def test_serve_refuses_a_plan_that_cannot_fit_with_the_numbers(q27b: dict[str, Path],
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--profile", "rtx5090", "--model", str(q27b["bf16"])]) == 2
+    err = capsys.readouterr().err
+    assert "need 61.93 GiB but 32607 MiB (engine.memory_mib) has 31.84 GiB" in err
+    assert "weights                   50.89 GiB" in err and "headroom                 -30.09 GiB" in err
+    # The same card with more lanes than its profile also runs out: the K/V is counted too.
+    assert main(["serve", "--profile", "rtx5090", "--model", str(q27b["int4"]), "--set", "engine.lanes=16"]) == 2
+    assert "DOES NOT FIT" in capsys.readouterr().err
