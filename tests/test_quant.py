@@ -228,3 +228,22 @@ def test_quantized_builtin_serves_with_dflash2(builtin_int4: Path) -> None:
     for name in ("int4", "int4-device-round"):
         assert [len(t) for t in outputs[name]] == [32] * len(prompts)
         assert 1.0 < per_round[name] <= 8.0
+
+
+def test_exact_mode_holds_for_a_quantized_model(tmp_path: Path) -> None:
+    """On the CPU in exact mode, a quantized model keeps the engine's guarantee: speculative greedy output is
+    bit-identical to plain decoding of the same (quantized) model, and a lane's output does not depend on its
+    neighbours."""
+    from engines import make_engine, prompts, run
+
+    from ignis.params import SamplingParams
+
+    src = tiny_checkpoint(tmp_path / "src", seed=11, mtp=True)
+    convert(src, tmp_path / "q", group=64)
+    asks = prompts(3, 512, seed=4)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    plain = run(make_engine(tmp_path / "q", "off"), asks, params)
+    spec = run(make_engine(tmp_path / "q", "mtp", draft_tokens=3), asks, params)
+    alone = run(make_engine(tmp_path / "q", "mtp", draft_tokens=3), asks[1:2], params)
+    assert [plain[k].token_ids for k in sorted(plain)] == [spec[k].token_ids for k in sorted(spec)]
+    assert alone["0"].token_ids == spec["1"].token_ids
