@@ -101,13 +101,15 @@ def _forward_logits(model: HybridModel, ids: torch.Tensor) -> torch.Tensor:
     return model(Batch(ids, torch.arange(n), (Segment(0, 0, 0, n),), torch.arange(n)), cache).logits
 
 
-def test_converter_round_trips_a_random_checkpoint(tmp_path: Path) -> None:
+def test_converter_round_trips_a_random_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = tiny_checkpoint(tmp_path / "src", seed=5, mtp=True)
     (src / "tokenizer.json").write_text("{}")
     (src / "drafter").mkdir()
     (src / "drafter" / "config.json").write_text('{"drafter": true}')
     dst = tmp_path / "q"
     assert main(["quantize", str(src), str(dst), "--group", "64"]) == 0
+    bar = capsys.readouterr().err
+    assert "quantize [##############################]" in bar and "model.safetensors" in bar
     config = json.loads((dst / "config.json").read_text())
     assert config["quantization_config"]["quant_method"] == "ignis-int4"
     assert config["quantization_config"]["group_size"] == 64
@@ -161,6 +163,10 @@ def test_converter_refuses_what_it_cannot_convert(tmp_path: Path) -> None:
 def builtin_int4(tmp_path_factory: pytest.TempPathFactory) -> Path:
     dst = tmp_path_factory.mktemp("int4") / "builtin-int4"
     convert(BUILTIN, dst, group=128)
+    # Shard by shard: the same three shard names, the index naming each tensor's; tokenizer and drafter copied.
+    assert sorted(p.name for p in dst.glob("*.safetensors")) == sorted(p.name for p in BUILTIN.glob("*.safetensors"))
+    assert (dst / "tokenizer.json").read_bytes() == (BUILTIN / "tokenizer.json").read_bytes()
+    assert (dst / "drafter" / "model.safetensors.index.json").is_file()
     return dst
 
 
