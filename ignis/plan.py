@@ -167,7 +167,8 @@ def weights_note(cfg: IgnisConfig, plan: MemoryPlan) -> str:
 def _pack(model: HybridModel, group: int) -> None:
     """Put a QuantLinear in place of every linear `ignis quantize` packs (named as in the checkpoint)."""
     for name, module in list(model.named_modules()):
-        if isinstance(module, torch.nn.Linear) and quantized_name(f"model.{name}.weight", tuple(module.weight.shape), group):
+        stored = f"{name}.weight" if name.startswith("mtp.") else f"model.{name}.weight"
+        if isinstance(module, torch.nn.Linear) and quantized_name(stored, tuple(module.weight.shape), group):
             parent, _, attr = name.rpartition(".")
             setattr(model.get_submodule(parent), attr, QuantLinear(module.in_features, module.out_features, group))
 

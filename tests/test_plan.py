@@ -7,11 +7,15 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+from tiny import tiny_checkpoint
 
 from ignis.cli import main
 from ignis.config import load_config
+from ignis.model.loader import load_model
 from ignis.model.random import _full_config
 from ignis.plan import GIB, memory_plan
+from ignis.quant.convert import convert
 from ignis.quant.format import QuantConfig
 from tools.bench_round import QWEN35_27B
 
@@ -43,8 +47,8 @@ def q27b(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 DFLASH2 = {"spec.backend": "dflash2", "spec.draft_tokens": 7}
 # profile -> (weights it states, whether the 27B with its drafter fits, total GiB as its comment states)
-PROFILES = {"rtx5090": ("int4", True, 28.1), "rtxpro6000": ("bf16", True, 75.9), "h200": ("bf16", True, 75.9),
-            "rtx50-16gb": ("int4", False, 28.1)}
+PROFILES = {"rtx5090": ("int4", True, 28.6), "rtxpro6000": ("bf16", True, 75.9), "h200": ("bf16", True, 75.9),
+            "rtx50-16gb": ("int4", False, 28.6)}
 
 
 @pytest.mark.parametrize("profile", sorted(PROFILES))
@@ -58,12 +62,24 @@ def test_each_profile_plans_the_27b_with_its_drafter(profile: str, q27b: dict[st
     assert items["kv cache"] == (lanes + 1) * (context + 8) * KV_PER_POSITION
     # bf16: every parameter in two bytes (27.3 B with the MTP layer); int4: the projections in half a byte plus
     # 3 bytes of scale and zero point a group of 128, the embedding, head, norms, gates and MTP layer in bf16.
-    assert (16.5 if weights == "int4" else 50.5) * GIB < items["weights"] < (17.5 if weights == "int4" else 51.5) * GIB
+    assert (17.0 if weights == "int4" else 50.5) * GIB < items["weights"] < (18.0 if weights == "int4" else 51.5) * GIB
     assert 3.3 * GIB < items["drafter"] < 4.2 * GIB  # 1.83 B parameters in bf16 and its context K/V
     assert plan.capacity == cfg.engine.memory_mib * 2**20
     assert plan.fits == fits
     assert round(plan.total / GIB, 1) == total
     assert (plan.headroom > 0) == fits
+
+
+def test_the_planned_weights_are_what_the_loader_holds(tmp_path: Path) -> None:
+    """Counted from config.json alone, the weights item equals the bytes of the model loaded from the converted
+    checkpoint (packed projections, kept embeddings, norms, gates and MTP layer)."""
+    src = tiny_checkpoint(tmp_path / "src", seed=3, mtp=True)
+    convert(src, tmp_path / "q", group=64)
+    for path in (src, tmp_path / "q"):
+        model = load_model(path, device="cpu", dtype=torch.float32, exact=True)
+        held = sum(t.nbytes for t in model.state_dict().values())
+        plan = memory_plan(load_config(profile="cpu"), path)
+        assert {i.name: i.nbytes for i in plan.items}["weights"] == held
 
 
 def test_bf16_27b_does_not_fit_the_5090_but_int4_does(q27b: dict[str, Path]) -> None:
