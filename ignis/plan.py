@@ -14,6 +14,7 @@ say so: the scratch of a round (activations and logits of the largest round, and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from pathlib import Path
 import torch
 
 from ignis.config import IgnisConfig
+from ignis.config.schema import AUTO
 from ignis.errors import ConfigError
 from ignis.model.cache import AttnState, LaneCache
 from ignis.model.config import ModelConfig
@@ -30,6 +32,7 @@ from ignis.quant.linear import QuantLinear
 
 GIB = 2**30
 RUNTIME = int(1.5 * GIB)  # CUDA context (~0.5 GiB), cuBLAS workspaces, allocator fragmentation
+PROBE = 16384  # positions a lane: longer than any drafter's sliding window, for the cost of one more position
 
 
 @dataclass(frozen=True)
@@ -101,10 +104,46 @@ def device_memory(cfg: IgnisConfig) -> tuple[int, str]:
 
 
 def memory_plan(cfg: IgnisConfig, model_dir: Path) -> MemoryPlan:
-    """The plan for serving `model_dir` (only its config.json files are read) under `cfg`."""
+    """The plan for serving `model_dir` (only its config.json files are read) under `cfg`.
+
+    `spec.backend = "auto"` is settled as the engine settles it (ignis.engine.defaults.choose_backend); with
+    `engine.context = 0` the plan takes the longest context that fits the device (multiples of 256, at most the
+    model's max_position_embeddings; the engine fits its own at start-up from the memory then free)."""
+    from ignis.engine.defaults import CONTEXT_STEP, MIN_FITTED_CONTEXT, choose_backend
+
+    cuda = on_cuda(cfg)
+    if cfg.spec.backend == AUTO:
+        backend, k, _ = choose_backend(cfg, model_dir, torch.device("cuda" if cuda else "cpu"))
+        cfg = dataclasses.replace(cfg, spec=dataclasses.replace(cfg.spec, backend=backend, draft_tokens=k))
+    if cfg.engine.context:
+        return _plan(cfg, model_dir, fitted=False)
+    wanted = ModelConfig.from_dir(model_dir).max_position_embeddings
+    plan = _plan(_with_context(cfg, wanted), model_dir, fitted=True)
+    if plan.fits:
+        return plan
+    # Past a sliding-window drafter's window every position costs the same: estimate from two long contexts, then
+    # step down to the first that fits.
+    low, high = (_plan(_with_context(cfg, n), model_dir, fitted=True) for n in (PROBE, 2 * PROBE))
+    per_position = max(1, (high.total - low.total) // PROBE)
+    estimate = (PROBE + low.headroom // per_position) // CONTEXT_STEP * CONTEXT_STEP
+    context = max(MIN_FITTED_CONTEXT, min(wanted, estimate))
+    plan = _plan(_with_context(cfg, context), model_dir, fitted=True)
+    while not plan.fits and context > MIN_FITTED_CONTEXT:
+        context -= CONTEXT_STEP
+        plan = _plan(_with_context(cfg, context), model_dir, fitted=True)
+    return plan
+
+
+def _with_context(cfg: IgnisConfig, context: int) -> IgnisConfig:
+    return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, context=context))
+
+
+def _plan(cfg: IgnisConfig, model_dir: Path, *, fitted: bool) -> MemoryPlan:
     cuda = on_cuda(cfg)
     dtype = _dtype(cfg, cuda)
     size = torch.finfo(dtype).bits // 8
+    capacity, device = device_memory(cfg)
+    fit = "the longest that fits" if capacity else "the model's longest; the engine fits it to memory at start-up"
     raw = json.loads((model_dir / "config.json").read_text())
     config = ModelConfig.from_dir(model_dir)
     quant = QuantConfig.of(raw, model_dir / "config.json")
@@ -125,7 +164,8 @@ def memory_plan(cfg: IgnisConfig, model_dir: Path) -> MemoryPlan:
     items = [
         Item("weights", weights, f"target, {fmt}" + (" with its MTP layer" if mtp else "")),
         Item("kv cache", kv, f"{sum(1 for t in config.layer_types if t == 'full_attention')} attention layers x "
-                             f"{ec.lanes + 1} lanes x {ec.context + k + 1} positions"),
+                             f"{ec.lanes + 1} lanes x {ec.context + k + 1} positions"
+                             + (f" (engine.context = 0: {fit})" if fitted else "")),
         Item("recurrent states", recurrent, f"{sum(1 for t in config.layer_types if t != 'full_attention')} Gated "
                                             f"DeltaNet layers x {ec.lanes + 1} lanes, fp32, with the verify record"),
         _drafter(cfg, model_dir, config, dtype),
@@ -139,7 +179,6 @@ def memory_plan(cfg: IgnisConfig, model_dir: Path) -> MemoryPlan:
     if cuda:
         items.append(Item("cuda graphs, scratch", scratch, how))
         items.append(Item("runtime", RUNTIME, "estimate: CUDA context, cuBLAS workspace, allocator slack"))
-    capacity, device = device_memory(cfg)
     return MemoryPlan(model_dir, fmt, device, capacity, tuple(items))
 
 
@@ -147,10 +186,11 @@ def check_plan(cfg: IgnisConfig, model_dir: Path) -> MemoryPlan:
     """The plan, or a ConfigError with its numbers when it cannot fit the device the engine would use."""
     plan = memory_plan(cfg, model_dir)
     if not plan.fits:
-        table = plan.render().replace("# ", "").rstrip()
+        parts = ", ".join(f"{i.name} {i.nbytes / GIB:.2f}" for i in plan.items)
         raise ConfigError("engine", f"this model and config need {plan.total / GIB:.2f} GiB but {plan.device} has "
-                          f"{plan.capacity / GIB:.2f} GiB; lower engine.lanes or engine.context, or quantize the "
-                          f"weights (ignis quantize):\n{table}")
+                          f"{plan.capacity / GIB:.2f} GiB (GiB: {parts}; headroom {plan.headroom / GIB:.2f}); lower "
+                          f"engine.lanes or engine.context, or quantize the weights (ignis quantize); `ignis config "
+                          f"show --model` prints the plan")
     return plan
 
 
@@ -160,8 +200,9 @@ def weights_note(cfg: IgnisConfig, plan: MemoryPlan) -> str:
     held = "int4" if plan.weights.startswith("int4") else "bf16" if plan.weights == "bfloat16" else plan.weights
     if want == "auto" or want == held:
         return ""
+    fix = "convert it with `ignis quantize`" if want == "int4" else "the plan above counts it as it is"
     return (f"# note: model.weights = {want!r}: this profile was sized for {want} weights; the checkpoint holds "
-            f"{plan.weights} (convert it with `ignis quantize`)\n")
+            f"{plan.weights} ({fix})\n")
 
 
 def _pack(model: HybridModel, group: int) -> None:

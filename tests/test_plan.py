@@ -82,6 +82,21 @@ def test_the_planned_weights_are_what_the_loader_holds(tmp_path: Path) -> None:
         assert {i.name: i.nbytes for i in plan.items}["weights"] == held
 
 
+def test_an_auto_context_is_the_longest_that_fits(q27b: dict[str, Path]) -> None:
+    """engine.context = 0 and spec.backend = "auto" (the defaults) are planned as the engine settles them: dflash2 at
+    the drafter's width, and the longest context (a multiple of 256) that leaves headroom >= 0."""
+    auto = {"engine.context": 0, "spec.backend": "auto", "spec.draft_tokens": 0}
+    plan = memory_plan(load_config(profile="rtx5090", overrides=auto), q27b["int4"])
+    kv = {i.name: i for i in plan.items}["kv cache"]
+    context = kv.nbytes // (5 * KV_PER_POSITION) - 8  # 4 lanes + scratch; 7 drafts + 1 columns past the context
+    assert context % 256 == 0 and plan.fits and "engine.context = 0" in kv.how
+    longer = memory_plan(load_config(profile="rtx5090", overrides={**DFLASH2, "engine.context": context + 256}),
+                         q27b["int4"])
+    assert not longer.fits
+    # A 16 GB card cannot hold even the shortest fitted context: the plan says so rather than inventing room.
+    assert not memory_plan(load_config(profile="rtx50-16gb", overrides=auto), q27b["int4"]).fits
+
+
 def test_bf16_27b_does_not_fit_the_5090_but_int4_does(q27b: dict[str, Path]) -> None:
     cfg = load_config(profile="rtx5090")
     full, packed = memory_plan(cfg, q27b["bf16"]), memory_plan(cfg, q27b["int4"])
@@ -104,7 +119,7 @@ def test_serve_refuses_a_plan_that_cannot_fit_with_the_numbers(q27b: dict[str, P
     assert main(["serve", "--profile", "rtx5090", "--model", str(q27b["bf16"])]) == 2
     err = capsys.readouterr().err
     assert "need 61.93 GiB but 32607 MiB (engine.memory_mib) has 31.84 GiB" in err
-    assert "weights                   50.89 GiB" in err and "headroom                 -30.09 GiB" in err
+    assert "weights 50.89, kv cache 5.00, recurrent states 0.84, drafter 3.60" in err and "headroom -30.09" in err
     # The same card with more lanes than its profile also runs out: the K/V is counted too.
     assert main(["serve", "--profile", "rtx5090", "--model", str(q27b["int4"]), "--set", "engine.lanes=16"]) == 2
-    assert "DOES NOT FIT" in capsys.readouterr().err
+    assert "this model and config need" in capsys.readouterr().err
