@@ -36,6 +36,10 @@ from ignis.progress import Progress, StartupProgress, memory_probe
 
 log = get_logger(__name__)
 
+# Prefill row counts run at start-up on a GPU: about four a doubling, so every size class of the matrix kernels a
+# prompt chunk can pick is loaded before ready (CUDA loads a kernel on its first use).
+WARM_ROWS = [1, 2, 3, 5, 8, 12, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512]
+
 
 class Engine:
     def __init__(self, config: IgnisConfig, progress: Progress | None = None) -> None:
@@ -76,7 +80,7 @@ class Engine:
         report("warmup", 0, 1)
         most = min(ec.max_rows, ec.context)
         # On a GPU every row count class of the matrix kernels is loaded before ready; the CPU has nothing to load.
-        ladder = [1, 3, 16, 48, 64, 131, 256, 300, 512] if device.type == "cuda" else [2 * ec.prefill_chunk + 3, 1]
+        ladder = WARM_ROWS if device.type == "cuda" else [2 * ec.prefill_chunk + 3, 1]
         warm_prefill(self.model, cache, self.backend, rows=sorted({min(n, most) for n in ladder}))
         device_round = None
         graphs = 0

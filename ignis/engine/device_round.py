@@ -87,17 +87,15 @@ class RoundBuffers:
 
     def idle(self) -> None:
         """Every row a padding row: scratch lane, greedy, no drafts kept."""
-        self._fill_host([])
+        self._fill_host([], False)
         self.ints.copy_(self.host_ints)
         self.floats.copy_(self.host_floats)
 
     def load(self, decodes: list[Decode], sample_drafts: bool) -> None:
         """Write this round's lanes into the host mirrors and start their upload (two small copies)."""
-        self._fill_host(decodes)
+        self._fill_host(decodes, sample_drafts)
         self.ints.copy_(self.host_ints, non_blocking=True)
         self.floats.copy_(self.host_floats, non_blocking=True)
-        if not sample_drafts:
-            self.floats[_FLOATS.index("draft_temperature")].zero_()
 
     def fetch(self) -> list[list[int]]:
         """The committed tokens of the last run: one device-to-host copy and the round's one sync."""
@@ -106,7 +104,8 @@ class RoundBuffers:
             torch.cuda.current_stream(self.out.device).synchronize()
         return self.host_out.tolist()
 
-    def _fill_host(self, decodes: list[Decode]) -> None:
+    def _fill_host(self, decodes: list[Decode], sample_drafts: bool) -> None:
+        """sample_drafts False: every lane drafts at temperature 0 (one-hot q), whatever it samples at."""
         ints, floats = self._ints, self._floats
         ints[:] = 0
         floats[:] = 0.0
@@ -120,7 +119,8 @@ class RoundBuffers:
                            [d.request.seed for d in decodes], [d.request.params.top_k for d in decodes],
                            [int(d.request.params.greedy) for d in decodes]]
             floats[:, :n] = [[d.request.params.temperature for d in decodes], [d.request.params.top_p for d in decodes],
-                             [d.request.params.min_p for d in decodes], [d.request.params.temperature for d in decodes]]
+                             [d.request.params.min_p for d in decodes],
+                             [d.request.params.temperature if sample_drafts else 0.0 for d in decodes]]
 
 
 @dataclass
