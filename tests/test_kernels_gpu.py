@@ -149,3 +149,79 @@ def test_gdn_kernels_equal_their_references(shape: tuple[int, ...]) -> None:
             replay(st, ids, rec, last)
             replay_reference(ref_st, ids, ref_rec, last)
             torch.testing.assert_close(st, ref_st, rtol=1e-4, atol=1e-4)
+
+
+def _fused_inputs(b: int, c: int) -> dict[str, object]:
+    """The 27B shape's fused-kernel inputs in bf16 on the GPU (hidden 5120; GDN 48 value heads of 128, conv 10240;
+    attention 24 query heads, 4 KV heads of 256, rotary 64; MLP 17408), lanes out of order."""
+    g = torch.Generator(device="cuda").manual_seed(b * 10 + c)
+    bf = torch.bfloat16
+    t, lanes, nh, nkv, hd, rd, hv, dv, dim = b * c, 9, 24, 4, 256, 64, 48, 128, 10240
+
+    def r(*shape: int, s: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, device="cuda", generator=g) * s).to(bf)
+
+    angles = torch.rand(t, rd // 2, device="cuda", generator=g) * 6
+    return {
+        "x": r(t, 5120), "d": r(t, 5120), "scale": torch.rand(5120, device="cuda", generator=g) + 0.5,
+        "window": r(lanes, 3, dim), "lanes": torch.randperm(lanes, device="cuda", generator=g)[:b],
+        "raw": r(t, 20000)[:, 3000 : 3000 + dim].reshape(b, c, dim),  # a view of a wider projection, as in the layer
+        "weight": torch.randn(dim, 4, device="cuda", generator=g), "ba": r(b, c, 2 * hv, s=2.0),
+        "record": r(lanes, c, dim), "out": torch.randn(t, hv, dv, device="cuda", generator=g),
+        "z": r(t, 2 * hv * dv, s=2.0)[:, hv * dv :], "gweight": r(dv), "gu": r(t, 2 * 17408, s=3.0),
+        "qkv": r(t, (2 * nh + 2 * nkv) * hd, s=2.0), "qscale": torch.rand(hd, device="cuda", generator=g) + 0.5,
+        "kscale": torch.rand(hd, device="cuda", generator=g) + 0.5,
+        "cos": torch.cat([angles.cos(), angles.cos()], -1).to(bf), "sin": torch.cat([angles.sin(), angles.sin()], -1).to(bf),
+        "kc": r(lanes, 64, nkv, hd), "vc": r(lanes, 64, nkv, hd),
+        "positions": (torch.randint(0, 50, (b, 1), device="cuda", generator=g) + torch.arange(c, device="cuda")),
+        "o": r(b, nkv, nh // nkv * c, hd), "nh": nh, "nkv": nkv,
+    }
+
+
+def _fused_kernels(x: dict, eps: float = 1e-6) -> dict[str, torch.Tensor]:
+    from ignis.kernels import fused
+
+    out: dict[str, torch.Tensor] = {}
+    out["resid"], out["normed"] = fused.add_rms_norm(x["x"], x["d"], x["scale"], eps)
+    _, out["normed0"] = fused.add_rms_norm(x["x"], None, x["scale"], eps)
+    window = x["window"].clone()
+    out["mixed"], out["ba_f"] = fused.conv(window, x["lanes"], x["raw"], x["weight"], x["ba"], None)
+    out["window"] = window
+    record = x["record"].clone()
+    out["mixed_r"], _ = fused.conv(x["window"].clone(), x["lanes"], x["raw"], x["weight"], x["ba"], record)
+    out["record"] = record
+    out["y"] = fused.gated_norm(x["out"], x["z"], x["gweight"], eps)
+    out["swiglu"] = fused.swiglu(x["gu"])
+    kc, vc = x["kc"].clone(), x["vc"].clone()
+    out["qh"] = fused.qk_rope_write(x["qkv"], x["qscale"], x["kscale"], eps, x["cos"], x["sin"], kc, vc, x["lanes"],
+                                    x["positions"], x["nh"], x["nkv"])
+    out["kc"], out["vc"] = kc, vc
+    out["gated"] = fused.gate_heads(x["o"], x["qkv"], x["nh"])
+    return out
+
+
+@pytest.mark.parametrize("b,c", [(1, 1), (1, 8), (8, 8), (3, 2)])
+def test_fused_kernels_match_references_at_the_27b_shape(b: int, c: int) -> None:
+    from tests.test_kernels_fused import close, references
+
+    x = _fused_inputs(b, c)
+    got, want = _fused_kernels(x), references(x)
+    for name in want:
+        close(got[name], want[name], name)
+
+
+def test_fused_kernels_replay_in_a_graph() -> None:
+    from tests.test_kernels_fused import close, references
+
+    x = _fused_inputs(2, 4)
+    _fused_kernels(x)  # compile and load before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = _fused_kernels(x)
+    for name, t in got.items():
+        t.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    want = references(x)
+    for name in want:
+        close(got[name], want[name], name)

@@ -12,10 +12,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ignis.kernels import fused
 from ignis.model.cache import AttnState
 from ignis.model.config import ModelConfig
 from ignis.model.decode import DecodeStep
-from ignis.model.ops import RMSNorm, Step, Weight, apply_rope, fuse_weights, linear, sigmoid
+from ignis.model.ops import (
+    RMSNorm,
+    Step,
+    Weight,
+    apply_rope,
+    fuse_weights,
+    linear,
+    sigmoid,
+)
 
 
 class GatedAttention(nn.Module):
@@ -65,30 +74,20 @@ class GatedAttention(nn.Module):
 
     def decode(self, x: torch.Tensor, step: DecodeStep, cache: AttnState) -> torch.Tensor:
         """x [B*C, H] (normed) -> [B*C, H]; writes every column's K/V at its position in its lane first."""
-        b, c = step.positions.shape
-        t, nh, nkv, hd = b * c, self.num_heads, self.num_kv, self.head_dim
+        nh, nkv = self.num_heads, self.num_kv
         if self.qkv_proj is not None:
-            qg, k, v = torch.split(linear(x, self.qkv_proj, False), [2 * nh * hd, nkv * hd, nkv * hd], dim=-1)
+            qkv = linear(x, self.qkv_proj, False)
         else:
-            qg, k, v = (linear(x, m.weight, False) for m in (self.q_proj, self.k_proj, self.v_proj))
-        qg = qg.reshape(t, nh, 2 * hd)
-        q, gate = self.q_norm(qg[..., :hd]), qg[..., hd:]
-        k = self.k_norm(k.reshape(t, nkv, hd))
-        v = v.reshape(t, nkv, hd)
-        q = apply_rope(q, step.cos, step.sin)
-        k = apply_rope(k, step.cos, step.sin)
-        where = (step.lanes[:, None].expand(b, c), step.positions)
-        cache.k.index_put_(where, k.view(b, c, nkv, hd))
-        cache.v.index_put_(where, v.view(b, c, nkv, hd))
+            qkv = torch.cat([linear(x, m.weight, False) for m in (self.q_proj, self.k_proj, self.v_proj)], dim=-1)
+        # q/k norms, RoPE and the K/V write, one launch on CUDA; queries come back as [B, nkv, group*C, hd]: the
+        # query heads of one KV head attend together as group*C rows, with no copy of K/V per query head.
+        qh = fused.qk_rope_write(qkv, _scale(self.q_norm), _scale(self.k_norm), self.q_norm.eps, step.cos, step.sin,
+                                 cache.k, cache.v, step.lanes, step.positions, nh, nkv)
         span = step.span
         keys = cache.k[:, :span].index_select(0, step.lanes).transpose(1, 2)  # [B, nkv, span, hd]
         vals = cache.v[:, :span].index_select(0, step.lanes).transpose(1, 2)
-        group = nh // nkv
-        # The query heads of one KV head attend together as group*C rows: no copy of K/V per query head.
-        qh = q.view(b, c, nkv, group, hd).permute(0, 2, 3, 1, 4).reshape(b, nkv, group * c, hd)
         o = F.scaled_dot_product_attention(qh, keys, vals, attn_mask=step.mask, scale=self.scale)
-        o = o.view(b, nkv, group, c, hd).permute(0, 3, 1, 2, 4).reshape(t, nh * hd)
-        return linear(o * torch.sigmoid(gate.reshape(t, -1)), self.o_proj.weight, False)
+        return linear(fused.gate_heads(o, qkv, nh), self.o_proj.weight, False)
 
     def _attend_exact(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
         """q [L, nh, hd] at positions start..start+L-1; k/v [context, nkv, hd] of the lane -> [L, nh, hd].
@@ -124,3 +123,8 @@ class GatedAttention(nn.Module):
             qh, kh, vh, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=self.num_kv != self.num_heads
         )
         return o[0].transpose(0, 1)
+
+
+def _scale(norm: RMSNorm) -> torch.Tensor:
+    """The fp32 weight 1 + w of a zero-centred norm (made once by `RMSNorm.fuse`)."""
+    return norm.scale if norm.scale is not None else 1.0 + norm.weight.float()

@@ -12,12 +12,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ignis.kernels import fused
 from ignis.kernels import gdn as gdn_kernels
 from ignis.model import delta_rule
 from ignis.model.cache import GDNState
 from ignis.model.config import ModelConfig
 from ignis.model.decode import DecodeStep
-from ignis.model.ops import Step, Weight, fuse_weights, gated_rms_norm, l2norm, linear, sigmoid, silu, softplus
+from ignis.model.ops import (
+    Step,
+    Weight,
+    fuse_weights,
+    gated_rms_norm,
+    l2norm,
+    linear,
+    sigmoid,
+    silu,
+    softplus,
+)
 
 
 class GatedDeltaNet(nn.Module):
@@ -113,26 +124,17 @@ class GatedDeltaNet(nn.Module):
             qkv, z = linear(x, self.in_proj_qkv.weight, False), linear(x, self.in_proj_z.weight, False)
             ba = torch.cat([F.linear(x, self.in_proj_b.weight), F.linear(x, self.in_proj_a.weight)], dim=-1)
         qkv = qkv.reshape(b, c, -1)  # [B, C, conv_dim] raw conv input
-        z = z.reshape(t, self.hv, self.dv)
-        ba = ba.float().view(b, c, 2 * self.hv)  # raw beta and decay projections; the kernel applies the gates
         rate = self.decay_rate if self.decay_rate is not None else -torch.exp(self.A_log.float())
-        window = cache.conv.index_select(0, lanes)  # [B, Kc-1, conv_dim]
-        xs = torch.cat([window, qkv], dim=1)  # [B, Kc-1+C, conv_dim]: conv inputs, oldest first
         weight = self.conv_weight if self.conv_weight is not None else self.conv1d.weight[:, 0, :].float()
-        # Column j's taps are xs[j .. j+Kc-1] (delta_rule.short_conv's sum, as one product and one reduction).
-        mixed = F.silu((xs.unfold(1, weight.shape[1], 1).float() * weight).sum(dim=-1))  # [B, C, conv_dim] f32
-        if step.record:
-            assert cache.rec_inputs is not None
-            cache.rec_inputs[:, :c].index_copy_(0, lanes, qkv)
-        else:
-            cache.conv.index_copy_(0, lanes, xs[:, -window.shape[1] :])
+        # silu(conv) as float32 and the raw beta and decay projections as float32 (the recurrence applies the gates)
+        mixed, ba = fused.conv(cache.conv, lanes, qkv, weight, ba.reshape(b, c, 2 * self.hv),
+                               cache.rec_inputs[:, :c] if step.record else None)
         out = gdn_kernels.columns(cache.state, lanes, mixed, ba, self.dt_bias.float(), rate,
                                   cache.rec_kv if step.record else None, key_heads=self.hk,
                                   write_state=not step.record)
         # The gated output norm (ops.gated_rms_norm: norm in fp32, cast, weight, then the gate in fp32).
-        h = F.rms_norm(out.view(t, self.hv, self.dv).to(x.dtype).float(), (self.dv,), eps=self.eps).to(x.dtype)
-        y = (self.norm.weight * h * F.silu(z.float())).to(x.dtype)
-        return linear(y.reshape(t, self.value_dim), self.out_proj.weight, False)
+        y = fused.gated_norm(out.view(t, self.hv, self.dv), z, self.norm.weight, self.eps)
+        return linear(y, self.out_proj.weight, False)
 
     def _heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """mixed [n, L, conv_dim] f32 -> q, k [n, L, Hv, dk] (l2-normed, q scaled, repeated to value heads), v."""

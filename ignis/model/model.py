@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ignis.kernels import fused
 from ignis.model.attention import GatedAttention
 from ignis.model.batch import Batch, ForwardOut, Segment
 from ignis.model.cache import AttnState, GDNState, LaneCache
@@ -39,6 +40,12 @@ class MLP(nn.Module):
 
     def fuse(self) -> None:
         self.gate_up = fuse_weights(self.gate_proj, self.up_proj)
+
+    def decode(self, x: torch.Tensor) -> torch.Tensor:
+        """forward for the device round: the gate and up products as one, SwiGLU as one launch on CUDA."""
+        if self.gate_up is None:
+            return self.forward(x, False)
+        return linear(fused.swiglu(linear(x, self.gate_up, False)), self.down_proj.weight, False)
 
     def forward(self, x: torch.Tensor, exact: bool) -> torch.Tensor:
         if self.gate_up is not None and not exact:
@@ -66,22 +73,36 @@ class DecoderLayer(nn.Module):
         self.input_layernorm.fuse()
         self.post_attention_layernorm.fuse()
 
-    def forward(self, x: torch.Tensor, step: Step | DecodeStep, state: AttnState | GDNState) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, step: Step, state: AttnState | GDNState) -> torch.Tensor:
         """x [T, H] -> [T, H], the layer's output (the residual stream after it)."""
         h = self.input_layernorm(x)
-        if isinstance(step, DecodeStep):
-            if isinstance(state, AttnState):
-                h = self.self_attn.decode(h, step, state)
-            else:
-                h = self.linear_attn.decode(h, step, state)
-            x = x + h
-            return x + self.mlp(self.post_attention_layernorm(x), False)
         if isinstance(state, AttnState):
             h = self.self_attn(h, step, state)
         else:
             h = self.linear_attn(h, step, state)
         x = x + h
         return x + self.mlp(self.post_attention_layernorm(x), step.exact)
+
+    def decode(
+        self, x: torch.Tensor, d: torch.Tensor | None, step: DecodeStep, state: AttnState | GDNState
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The device round's form of `forward`, with the residual add deferred: the stream before this layer is
+        x + d (d None: x), after it the returned x' + d'. Each residual add runs inside the next norm's launch."""
+        x, h = add_norm(x, d, self.input_layernorm)
+        if isinstance(state, AttnState):
+            h = self.self_attn.decode(h, step, state)
+        else:
+            h = self.linear_attn.decode(h, step, state)
+        x, h = add_norm(x, h, self.post_attention_layernorm)
+        return x, self.mlp.decode(h)
+
+
+def add_norm(x: torch.Tensor, d: torch.Tensor | None, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + d, norm(x + d)): one launch on CUDA once the norm is fused."""
+    if norm.scale is None:
+        x = x if d is None else x + d
+        return x, norm(x)
+    return fused.add_rms_norm(x, d, norm.scale, norm.eps)
 
 
 class HybridModel(nn.Module):
@@ -154,13 +175,14 @@ class HybridModel(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The static decode/verify forward: (final-normed hidden [B*C, H], tapped outputs [B*C, len(taps) * H] or
         None). No host value is read, so it can be captured; logits are the caller's (`logits`)."""
-        x = self.embed(tokens.reshape(-1))
+        x, d = self.embed(tokens.reshape(-1)), None
         tapped: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
-            x = layer(x, step, cache.layers[i])
+            x, d = cast(DecoderLayer, layer).decode(x, d, step, cache.layers[i])
             if i in taps:
-                tapped[i] = x
-        return self.norm(x), torch.cat([tapped[t] for t in taps], dim=-1) if taps else None
+                tapped[i] = x + d
+        _, hidden = add_norm(x, d, self.norm)
+        return hidden, torch.cat([tapped[t] for t in taps], dim=-1) if taps else None
 
     def decode_step(
         self, lanes: torch.Tensor, positions: torch.Tensor, *, span: int, record: bool
@@ -226,5 +248,6 @@ class MTPHead(nn.Module):
     ) -> torch.Tensor:
         """`forward` for B lanes x C columns at device positions (static shapes, capturable)."""
         u = torch.cat([self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)], dim=-1)
-        x = F.linear(u, self.fc.weight)
-        return self.norm(self.layers[0](x, step, AttnState(k_cache, v_cache)))
+        x, d = cast(DecoderLayer, self.layers[0]).decode(F.linear(u, self.fc.weight), None, step,
+                                                         AttnState(k_cache, v_cache))
+        return add_norm(x, d, self.norm)[1]

@@ -1,0 +1,239 @@
+"""Fused kernels of the decode round's layers: each replaces a run of small torch ops with one launch.
+
+Owns: `add_rms_norm`, `conv`, `gated_norm`, `swiglu`, `qk_rope_write`, `gate_heads` (numba-cuda kernels on CUDA
+tensors, launched on torch's current stream so a CUDA graph captures them) and their torch references (what runs on
+the CPU, and what the kernels are tested against). Does not own: the layers that call them (ignis.model) or the
+kernel sources (ignis.kernels.fused_kernel). docs/adr/0005-fused-layer-kernels.md has the why and the numbers.
+
+Each reference is the torch code the layer ran before the kernel existed, so the CPU keeps its arithmetic exactly;
+each kernel rounds to bf16 wherever those torch ops did.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ignis.model.ops import apply_rope
+
+# --- references -------------------------------------------------------------------------------------------------
+
+
+def add_rms_norm_reference(
+    x: torch.Tensor, d: torch.Tensor | None, scale: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    resid = x if d is None else x + d
+    return resid, F.rms_norm(resid.float(), (x.shape[-1],), scale, eps).to(x.dtype)
+
+
+def conv_reference(
+    window: torch.Tensor, lanes: torch.Tensor, raw: torch.Tensor, weight: torch.Tensor, ba: torch.Tensor,
+    record: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    b, c = raw.shape[:2]
+    win = window.index_select(0, lanes)  # [B, Kc-1, D]
+    xs = torch.cat([win, raw], dim=1)  # [B, Kc-1+C, D]: conv inputs, oldest first
+    # Column j's taps are xs[j .. j+Kc-1] (delta_rule.short_conv's sum, as one product and one reduction).
+    mixed = F.silu((xs.unfold(1, weight.shape[1], 1).float() * weight).sum(dim=-1))  # [B, C, D] f32
+    if record is not None:
+        record[:, :c].index_copy_(0, lanes, raw)
+    else:
+        window.index_copy_(0, lanes, xs[:, -window.shape[1] :])
+    return mixed, ba.float().reshape(b, c, -1)
+
+
+def gated_norm_reference(out: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    t, hv, dv = out.shape
+    h = F.rms_norm(out.to(z.dtype).float(), (dv,), eps=eps).to(z.dtype)
+    return (weight * h * F.silu(z.reshape(t, hv, dv).float())).to(z.dtype).reshape(t, hv * dv)
+
+
+def swiglu_reference(gu: torch.Tensor) -> torch.Tensor:
+    gate, up = gu.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def qk_rope_write_reference(
+    qkv: torch.Tensor, qscale: torch.Tensor, kscale: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+    kc: torch.Tensor, vc: torch.Tensor, lanes: torch.Tensor, positions: torch.Tensor, nh: int, nkv: int,
+) -> torch.Tensor:
+    b, c = positions.shape
+    t, hd = b * c, kc.shape[-1]
+    qg, k, v = torch.split(qkv, [2 * nh * hd, nkv * hd, nkv * hd], dim=-1)
+    qg = qg.reshape(t, nh, 2 * hd)
+    q = F.rms_norm(qg[..., :hd].float(), (hd,), qscale, eps).to(qkv.dtype)
+    k = F.rms_norm(k.reshape(t, nkv, hd).float(), (hd,), kscale, eps).to(qkv.dtype)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    where = (lanes[:, None].expand(b, c), positions)
+    kc.index_put_(where, k.view(b, c, nkv, hd))
+    vc.index_put_(where, v.reshape(b, c, nkv, hd))
+    group = nh // nkv
+    # The query heads of one KV head attend together as group*C rows: no copy of K/V per query head.
+    return q.view(b, c, nkv, group, hd).permute(0, 2, 3, 1, 4).reshape(b, nkv, group * c, hd)
+
+
+def gate_heads_reference(o: torch.Tensor, qkv: torch.Tensor, nh: int) -> torch.Tensor:
+    b, nkv, gc, hd = o.shape
+    group = nh // nkv
+    c, t = gc // group, b * gc // group
+    gate = qkv[:, : 2 * nh * hd].reshape(t, nh, 2 * hd)[..., hd:]
+    o = o.view(b, nkv, group, c, hd).permute(0, 3, 1, 2, 4).reshape(t, nh * hd)
+    return o * torch.sigmoid(gate.reshape(t, -1))
+
+
+# --- kernels ----------------------------------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_kernels: dict[tuple[bool, int], dict[str, Any]] = {}
+
+
+def _compiled(dtype: torch.dtype, head: int) -> dict[str, Any]:
+    """The kernels for elements of `dtype` and per-head blocks of the next power of two >= head (compiled lazily by
+    numba on first launch, per signature)."""
+    if dtype not in (torch.bfloat16, torch.float32):
+        raise TypeError(f"fused kernels take bfloat16 or float32 tensors, not {dtype}")
+    threads = 32
+    while threads < head:
+        threads *= 2
+    key = (dtype == torch.bfloat16, threads)
+    with _lock:
+        if key not in _kernels:
+            from ignis.kernels.fused_kernel import make_kernels
+
+            _kernels[key] = make_kernels(*key)
+        return _kernels[key]
+
+
+def _arr(t: Any) -> Any:
+    from numba import cuda
+
+    if not isinstance(t, torch.Tensor):
+        return t
+    return cuda.as_cuda_array(t.view(torch.int16) if t.dtype == torch.bfloat16 else t)
+
+
+def _launch(kernel: Any, grid: tuple[int, ...], threads: int, args: tuple[Any, ...], device: torch.device) -> None:
+    from numba import cuda
+
+    handle = torch.cuda.current_stream(device).cuda_stream
+    stream = 0 if handle == 0 else cuda.external_stream(handle)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # numba warns about grids under 128 blocks: one lane's rows are our case
+        kernel[grid, threads, stream](*(_arr(a) for a in args))
+
+
+def add_rms_norm(
+    x: torch.Tensor,  # [T, H] model dtype: the residual stream
+    d: torch.Tensor | None,  # [T, H] model dtype: what the last block adds to it (None: nothing)
+    scale: torch.Tensor,  # [H] float32: 1 + w
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + d, rms_norm(x + d) * scale), both in the model dtype: the residual add and the next norm, one launch."""
+    if not x.is_cuda:
+        return add_rms_norm_reference(x, d, scale, eps)
+    from ignis.kernels.fused_kernel import NORM_THREADS
+
+    k = _compiled(x.dtype, 32)["add_rms_norm"]
+    resid = x if d is None else torch.empty_like(x)
+    normed = torch.empty_like(x)
+    _launch(k, (x.shape[0],), NORM_THREADS, (x, x if d is None else d, scale, resid, normed, float(eps), d is not None),
+            x.device)
+    return resid, normed
+
+
+def conv(
+    window: torch.Tensor,  # [L, Kc-1, D] model dtype: each lane's last Kc-1 conv inputs
+    lanes: torch.Tensor,  # [B] int64
+    raw: torch.Tensor,  # [B, C, D] model dtype: this round's conv inputs (a view of the projection is fine)
+    weight: torch.Tensor,  # [D, Kc] float32
+    ba: torch.Tensor,  # [B, C, 2 Hv] model dtype: raw beta and decay projections
+    record: torch.Tensor | None,  # [L, C', D] model dtype: verify keeps each column's input here, window untouched
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(silu(causal depthwise conv) [B, C, D] float32, ba as float32 [B, C, 2 Hv]); a decode (record None) moves
+    each lane's window on by C inputs."""
+    if not raw.is_cuda:
+        return conv_reference(window, lanes, raw, weight, ba, record)
+    from ignis.kernels.fused_kernel import CONV_THREADS
+
+    b, c, dim = raw.shape
+    mixed = torch.empty((b, c, dim), dtype=torch.float32, device=raw.device)
+    ba_out = torch.empty(ba.shape, dtype=torch.float32, device=raw.device)
+    k = _compiled(raw.dtype, 32)["conv"]
+    _launch(k, ((dim + CONV_THREADS - 1) // CONV_THREADS, b), CONV_THREADS,
+            (window, lanes, raw, weight, mixed, window if record is None else record, ba, ba_out, record is not None),
+            raw.device)
+    return mixed, ba_out
+
+
+def gated_norm(out: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """out [T, Hv, dv] float32, z [T, Hv * dv] model dtype, weight [dv] model dtype -> w * rms_norm(out) * silu(z)
+    [T, Hv * dv] model dtype (the Gated DeltaNet output norm, ops.gated_rms_norm)."""
+    if not out.is_cuda:
+        return gated_norm_reference(out, z, weight, eps)
+    t, hv, dv = out.shape
+    ks = _compiled(z.dtype, dv)
+    threads = _threads(dv)
+    y = torch.empty((t, hv * dv), dtype=z.dtype, device=z.device)
+    _launch(ks["gated_norm"], (hv, t), threads, (out, z, weight, y, float(eps)), z.device)
+    return y
+
+
+def swiglu(gu: torch.Tensor) -> torch.Tensor:
+    """gu [T, 2 I] (gate | up) -> silu(gate) * up [T, I]."""
+    if not gu.is_cuda:
+        return swiglu_reference(gu)
+    from ignis.kernels.fused_kernel import EW_THREADS
+
+    t, inner = gu.shape[0], gu.shape[1] // 2
+    y = torch.empty((t, inner), dtype=gu.dtype, device=gu.device)
+    _launch(_compiled(gu.dtype, 32)["swiglu"], ((inner + EW_THREADS - 1) // EW_THREADS, t), EW_THREADS, (gu, y),
+            gu.device)
+    return y
+
+
+def qk_rope_write(
+    qkv: torch.Tensor,  # [T, (2 nh + 2 nkv) hd] model dtype: per query head [q | gate], then k, then v
+    qscale: torch.Tensor,  # [hd] float32: 1 + q_norm.weight
+    kscale: torch.Tensor,  # [hd] float32
+    eps: float,
+    cos: torch.Tensor,  # [T, rd] model dtype
+    sin: torch.Tensor,
+    kc: torch.Tensor,  # [L, S, nkv, hd] model dtype: the K cache
+    vc: torch.Tensor,
+    lanes: torch.Tensor,  # [B] int64
+    positions: torch.Tensor,  # [B, C] int64
+    nh: int,
+    nkv: int,
+) -> torch.Tensor:
+    """Normalise and rotate q and k, write k and v at each column's position in its lane, and return the queries as
+    [B, nkv, group * C, hd] (the heads of one KV head together, as attention reads them)."""
+    if not qkv.is_cuda:
+        return qk_rope_write_reference(qkv, qscale, kscale, eps, cos, sin, kc, vc, lanes, positions, nh, nkv)
+    b, c = positions.shape
+    hd = kc.shape[-1]
+    qh = torch.empty((b, nkv, nh // nkv * c, hd), dtype=qkv.dtype, device=qkv.device)
+    _launch(_compiled(qkv.dtype, hd)["qk_rope_write"], (nh + 2 * nkv, b * c), _threads(hd),
+            (qkv, qscale, kscale, cos, sin, kc, vc, lanes, positions, qh, float(eps), nh, nkv), qkv.device)
+    return qh
+
+
+def gate_heads(o: torch.Tensor, qkv: torch.Tensor, nh: int) -> torch.Tensor:
+    """o [B, nkv, group * C, hd] (attention output) -> o * sigmoid(gate) [T, nh * hd], the gate read from qkv."""
+    if not o.is_cuda:
+        return gate_heads_reference(o, qkv, nh)
+    b, nkv, gc, hd = o.shape
+    t = b * gc // (nh // nkv)
+    y = torch.empty((t, nh * hd), dtype=o.dtype, device=o.device)
+    _launch(_compiled(o.dtype, hd)["gate_heads"], (nh, t), _threads(hd), (o, qkv, y, nh), o.device)
+    return y
+
+
+def _threads(n: int) -> int:
+    threads = 32
+    while threads < n:
+        threads *= 2
+    return threads

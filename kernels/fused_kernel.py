@@ -1,0 +1,226 @@
+"""The numba-cuda sources of the decode round's fused layer kernels (launched from ignis.kernels.fused).
+
+Owns: the kernel bodies and their block sizes. Does not own: argument checks, launches or the torch references
+(ignis.kernels.fused). Importing this module imports numba.cuda (or, with NUMBA_ENABLE_CUDASIM=1, the simulator);
+nothing here touches the driver.
+
+Element type: the model's bf16 tensors arrive as int16 views (torch exports no bf16 to numba) and are widened to fp32
+by their bits; results are rounded back to bf16 to nearest even, as torch rounds. So each kernel does what the torch
+ops it replaces do, op for op: every op that torch runs in bf16 (compute in fp32, round) is rounded here at the same
+point. A float32 model passes float32 arrays and nothing is rounded. Reductions are trees over the block in shared
+memory (no warp intrinsics, so the same source runs in numba's simulator in CI).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from numba import cuda
+from numba.cuda import libdevice
+
+NORM_THREADS = 512  # add_rms_norm: threads a row
+CONV_THREADS = 128  # conv: channels a block
+EW_THREADS = 256  # swiglu: elements a block
+
+
+def _converters(half: bool) -> tuple[Any, Any]:
+    """(load, store): element -> fp32, fp32 -> element (bf16 bits in int16, or fp32 as it is)."""
+    if half:
+
+        @cuda.jit(device=True, inline=True)
+        def load(h: Any) -> Any:
+            return libdevice.int_as_float(np.int32(np.int64(h) << 16))
+
+        @cuda.jit(device=True, inline=True)
+        def store(f: Any) -> Any:
+            u = np.int64(libdevice.float_as_int(np.float32(f)))
+            return np.int16((u + 0x7FFF + ((u >> 16) & 1)) >> 16)
+
+    else:
+
+        @cuda.jit(device=True, inline=True)
+        def load(h: Any) -> Any:
+            return np.float32(h)
+
+        @cuda.jit(device=True, inline=True)
+        def store(f: Any) -> Any:
+            return np.float32(f)
+
+    return load, store
+
+
+def make_kernels(half: bool, head_threads: int, norm_threads: int = NORM_THREADS) -> dict[str, Any]:
+    """The kernels for bf16 (`half`) or fp32 elements; `head_threads` (a power of two) is the block of the per-head
+    kernels, at least the head width it serves; `norm_threads` (a power of two) the block of add_rms_norm."""
+    load, store = _converters(half)
+    nt = norm_threads
+
+    @cuda.jit
+    def add_rms_norm(x, d, scale, resid, normed, eps, add):
+        # x, d [T, H]: the residual and what the last block added to it; scale [H] f32 (1 + w); grid (T,)
+        # resid = x + d (rounded), normed = rms_norm(resid) * scale (rounded); add=False: resid is x.
+        t = cuda.threadIdx.x
+        row = cuda.blockIdx.x
+        n = x.shape[1]
+        part = cuda.shared.array(nt, np.float32)
+        acc = np.float32(0.0)
+        i = t
+        while i < n:
+            v = load(x[row, i])
+            if add:
+                v = load(store(v + load(d[row, i])))
+                resid[row, i] = store(v)
+            acc += v * v
+            i += nt
+        part[t] = acc
+        cuda.syncthreads()
+        step = nt // 2
+        while step > 0:
+            if t < step:
+                part[t] += part[t + step]
+            cuda.syncthreads()
+            step //= 2
+        r = np.float32(1.0) / math.sqrt(part[0] / np.float32(n) + np.float32(eps))
+        i = t
+        while i < n:
+            v = load(resid[row, i]) if add else load(x[row, i])
+            normed[row, i] = store(v * r * scale[i])
+            i += nt
+
+    @cuda.jit
+    def conv(window, lanes, raw, weight, mixed, record, ba, ba_out, do_record):
+        # window [L, Kc-1, D] (element); lanes [B] i64; raw [B, C, D] element: this round's conv inputs;
+        # weight [D, Kc] f32; mixed [B, C, D] f32 out: silu(conv); record [L, C', D] element; ba [B, C, 2 Hv]
+        # element -> ba_out f32; grid (ceil(D / CONV_THREADS), B)
+        ch = cuda.blockIdx.x * CONV_THREADS + cuda.threadIdx.x
+        b = cuda.blockIdx.y
+        lane = lanes[b]
+        kc1 = window.shape[1]
+        cols = raw.shape[1]
+        if cuda.blockIdx.x == 0:
+            i = cuda.threadIdx.x
+            nba = ba.shape[2]
+            while i < cols * nba:
+                ba_out[b, i // nba, i % nba] = load(ba[b, i // nba, i % nba])
+                i += CONV_THREADS
+        if ch >= raw.shape[2]:
+            return
+        for j in range(cols):
+            acc = np.float32(0.0)
+            for tap in range(kc1 + 1):
+                src = j + tap
+                v = load(window[lane, src, ch]) if src < kc1 else load(raw[b, src - kc1, ch])
+                acc += v * weight[ch, tap]
+            mixed[b, j, ch] = acc / (np.float32(1.0) + math.exp(-acc))
+            if do_record:
+                record[lane, j, ch] = raw[b, j, ch]
+        if not do_record:
+            for i in range(kc1):  # the window after the round: slot i takes input cols + i (never a slot < i + 1)
+                src = cols + i
+                window[lane, i, ch] = window[lane, src, ch] if src < kc1 else raw[b, src - kc1, ch]
+
+    ht = head_threads
+
+    @cuda.jit
+    def gated_norm(out, z, weight, y, eps):
+        # out [T, Hv, dv] f32 (the recurrence); z [T, Hv * dv] element (the gate); weight [dv] element;
+        # y [T, Hv * dv] element = w * rms_norm(out) * silu(z); grid (Hv, T), block >= dv
+        t = cuda.threadIdx.x
+        h, row = cuda.blockIdx.x, cuda.blockIdx.y
+        dv = out.shape[2]
+        part = cuda.shared.array(ht, np.float32)
+        o = np.float32(0.0)
+        if t < dv:
+            o = load(store(out[row, h, t]))
+        part[t] = o * o
+        cuda.syncthreads()
+        step = ht // 2
+        while step > 0:
+            if t < step:
+                part[t] += part[t + step]
+            cuda.syncthreads()
+            step //= 2
+        if t < dv:
+            r = np.float32(1.0) / math.sqrt(part[0] / np.float32(dv) + np.float32(eps))
+            wh = load(store(load(weight[t]) * load(store(o * r))))
+            g = load(z[row, h * dv + t])
+            y[row, h * dv + t] = store(wh * (g / (np.float32(1.0) + math.exp(-g))))
+
+    @cuda.jit
+    def swiglu(gu, y):
+        # gu [T, 2 I] element: gate | up; y [T, I] = silu(gate) * up, each rounded; grid (ceil(I / EW_THREADS), T)
+        i = cuda.blockIdx.x * EW_THREADS + cuda.threadIdx.x
+        row = cuda.blockIdx.y
+        inner = y.shape[1]
+        if i < inner:
+            g = load(gu[row, i])
+            s = load(store(g / (np.float32(1.0) + math.exp(-g))))
+            y[row, i] = store(s * load(gu[row, inner + i]))
+
+    @cuda.jit
+    def qk_rope_write(qkv, qscale, kscale, cos, sin, kc, vc, lanes, positions, qh, eps, nh, nkv):
+        # qkv [T, (2 nh + 2 nkv) hd] element: per query head [q | gate], then k, then v; qscale, kscale [hd] f32;
+        # cos, sin [T, rd] element; kc, vc [L, S, nkv, hd]; lanes [B]; positions [B, C];
+        # qh [B, nkv, group * C, hd] out: normed, rotated queries, the heads of a KV head together; grid (nh + 2 nkv, T)
+        t = cuda.threadIdx.x
+        hh, row = cuda.blockIdx.x, cuda.blockIdx.y
+        hd = qh.shape[3]
+        cols = positions.shape[1]
+        b, c = row // cols, row % cols
+        rd = cos.shape[1]
+        half_rd = rd // 2
+        part = cuda.shared.array(ht, np.float32)
+        nrm = cuda.shared.array(ht, np.float32)
+        if hh < nh:
+            src = hh * 2 * hd
+        else:
+            src = 2 * nh * hd + (hh - nh) * hd
+        v = np.float32(0.0)
+        if t < hd:
+            v = load(qkv[row, src + t])
+        if hh >= nh + nkv:  # a value head: stored as it is
+            if t < hd:
+                vc[lanes[b], positions[b, c], hh - nh - nkv, t] = qkv[row, src + t]
+            return
+        part[t] = v * v
+        cuda.syncthreads()
+        step = ht // 2
+        while step > 0:
+            if t < step:
+                part[t] += part[t + step]
+            cuda.syncthreads()
+            step //= 2
+        r = np.float32(1.0) / math.sqrt(part[0] / np.float32(hd) + np.float32(eps))
+        if t < hd:
+            sc = qscale[t] if hh < nh else kscale[t]
+            nrm[t] = load(store(v * r * sc))
+        cuda.syncthreads()
+        if t < hd:
+            e = nrm[t]
+            if t < rd:
+                turned = -nrm[t + half_rd] if t < half_rd else nrm[t - half_rd]
+                e = load(store(load(store(e * load(cos[row, t]))) + load(store(turned * load(sin[row, t])))))
+            if hh < nh:
+                group = nh // nkv
+                qh[b, hh // group, (hh % group) * cols + c, t] = store(e)
+            else:
+                kc[lanes[b], positions[b, c], hh - nh, t] = store(e)
+
+    @cuda.jit
+    def gate_heads(o, qkv, y, nh):
+        # o [B, nkv, group * C, hd] element (attention output); qkv [T, ...]: the gate of query head h is
+        # qkv[row, h * 2 hd + hd :][:hd]; y [T, nh * hd] = o * sigmoid(gate), each rounded; grid (nh, T)
+        t = cuda.threadIdx.x
+        h, row = cuda.blockIdx.x, cuda.blockIdx.y
+        hd = o.shape[3]
+        cols = o.shape[2] // (nh // o.shape[1])
+        group = nh // o.shape[1]
+        if t < hd:
+            g = load(qkv[row, h * 2 * hd + hd + t])
+            s = load(store(np.float32(1.0) / (np.float32(1.0) + math.exp(-g))))
+            y[row, h * hd + t] = store(load(o[row // cols, h // group, (h % group) * cols + row % cols, t]) * s)
+
+    return {"add_rms_norm": add_rms_norm, "conv": conv, "gated_norm": gated_norm, "swiglu": swiglu,
+            "qk_rope_write": qk_rope_write, "gate_heads": gate_heads}

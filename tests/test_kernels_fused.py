@@ -1,0 +1,162 @@
+"""The fused layer kernels (ignis.kernels.fused) against their torch references, in bf16 and fp32.
+
+The kernel sources run in numba's CUDA simulator in a child interpreter (NUMBA_ENABLE_CUDASIM must be set before
+numba.cuda is imported, and the rest of the suite keeps the real numba.cuda). bf16 tensors go in as int16 bits, as on
+the GPU; the simulator has no libdevice, so the child gives it the two bit casts the kernels use. bf16 results must
+equal the reference's bits except where a reduction's order moves an fp32 sum by an ulp before a rounding; they are
+compared within one bf16 step, fp32 within 1e-5. The GPU run of the same comparisons is in tests/test_kernels_gpu.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import torch
+
+from ignis.kernels import fused
+
+
+def inputs(dtype: torch.dtype, seed: int) -> dict[str, object]:
+    """Tiny shapes with the real structure: 3 lanes of 5 (not in order), 2 columns, Kc = 4, 2 KV heads of 3 query
+    heads, head width 16 with a rotary part of 8, GDN heads of 8 (odd numbers where a kernel must not assume)."""
+    g = torch.Generator().manual_seed(seed)
+    b, c, lanes, nh, nkv, hd, rd, hv, dv, dim = 3, 2, 5, 6, 2, 16, 8, 3, 8, 40
+    t = b * c
+
+    def r(*shape: int, s: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * s).to(dtype)
+
+    angles = torch.rand(t, rd // 2, generator=g) * 6
+    return {
+        "x": r(t, 300), "d": r(t, 300), "scale": torch.rand(300, generator=g) + 0.5,
+        "window": r(lanes, 3, dim), "lanes": torch.tensor([3, 0, 4]), "raw": r(b, c, dim),
+        "weight": torch.randn(dim, 4, generator=g), "ba": r(b, c, 2 * hv, s=2.0),
+        "record": r(lanes, c, dim), "out": torch.randn(t, hv, dv, generator=g), "z": r(t, hv * dv, s=2.0),
+        "gweight": r(dv), "gu": r(t, 2 * 37, s=3.0),
+        "qkv": r(t, (2 * nh + 2 * nkv) * hd, s=2.0), "qscale": torch.rand(hd, generator=g) + 0.5,
+        "kscale": torch.rand(hd, generator=g) + 0.5,
+        "cos": torch.cat([angles.cos(), angles.cos()], -1).to(dtype),
+        "sin": torch.cat([angles.sin(), angles.sin()], -1).to(dtype),
+        "kc": r(lanes, 12, nkv, hd), "vc": r(lanes, 12, nkv, hd),
+        "positions": torch.tensor([[4, 5], [0, 1], [9, 10]]), "o": r(b, nkv, nh // nkv * c, hd),
+        "nh": nh, "nkv": nkv,
+    }
+
+
+def references(x: dict, eps: float = 1e-6) -> dict[str, torch.Tensor]:
+    """Every reference's outputs (and the state it writes) on copies of x."""
+    out: dict[str, torch.Tensor] = {}
+    out["resid"], out["normed"] = fused.add_rms_norm_reference(x["x"], x["d"], x["scale"], eps)
+    _, out["normed0"] = fused.add_rms_norm_reference(x["x"], None, x["scale"], eps)
+    window = x["window"].clone()
+    out["mixed"], out["ba_f"] = fused.conv_reference(window, x["lanes"], x["raw"], x["weight"], x["ba"], None)
+    out["window"] = window
+    record = x["record"].clone()
+    out["mixed_r"], _ = fused.conv_reference(x["window"].clone(), x["lanes"], x["raw"], x["weight"], x["ba"], record)
+    out["record"] = record
+    out["y"] = fused.gated_norm_reference(x["out"], x["z"], x["gweight"], eps)
+    out["swiglu"] = fused.swiglu_reference(x["gu"])
+    kc, vc = x["kc"].clone(), x["vc"].clone()
+    out["qh"] = fused.qk_rope_write_reference(x["qkv"], x["qscale"], x["kscale"], eps, x["cos"], x["sin"], kc, vc,
+                                              x["lanes"], x["positions"], x["nh"], x["nkv"])
+    out["kc"], out["vc"] = kc, vc
+    out["gated"] = fused.gate_heads_reference(x["o"], x["qkv"], x["nh"])
+    return out
+
+
+def close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    if want.dtype == torch.bfloat16:
+        # one bf16 step: 2^-7 relative, and an absolute floor for values a rounding moved across a small magnitude
+        torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-2, msg=what)
+        frac = float((got.view(torch.int16) == want.view(torch.int16)).float().mean())
+        assert frac > 0.97, f"{what}: only {frac:.3f} of the bf16 results are bit-equal to the reference"
+    else:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=what)
+
+
+CHILD = r"""
+import sys
+import numpy as np, torch
+from numba.cuda import libdevice
+libdevice.int_as_float = lambda i: np.array(int(i) & 0xFFFFFFFF, np.uint32).view(np.float32)[()]
+libdevice.float_as_int = lambda f: int(np.array(f, np.float32).view(np.int32))
+from ignis.kernels.fused_kernel import CONV_THREADS, EW_THREADS, make_kernels
+from tests.test_kernels_fused import close, inputs, references
+
+for dtype in (torch.bfloat16, torch.float32):
+    x = inputs(dtype, seed=3)
+    ref = references(x)
+    half = dtype == torch.bfloat16
+    K = make_kernels(half, 16, 64)
+    n = lambda t: (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().copy()
+    back = lambda a: torch.from_numpy(a).view(dtype) if half and a.dtype == np.int16 else torch.from_numpy(a)
+    lanes, pos = x["lanes"].numpy(), x["positions"].numpy()
+    t = x["x"].shape[0]
+    resid, normed = np.zeros_like(n(x["x"])), np.zeros_like(n(x["x"]))
+    K["add_rms_norm"][(t,), 64](n(x["x"]), n(x["d"]), x["scale"].numpy(), resid, normed, 1e-6, True)
+    close(back(resid), ref["resid"], "resid"); close(back(normed), ref["normed"], "normed")
+    K["add_rms_norm"][(t,), 64](n(x["x"]), n(x["x"]), x["scale"].numpy(), resid, normed, 1e-6, False)
+    close(back(normed), ref["normed0"], "normed without an add")
+    b, c, dim = x["raw"].shape
+    for rec in (False, True):
+        window, record = n(x["window"]), n(x["record"])
+        mixed = np.zeros((b, c, dim), np.float32)
+        ba_f = np.zeros(x["ba"].shape, np.float32)
+        K["conv"][((dim + CONV_THREADS - 1) // CONV_THREADS, b), CONV_THREADS](
+            window, lanes, n(x["raw"]), x["weight"].numpy(), mixed, record, n(x["ba"]), ba_f, rec)
+        close(torch.from_numpy(mixed), ref["mixed_r" if rec else "mixed"], "conv")
+        close(torch.from_numpy(ba_f), ref["ba_f"], "ba")
+        if rec:
+            assert torch.equal(back(record).view(torch.int16 if half else torch.int32),
+                               ref["record"].view(torch.int16 if half else torch.int32))
+            assert (window == n(x["window"])).all(), "a verify must leave the window alone"
+        else:
+            assert (back(window).float() == ref["window"].float()).all(), "window after a decode"
+    hv, dv = x["out"].shape[1:]
+    y = np.zeros((t, hv * dv), n(x["z"]).dtype)
+    K["gated_norm"][(hv, t), 16](x["out"].numpy(), n(x["z"]), n(x["gweight"]), y, 1e-6)
+    close(back(y), ref["y"], "gated norm")
+    inner = x["gu"].shape[1] // 2
+    y = np.zeros((t, inner), n(x["gu"]).dtype)
+    K["swiglu"][((inner + EW_THREADS - 1) // EW_THREADS, t), EW_THREADS](n(x["gu"]), y)
+    close(back(y), ref["swiglu"], "swiglu")
+    kc, vc = n(x["kc"]), n(x["vc"])
+    qh = np.zeros(ref["qh"].shape, kc.dtype)
+    nh, nkv = x["nh"], x["nkv"]
+    K["qk_rope_write"][(nh + 2 * nkv, t), 16](n(x["qkv"]), x["qscale"].numpy(), x["kscale"].numpy(), n(x["cos"]),
+                                              n(x["sin"]), kc, vc, lanes, pos, qh, 1e-6, nh, nkv)
+    close(back(qh), ref["qh"], "queries"); close(back(kc), ref["kc"], "K cache"); close(back(vc), ref["vc"], "V cache")
+    y = np.zeros(ref["gated"].shape, kc.dtype)
+    K["gate_heads"][(nh, t), 16](n(x["o"]), n(x["qkv"]), y, nh)
+    close(back(y), ref["gated"], "gated heads")
+    print("ok", dtype)
+"""
+
+
+def test_kernel_sources_in_simulator_match_references() -> None:
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", CHILD], env=env, cwd=root, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("ok") == 2, proc.stdout
+
+
+def test_references_are_the_layers_torch_ops() -> None:
+    """The references keep the CPU's arithmetic: spot checks against the ops they stand for."""
+    x = inputs(torch.float32, seed=4)
+    ref = references(x)
+    torch.testing.assert_close(ref["resid"], x["x"] + x["d"])
+    gate, up = x["gu"].chunk(2, dim=-1)
+    torch.testing.assert_close(ref["swiglu"], torch.nn.functional.silu(gate) * up)
+    # the K/V writes land at each column's position in its lane, nowhere else
+    written = (ref["kc"] != x["kc"]).any(-1).any(-1)
+    want = torch.zeros_like(written)
+    for i, lane in enumerate(x["lanes"].tolist()):
+        want[lane, x["positions"][i]] = True
+    assert torch.equal(written, want)
+    # a decode moves the window on by the round's columns
+    lane = int(x["lanes"][0])
+    torch.testing.assert_close(ref["window"][lane], torch.cat([x["window"][lane], x["raw"][0]])[-3:])
