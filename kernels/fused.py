@@ -1,8 +1,9 @@
 """Fused kernels of the decode round's layers: each replaces a run of small torch ops with one launch.
 
-Owns: `add_rms_norm`, `conv`, `gated_norm`, `swiglu`, `qk_rope_write`, `gate_heads` (numba-cuda kernels on CUDA
+Owns: `add_rms_norm`, `conv`, `gated_norm`, `swiglu`, `qk_rope_write`, `gate_heads`, `grouped_conv` (numba-cuda kernels on CUDA
 tensors, launched on torch's current stream so a CUDA graph captures them) and their torch references (what runs on
-the CPU, and what the kernels are tested against). Does not own: the layers that call them (ignis.model) or the
+the CPU, and what the kernels are tested against). Does not own: the layers that call them (ignis.model, the
+dflash2 drafter) or the
 kernel sources (ignis.kernels.fused_kernel). docs/adr/0005-fused-layer-kernels.md has the why and the numbers.
 
 Each reference is the torch code the layer ran before the kernel existed, so the CPU keeps its arithmetic exactly;
@@ -83,6 +84,18 @@ def gate_heads_reference(o: torch.Tensor, qkv: torch.Tensor, nh: int) -> torch.T
     gate = qkv[:, : 2 * nh * hd].reshape(t, nh, 2 * hd)[..., hd:]
     o = o.view(b, nkv, group, c, hd).permute(0, 3, 1, 2, 4).reshape(t, nh * hd)
     return o * torch.sigmoid(gate.reshape(t, -1))
+
+
+def grouped_conv_reference(x: torch.Tensor, base: torch.Tensor, dyn: torch.Tensor, group: int) -> torch.Tensor:
+    n, rows, hidden = x.shape
+    groups = hidden // group
+    blocks = x.view(n, rows, groups, group)
+    out = blocks  # replaced by tap 0's term below
+    for tap in range(min(base.shape[0], rows)):
+        past = blocks if tap == 0 else F.pad(blocks[:, :-tap], (0, 0, 0, 0, tap, 0))
+        term = (base[tap].view(1, 1, groups, group) + dyn[:, :, tap, :, None]) * past
+        out = term if tap == 0 else out + term
+    return out.reshape(n, rows, hidden)
 
 
 # --- kernels ----------------------------------------------------------------------------------------------------
@@ -183,16 +196,17 @@ def gated_norm(out: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: fl
 
 
 def swiglu(gu: torch.Tensor) -> torch.Tensor:
-    """gu [T, 2 I] (gate | up) -> silu(gate) * up [T, I]."""
-    if not gu.is_cuda:
+    """gu [..., 2 I] (gate | up) -> silu(gate) * up [..., I]."""
+    if not gu.is_cuda or torch.is_grad_enabled():
         return swiglu_reference(gu)
     from ignis.kernels.fused_kernel import EW_THREADS
 
-    t, inner = gu.shape[0], gu.shape[1] // 2
-    y = torch.empty((t, inner), dtype=gu.dtype, device=gu.device)
-    _launch(_compiled(gu.dtype, 32)["swiglu"], ((inner + EW_THREADS - 1) // EW_THREADS, t), EW_THREADS, (gu, y),
-            gu.device)
-    return y
+    lead, inner = gu.shape[:-1], gu.shape[-1] // 2
+    flat = gu.reshape(-1, 2 * inner)
+    y = torch.empty((flat.shape[0], inner), dtype=gu.dtype, device=gu.device)
+    _launch(_compiled(gu.dtype, 32)["swiglu"], ((inner + EW_THREADS - 1) // EW_THREADS, flat.shape[0]), EW_THREADS,
+            (flat, y), gu.device)
+    return y.reshape(*lead, inner)
 
 
 def qk_rope_write(
@@ -229,6 +243,20 @@ def gate_heads(o: torch.Tensor, qkv: torch.Tensor, nh: int) -> torch.Tensor:
     t = b * gc // (nh // nkv)
     y = torch.empty((t, nh * hd), dtype=o.dtype, device=o.device)
     _launch(_compiled(o.dtype, hd)["gate_heads"], (nh, t), _threads(hd), (o, qkv, y, nh), o.device)
+    return y
+
+
+def grouped_conv(x: torch.Tensor, base: torch.Tensor, dyn: torch.Tensor, group: int) -> torch.Tensor:
+    """DFlash2's grouped dynamic causal conv over block rows: x [n, R, H], base [taps, H] (x's dtype), dyn
+    [n, R, taps, H / group] -> [n, R, H]. The kernel has no backward: training (grad enabled) runs the reference."""
+    if not x.is_cuda or torch.is_grad_enabled():
+        return grouped_conv_reference(x, base, dyn, group)
+    from ignis.kernels.fused_kernel import EW_THREADS
+
+    n, rows, hidden = x.shape
+    y = torch.empty_like(x)
+    _launch(_compiled(x.dtype, 32)["grouped_conv"], ((hidden + EW_THREADS - 1) // EW_THREADS, n * rows), EW_THREADS,
+            (x, base, dyn, y, group), x.device)
     return y
 
 

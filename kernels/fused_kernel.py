@@ -222,5 +222,23 @@ def make_kernels(half: bool, head_threads: int, norm_threads: int = NORM_THREADS
             s = load(store(np.float32(1.0) / (np.float32(1.0) + math.exp(-g))))
             y[row, h * hd + t] = store(load(o[row // cols, h // group, (h % group) * cols + row % cols, t]) * s)
 
-    return {"add_rms_norm": add_rms_norm, "conv": conv, "gated_norm": gated_norm, "swiglu": swiglu,
+    @cuda.jit
+    def grouped_conv(x, base, dyn, y, group):
+        # x [n, R, H] element; base [Kt, H] element; dyn [n, R, Kt, H / group] element; grid (ceil(H / EW), n * R)
+        # y[i, t, c] = sum over taps j <= t of (base[j, c] + dyn[i, t, j, c // group]) * x[i, t - j, c], every
+        # product and partial sum rounded (DFlash2's grouped dynamic conv, taps added in order)
+        c = cuda.blockIdx.x * EW_THREADS + cuda.threadIdx.x
+        rows = x.shape[1]
+        i, t = cuda.blockIdx.y // rows, cuda.blockIdx.y % rows
+        if c >= x.shape[2]:
+            return
+        acc = np.float32(0.0)
+        for tap in range(min(base.shape[0], rows)):
+            coef = load(store(load(base[tap, c]) + load(dyn[i, t, tap, c // group])))
+            xv = load(x[i, t - tap, c]) if t >= tap else np.float32(0.0)
+            term = load(store(coef * xv))
+            acc = term if tap == 0 else load(store(acc + term))
+        y[i, t, c] = store(acc)
+
+    return {"add_rms_norm": add_rms_norm, "grouped_conv": grouped_conv, "conv": conv, "gated_norm": gated_norm, "swiglu": swiglu,
             "qk_rope_write": qk_rope_write, "gate_heads": gate_heads}

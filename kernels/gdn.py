@@ -86,6 +86,15 @@ def replay_reference(state: torch.Tensor, lanes: torch.Tensor, record: torch.Ten
     state.index_copy_(0, lanes, st)
 
 
+def window_reference(conv: torch.Tensor, inputs: torch.Tensor, lanes: torch.Tensor, last: torch.Tensor,
+                     taps: torch.Tensor) -> None:
+    """`window` in torch; taps [Kc-1] int64 = 1..Kc-1 on the device."""
+    # Rows of [old window | column inputs]: the window ending at column `last` is rows last+1..last+Kc-1.
+    both = torch.cat([conv.index_select(0, lanes), inputs.index_select(0, lanes)], dim=1)
+    rows = (last[:, None] + taps)[:, :, None].expand(-1, -1, both.shape[-1])
+    conv.index_copy_(0, lanes, both.gather(1, rows))
+
+
 _lock = threading.Lock()
 _kernels: dict[tuple[int, int], tuple[Any, Any]] = {}
 
@@ -150,3 +159,30 @@ def replay(state: torch.Tensor, lanes: torch.Tensor, record: torch.Tensor, last:
     dk, dv, hv = state.shape[2], state.shape[3], state.shape[1]
     _, rep = _compiled(dk, dv)
     _launch(rep, dv, hv, lanes.shape[0], dk, (state, lanes, record, last, dv), state.device)
+
+
+_window_kernel: list[Any] = []
+
+
+def window(conv: torch.Tensor, inputs: torch.Tensor, lanes: torch.Tensor, last: torch.Tensor,
+           taps: torch.Tensor) -> None:
+    """After a verify: move each lane's conv window (conv [L, Kc-1, D]) to end at column last[b] of the inputs the
+    verify recorded (inputs [L, C, D], same dtype), in place; taps [Kc-1] = 1..Kc-1 (the reference's)."""
+    if not conv.is_cuda:
+        window_reference(conv, inputs, lanes, last, taps)
+        return
+    from numba import cuda
+
+    from ignis.kernels.gdn_kernel import WINDOW_THREADS, make_window_kernel
+
+    with _lock:
+        if not _window_kernel:
+            _window_kernel.append(make_window_kernel())
+    bits = (lambda t: t.view(torch.int16)) if conv.dtype == torch.bfloat16 else (lambda t: t)
+    handle = torch.cuda.current_stream(conv.device).cuda_stream
+    stream = 0 if handle == 0 else cuda.external_stream(handle)
+    grid = ((conv.shape[2] + WINDOW_THREADS - 1) // WINDOW_THREADS, lanes.shape[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _window_kernel[0][grid, WINDOW_THREADS, stream](cuda.as_cuda_array(bits(conv)), cuda.as_cuda_array(bits(inputs)),
+                                                      cuda.as_cuda_array(lanes), cuda.as_cuda_array(last))

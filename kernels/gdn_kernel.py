@@ -171,3 +171,25 @@ def make_kernels(dk: int, dv: int) -> tuple[Any, Any]:
                 state[lane, h, base + i, c] = st[i]
 
     return columns, replay
+
+
+WINDOW_THREADS = 128  # conv channels a block in `window`
+
+
+def make_window_kernel() -> Any:
+    @cuda.jit
+    def window(conv, inputs, lanes, last):
+        # conv [L, Kc-1, D]: each lane's conv window; inputs [L, C, D]: the verify's raw conv input per column (same
+        # element type); lanes, last [B] i64; grid (ceil(D / WINDOW_THREADS), B). The window after a commit ends at
+        # column last: slot i takes row last + 1 + i of [window | inputs] (always a row > i, so in place is safe).
+        ch = cuda.blockIdx.x * WINDOW_THREADS + cuda.threadIdx.x
+        b = cuda.blockIdx.y
+        if ch >= conv.shape[2]:
+            return
+        lane = lanes[b]
+        kc1 = conv.shape[1]
+        for i in range(kc1):
+            src = last[b] + 1 + i
+            conv[lane, i, ch] = conv[lane, src, ch] if src < kc1 else inputs[lane, src - kc1, ch]
+
+    return window

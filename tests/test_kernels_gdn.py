@@ -90,6 +90,21 @@ for write_state, with_record in ((True, False), (False, True)):
         K_rep[grid, threads](state, np_["lanes"], record, last, dv)
         replay_reference(ref_state, x["lanes"], ref_record, torch.from_numpy(last))
         torch.testing.assert_close(torch.from_numpy(state), ref_state, rtol=1e-5, atol=1e-5)
+
+# The conv window after a commit, for every kept column count, lanes out of order; int16 as bf16 bits arrive.
+from ignis.kernels.gdn import window_reference
+from ignis.kernels.gdn_kernel import WINDOW_THREADS, make_window_kernel
+K_win = make_window_kernel()
+g = torch.Generator().manual_seed(2)
+conv0 = torch.randint(-30000, 30000, (lanes, 3, 150), generator=g, dtype=torch.int16)
+inputs = torch.randint(-30000, 30000, (lanes, 4, 150), generator=g, dtype=torch.int16)
+for kept in range(4):
+    last = np.array([kept, 3 - kept], np.int64)
+    conv = conv0.numpy().copy()
+    K_win[((150 + WINDOW_THREADS - 1) // WINDOW_THREADS, 2), WINDOW_THREADS](conv, inputs.numpy(), np_["lanes"], last)
+    ref = conv0.clone()
+    window_reference(ref, inputs, x["lanes"], torch.from_numpy(last), torch.arange(1, 4))
+    assert torch.equal(torch.from_numpy(conv), ref), kept
 print("ok")
 """
 

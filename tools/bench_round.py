@@ -167,8 +167,9 @@ def time_rounds(dr: DeviceRound, work: list[Decode], iters: int) -> float:
     return statistics.median(times)
 
 
-def profile(dr: DeviceRound, work: list[Decode]) -> tuple[float, int]:
-    """(GPU time in s, kernels and copies) of one round, from torch.profiler."""
+def profile(dr: DeviceRound, work: list[Decode]) -> tuple[float, int, list[dict[str, Any]]]:
+    """(GPU time in s, kernels and copies, the 25 costliest kernel names with their count and total µs) of one
+    round, from torch.profiler."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as prof
 
@@ -178,7 +179,12 @@ def profile(dr: DeviceRound, work: list[Decode]) -> tuple[float, int]:
         dr.run(work)
         torch.cuda.synchronize()
     events = [e for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return sum(e.device_time_total for e in events) / 1e6, len(events)
+    by_name: dict[str, list[float]] = {}
+    for e in events:
+        by_name.setdefault(e.name[:90], []).append(e.device_time_total)
+    top = sorted(({"kernel": n, "count": len(t), "us": round(sum(t), 1)} for n, t in by_name.items()),
+                 key=lambda r: -float(r["us"]))[:25]
+    return sum(e.device_time_total for e in events) / 1e6, len(events), top
 
 
 def bench_model(label: str, model: HybridModel, path: Path, bw: float, args: argparse.Namespace,
@@ -193,7 +199,7 @@ def bench_model(label: str, model: HybridModel, path: Path, bw: float, args: arg
         dr = DeviceRound(model, cache, backend, device, sample_drafts=True)
         work = decodes(case.lanes, case.k)
         eager = time_rounds(dr, work, max(3, args.iters // 4))
-        gpu, kernels = profile(dr, work)
+        gpu, kernels, top = profile(dr, work)
         span = next(s for s in dr.spans if s >= POSITION + 1 + case.k)
         bucket = next(b for b in dr.buckets if b >= case.lanes)
         capture_s = dr.capture([(bucket, span, False)])
@@ -201,7 +207,7 @@ def bench_model(label: str, model: HybridModel, path: Path, bw: float, args: arg
         floor = floor_bytes(model, case.lanes, case.k + 1) / bw
         row = {"model": label, "case": case.name, "lanes": case.lanes, "cols": case.k + 1, "eager_ms": 1e3 * eager,
                "graph_ms": 1e3 * graph, "gpu_ms_eager": 1e3 * gpu, "kernels": kernels, "floor_ms": 1e3 * floor,
-               "x_floor": graph / floor, "capture_s": capture_s}
+               "x_floor": graph / floor, "capture_s": capture_s, "top_kernels": top}
         rows.append(row)
         print(f"{label:8s} {case.name:8s} {case.lanes}x{case.k + 1}  eager {1e3 * eager:8.2f} ms  graph "
               f"{1e3 * graph:8.2f} ms  gpu(eager) {1e3 * gpu:8.2f} ms  kernels {kernels:5d}  floor {1e3 * floor:7.2f} ms"

@@ -17,9 +17,10 @@ from typing import cast
 
 import torch
 import torch.nn.functional as F
+from ignis.backends.dflash2.config import DrafterConfig
+from ignis.kernels import fused
 from torch import nn
 
-from ignis.backends.dflash2.config import DrafterConfig
 from ignis.model.ops import Rope, apply_rope, fuse_rows
 
 
@@ -63,15 +64,7 @@ class GroupedConv(nn.Module):
         return self._convolve(y, dyn, 1)
 
     def _convolve(self, x: torch.Tensor, dyn: torch.Tensor, side: int) -> torch.Tensor:
-        n, rows, hidden = x.shape
-        blocks = x.view(n, rows, self.groups, self.group)
-        out = blocks  # replaced by tap 0's term below
-        for tap in range(min(self.kernel, rows)):
-            past = blocks if tap == 0 else F.pad(blocks[:, :-tap], (0, 0, 0, 0, tap, 0))
-            base = self.base_kernel[side, tap].view(1, 1, self.groups, self.group).to(x.dtype)
-            term = (base + dyn[:, :, tap, :, None]) * past
-            out = term if tap == 0 else out + term
-        return out.reshape(n, rows, hidden)
+        return fused.grouped_conv(x, self.base_kernel[side].to(x.dtype), dyn, self.group)
 
 
 class Attention(nn.Module):
@@ -149,8 +142,7 @@ class Mlp(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up is not None:
-            gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
-            return self.down_proj(F.silu(gate) * up)
+            return self.down_proj(fused.swiglu(F.linear(x, self.gate_up)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 

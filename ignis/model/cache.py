@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ignis.kernels.gdn import record_width, replay
+from ignis.kernels.gdn import record_width, replay, window
 from ignis.model.config import ModelConfig
 
 
@@ -116,8 +116,8 @@ class LaneCache:
             if isinstance(s, GDNState):
                 assert s.rec_states is not None and s.rec_inputs is not None
                 s.state[lane].copy_(s.rec_states[lane, cols - 1])
-                window = torch.cat([s.conv[lane], s.rec_inputs[lane, :cols]])
-                s.conv[lane].copy_(window[-s.conv.shape[1] :])
+                joined = torch.cat([s.conv[lane], s.rec_inputs[lane, :cols]])
+                s.conv[lane].copy_(joined[-s.conv.shape[1] :])
         self.recorded[lane] = 0
 
     def commit_lanes(
@@ -132,10 +132,7 @@ class LaneCache:
             if isinstance(s, GDNState):
                 assert s.rec_kv is not None and s.rec_inputs is not None
                 replay(s.state, lanes, s.rec_kv, last)
-                # Rows of [old window | column inputs]: the window ending at column `last` is rows last+1..last+Kc-1.
-                window = torch.cat([s.conv.index_select(0, lanes), s.rec_inputs.index_select(0, lanes)], dim=1)
-                rows = (last[:, None] + taps)[:, :, None].expand(-1, -1, window.shape[-1])
-                s.conv.index_copy_(0, lanes, window.gather(1, rows))
+                window(s.conv, s.rec_inputs, lanes, last, taps)
 
     def lane_state(self, lane: int, upto: int) -> dict[str, torch.Tensor]:
         """Copies of everything the lane carries for positions 0..upto-1, by name (for inspection and tests)."""

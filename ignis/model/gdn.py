@@ -127,8 +127,11 @@ class GatedDeltaNet(nn.Module):
         rate = self.decay_rate if self.decay_rate is not None else -torch.exp(self.A_log.float())
         weight = self.conv_weight if self.conv_weight is not None else self.conv1d.weight[:, 0, :].float()
         # silu(conv) as float32 and the raw beta and decay projections as float32 (the recurrence applies the gates)
-        mixed, ba = fused.conv(cache.conv, lanes, qkv, weight, ba.reshape(b, c, 2 * self.hv),
-                               cache.rec_inputs[:, :c] if step.record else None)
+        record = None
+        if step.record:
+            assert cache.rec_inputs is not None
+            record = cache.rec_inputs[:, :c]
+        mixed, ba = fused.conv(cache.conv, lanes, qkv, weight, ba.reshape(b, c, 2 * self.hv), record)
         out = gdn_kernels.columns(cache.state, lanes, mixed, ba, self.dt_bias.float(), rate,
                                   cache.rec_kv if step.record else None, key_heads=self.hk,
                                   write_state=not step.record)
