@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ignis.model.ops import apply_rope
+from ignis.model.ops import apply_rope, l2norm
 
 # --- references -------------------------------------------------------------------------------------------------
 
@@ -33,13 +33,17 @@ def add_rms_norm_reference(
 
 def conv_reference(
     window: torch.Tensor, lanes: torch.Tensor, raw: torch.Tensor, weight: torch.Tensor, ba: torch.Tensor,
-    record: torch.Tensor | None,
+    record: torch.Tensor | None, key_heads: int, dk: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     b, c = raw.shape[:2]
     win = window.index_select(0, lanes)  # [B, Kc-1, D]
     xs = torch.cat([win, raw], dim=1)  # [B, Kc-1+C, D]: conv inputs, oldest first
     # Column j's taps are xs[j .. j+Kc-1] (delta_rule.short_conv's sum, as one product and one reduction).
     mixed = F.silu((xs.unfold(1, weight.shape[1], 1).float() * weight).sum(dim=-1))  # [B, C, D] f32
+    key_dim = key_heads * dk
+    q = l2norm(mixed[..., :key_dim].reshape(b, c, key_heads, dk)) * dk**-0.5
+    k = l2norm(mixed[..., key_dim : 2 * key_dim].reshape(b, c, key_heads, dk))
+    mixed = torch.cat([q.flatten(2), k.flatten(2), mixed[..., 2 * key_dim :]], dim=-1)
     if record is not None:
         record[:, :c].index_copy_(0, lanes, raw)
     else:
@@ -101,18 +105,15 @@ def grouped_conv_reference(x: torch.Tensor, base: torch.Tensor, dyn: torch.Tenso
 # --- kernels ----------------------------------------------------------------------------------------------------
 
 _lock = threading.Lock()
-_kernels: dict[tuple[bool, int], dict[str, Any]] = {}
+_kernels: dict[tuple[bool, int, int], dict[str, Any]] = {}
 
 
-def _compiled(dtype: torch.dtype, head: int) -> dict[str, Any]:
-    """The kernels for elements of `dtype` and per-head blocks of the next power of two >= head (compiled lazily by
-    numba on first launch, per signature)."""
+def _compiled(dtype: torch.dtype, head: int, per: int = 1) -> dict[str, Any]:
+    """The kernels for elements of `dtype`, per-head blocks of the next power of two >= head and norm rows of at most
+    per * NORM_THREADS (compiled lazily by numba on first launch, per signature)."""
     if dtype not in (torch.bfloat16, torch.float32):
         raise TypeError(f"fused kernels take bfloat16 or float32 tensors, not {dtype}")
-    threads = 32
-    while threads < head:
-        threads *= 2
-    key = (dtype == torch.bfloat16, threads)
+    key = (dtype == torch.bfloat16, _threads(head), per)
     with _lock:
         if key not in _kernels:
             from ignis.kernels.fused_kernel import make_kernels
@@ -150,7 +151,7 @@ def add_rms_norm(
         return add_rms_norm_reference(x, d, scale, eps)
     from ignis.kernels.fused_kernel import NORM_THREADS
 
-    k = _compiled(x.dtype, 32)["add_rms_norm"]
+    k = _compiled(x.dtype, 32, -(-x.shape[1] // NORM_THREADS))["add_rms_norm"]
     resid = x if d is None else torch.empty_like(x)
     normed = torch.empty_like(x)
     _launch(k, (x.shape[0],), NORM_THREADS, (x, x if d is None else d, scale, resid, normed, float(eps), d is not None),
@@ -165,20 +166,22 @@ def conv(
     weight: torch.Tensor,  # [D, Kc] float32
     ba: torch.Tensor,  # [B, C, 2 Hv] model dtype: raw beta and decay projections
     record: torch.Tensor | None,  # [L, C', D] model dtype: verify keeps each column's input here, window untouched
+    *,
+    key_heads: int,  # D = [q | k | v], q and k of key_heads heads of dk channels each
+    dk: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(silu(causal depthwise conv) [B, C, D] float32, ba as float32 [B, C, 2 Hv]); a decode (record None) moves
-    each lane's window on by C inputs."""
+    """(silu(causal depthwise conv) [B, C, D] float32 with q and k l2-normalised and q scaled by dk^-0.5, as the
+    recurrence reads them; ba as float32 [B, C, 2 Hv]); a decode (record None) moves each lane's window on by C
+    inputs."""
     if not raw.is_cuda:
-        return conv_reference(window, lanes, raw, weight, ba, record)
-    from ignis.kernels.fused_kernel import CONV_THREADS
-
+        return conv_reference(window, lanes, raw, weight, ba, record, key_heads, dk)
     b, c, dim = raw.shape
     mixed = torch.empty((b, c, dim), dtype=torch.float32, device=raw.device)
     ba_out = torch.empty(ba.shape, dtype=torch.float32, device=raw.device)
-    k = _compiled(raw.dtype, 32)["conv"]
-    _launch(k, ((dim + CONV_THREADS - 1) // CONV_THREADS, b), CONV_THREADS,
-            (window, lanes, raw, weight, mixed, window if record is None else record, ba, ba_out, record is not None),
-            raw.device)
+    k = _compiled(raw.dtype, dk)["conv"]
+    _launch(k, ((dim + dk - 1) // dk, b), _threads(dk),
+            (window, lanes, raw, weight, mixed, window if record is None else record, ba, ba_out, record is not None,
+             dk, 2 * key_heads, float(dk**-0.5)), raw.device)
     return mixed, ba_out
 
 

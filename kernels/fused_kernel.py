@@ -20,8 +20,8 @@ import numpy as np
 from numba import cuda
 from numba.cuda import libdevice
 
-NORM_THREADS = 512  # add_rms_norm: threads a row
-CONV_THREADS = 128  # conv: channels a block
+NORM_THREADS = 1024  # add_rms_norm: threads a row
+EPS = 1e-6  # l2norm's epsilon (ignis.model.ops.l2norm)
 EW_THREADS = 256  # swiglu: elements a block
 
 
@@ -51,9 +51,10 @@ def _converters(half: bool) -> tuple[Any, Any]:
     return load, store
 
 
-def make_kernels(half: bool, head_threads: int, norm_threads: int = NORM_THREADS) -> dict[str, Any]:
+def make_kernels(half: bool, head_threads: int, per: int = 1, norm_threads: int = NORM_THREADS) -> dict[str, Any]:
     """The kernels for bf16 (`half`) or fp32 elements; `head_threads` (a power of two) is the block of the per-head
-    kernels, at least the head width it serves; `norm_threads` (a power of two) the block of add_rms_norm."""
+    kernels, at least the head width it serves; `norm_threads` (a power of two) the block of add_rms_norm, whose rows
+    are at most per * norm_threads wide."""
     load, store = _converters(half)
     nt = norm_threads
 
@@ -61,19 +62,23 @@ def make_kernels(half: bool, head_threads: int, norm_threads: int = NORM_THREADS
     def add_rms_norm(x, d, scale, resid, normed, eps, add):
         # x, d [T, H]: the residual and what the last block added to it; scale [H] f32 (1 + w); grid (T,)
         # resid = x + d (rounded), normed = rms_norm(resid) * scale (rounded); add=False: resid is x.
+        # Each thread holds its `per` elements in registers: every load is issued before any store, so one row
+        # costs about one memory latency, not one per element.
         t = cuda.threadIdx.x
         row = cuda.blockIdx.x
         n = x.shape[1]
         part = cuda.shared.array(nt, np.float32)
+        vals = cuda.local.array(per, np.float32)
         acc = np.float32(0.0)
-        i = t
-        while i < n:
-            v = load(x[row, i])
-            if add:
-                v = load(store(v + load(d[row, i])))
-                resid[row, i] = store(v)
+        for k in range(per):
+            i = t + k * nt
+            v = np.float32(0.0)
+            if i < n:
+                v = load(x[row, i])
+                if add:
+                    v = load(store(v + load(d[row, i])))
+            vals[k] = v
             acc += v * v
-            i += nt
         part[t] = acc
         cuda.syncthreads()
         step = nt // 2
@@ -83,40 +88,62 @@ def make_kernels(half: bool, head_threads: int, norm_threads: int = NORM_THREADS
             cuda.syncthreads()
             step //= 2
         r = np.float32(1.0) / math.sqrt(part[0] / np.float32(n) + np.float32(eps))
-        i = t
-        while i < n:
-            v = load(resid[row, i]) if add else load(x[row, i])
-            normed[row, i] = store(v * r * scale[i])
-            i += nt
+        for k in range(per):
+            i = t + k * nt
+            if i < n:
+                if add:
+                    resid[row, i] = store(vals[k])
+                normed[row, i] = store(vals[k] * r * scale[i])
+
+    ht = head_threads
 
     @cuda.jit
-    def conv(window, lanes, raw, weight, mixed, record, ba, ba_out, do_record):
+    def conv(window, lanes, raw, weight, mixed, record, ba, ba_out, do_record, dk, qk_heads, qscale):
         # window [L, Kc-1, D] (element); lanes [B] i64; raw [B, C, D] element: this round's conv inputs;
-        # weight [D, Kc] f32; mixed [B, C, D] f32 out: silu(conv); record [L, C', D] element; ba [B, C, 2 Hv]
-        # element -> ba_out f32; grid (ceil(D / CONV_THREADS), B)
-        ch = cuda.blockIdx.x * CONV_THREADS + cuda.threadIdx.x
+        # weight [D, Kc] f32; mixed [B, C, D] f32 out: silu(conv), the first qk_heads heads of dk channels (q then k)
+        # l2-normalised and q scaled by qscale; record [L, C', D] element; ba [B, C, 2 Hv] element -> ba_out f32;
+        # grid (ceil(D / dk), B), block >= dk (one head of channels a block)
+        t = cuda.threadIdx.x
+        head = cuda.blockIdx.x
+        ch = head * dk + t
         b = cuda.blockIdx.y
         lane = lanes[b]
         kc1 = window.shape[1]
         cols = raw.shape[1]
-        if cuda.blockIdx.x == 0:
-            i = cuda.threadIdx.x
+        active = t < dk and ch < raw.shape[2]
+        part = cuda.shared.array(ht, np.float32)
+        if head == 0:
+            i = t
             nba = ba.shape[2]
             while i < cols * nba:
                 ba_out[b, i // nba, i % nba] = load(ba[b, i // nba, i % nba])
-                i += CONV_THREADS
-        if ch >= raw.shape[2]:
-            return
+                i += ht
         for j in range(cols):
             acc = np.float32(0.0)
-            for tap in range(kc1 + 1):
-                src = j + tap
-                v = load(window[lane, src, ch]) if src < kc1 else load(raw[b, src - kc1, ch])
-                acc += v * weight[ch, tap]
-            mixed[b, j, ch] = acc / (np.float32(1.0) + math.exp(-acc))
-            if do_record:
-                record[lane, j, ch] = raw[b, j, ch]
-        if not do_record:
+            if active:
+                for tap in range(kc1 + 1):
+                    src = j + tap
+                    v = load(window[lane, src, ch]) if src < kc1 else load(raw[b, src - kc1, ch])
+                    acc += v * weight[ch, tap]
+                acc = acc / (np.float32(1.0) + math.exp(-acc))
+            if head < qk_heads:  # the same for the whole block
+                part[t] = acc * acc
+                cuda.syncthreads()
+                step = ht // 2
+                while step > 0:
+                    if t < step:
+                        part[t] += part[t + step]
+                    cuda.syncthreads()
+                    step //= 2
+                acc = acc * (np.float32(1.0) / math.sqrt(part[0] + np.float32(EPS)))
+                if head < qk_heads // 2:
+                    acc = acc * np.float32(qscale)
+                cuda.syncthreads()
+            if active:
+                mixed[b, j, ch] = acc
+                if do_record:
+                    record[lane, j, ch] = raw[b, j, ch]
+        if active and not do_record:
             for i in range(kc1):  # the window after the round: slot i takes input cols + i (never a slot < i + 1)
                 src = cols + i
                 window[lane, i, ch] = window[lane, src, ch] if src < kc1 else raw[b, src - kc1, ch]

@@ -53,7 +53,7 @@ def gates(ba: torch.Tensor, dt_bias: torch.Tensor, rate: torch.Tensor) -> tuple[
 
 def columns_reference(
     state: torch.Tensor, lanes: torch.Tensor, mixed: torch.Tensor, ba: torch.Tensor, dt_bias: torch.Tensor,
-    rate: torch.Tensor, record: torch.Tensor | None, *, key_heads: int, write_state: bool,
+    rate: torch.Tensor, record: torch.Tensor | None, *, key_heads: int, write_state: bool, normalised: bool = False,
 ) -> torch.Tensor:
     """`columns` in torch (same arguments); returns out [B, C, Hv, dv] float32."""
     hv, dk, dv = state.shape[1], state.shape[2], state.shape[3]
@@ -62,8 +62,8 @@ def columns_reference(
     st = state.index_select(0, lanes)
     outs = []
     for j in range(q.shape[1]):
-        kj = _heads(l2norm(k[:, j]), hv)
-        qj = _heads(l2norm(q[:, j]) * dk**-0.5, hv)
+        kj = _heads(k[:, j] if normalised else l2norm(k[:, j]), hv)
+        qj = _heads(q[:, j] if normalised else l2norm(q[:, j]) * dk**-0.5, hv)
         st = _step(st, kj, v[:, j], g[:, j], beta[:, j])
         outs.append((qj[..., None, :] @ st)[..., 0, :])
         if record is not None:
@@ -134,12 +134,14 @@ def columns(
     *,
     key_heads: int,
     write_state: bool,
+    normalised: bool = False,
 ) -> torch.Tensor:
     """out [B, C, Hv, dv] float32: every column's output. write_state: keep the state after the last column (decode);
-    record: store each column for `replay` (verify). CUDA tensors go to the kernel, others to the reference."""
+    record: store each column for `replay` (verify); normalised: q and k in `mixed` are l2-normalised already (and q
+    scaled), as ignis.kernels.fused.conv leaves them. CUDA tensors go to the kernel, others to the reference."""
     if not state.is_cuda:
         return columns_reference(state, lanes, mixed, ba, dt_bias, rate, record, key_heads=key_heads,
-                                 write_state=write_state)
+                                 write_state=write_state, normalised=normalised)
     b, c = mixed.shape[:2]
     hv, dk, dv = state.shape[1], state.shape[2], state.shape[3]
     mixed, ba = mixed.contiguous(), ba.contiguous()
@@ -147,7 +149,7 @@ def columns(
     rec = record if record is not None else out  # a placeholder of the right type when nothing is recorded
     cols, _ = _compiled(dk, dv)
     _launch(cols, dv, hv, b, dk, (state, lanes, mixed, ba, dt_bias, rate, out, rec, float(dk**-0.5), hv // key_heads,
-                                   key_heads * dk, write_state, record is not None), mixed.device)
+                                   key_heads * dk, write_state, record is not None, normalised), mixed.device)
     return out
 
 

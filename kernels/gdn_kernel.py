@@ -7,7 +7,8 @@ the simulator); nothing here touches the driver.
 Block (TV * RS threads) = one value head of one lane, TV columns of its [dk, dv] state; thread (c, s) keeps rows
 s*dk/RS .. (s+1)*dk/RS - 1 of column c in registers, so the state is read once and every column's update and
 output are sums over a thread's own rows plus RS partials combined in shared memory (no warp intrinsics: the same
-source runs in numba's simulator). Per column j, with k and q l2-normalised by the block (q also scaled), beta = sigmoid(b) and
+source runs in numba's simulator). Per column j, with k and q l2-normalised by the block (q also scaled; or already normalised by the conv that
+produced them, `normed`), beta = sigmoid(b) and
 g = rate * softplus(a + dt_bias) from the raw projections:
     S <- exp(g) S;  delta = beta (v - S^T k);  S <- S + k delta^T;  o = S^T q
 `columns` writes o for every column and either the final state (decode, one column) or, for a verify, each column's
@@ -39,7 +40,8 @@ def make_kernels(dk: int, dv: int) -> tuple[Any, Any]:
     rows = dk // RS
 
     @cuda.jit
-    def columns(state, lanes, mixed, ba, dt_bias, rate, out, record, scale, ratio, key_dim, write_state, do_record):
+    def columns(state, lanes, mixed, ba, dt_bias, rate, out, record, scale, ratio, key_dim, write_state, do_record,
+                normed):
         # state [L, Hv, dk, dv] f32; lanes [B] i64; mixed [B, C, 2 key_dim + Hv dv] f32: raw q | k | v;
         # ba [B, C, 2 Hv] f32: the raw beta and decay projections; dt_bias, rate [Hv] f32; out [B, C, Hv, dv];
         # record [L, C, Hv, dk + dv + 2]; grid (dv / TV, Hv, B)
@@ -62,7 +64,7 @@ def make_kernels(dk: int, dv: int) -> tuple[Any, Any]:
         for i in range(rows):
             st[i] = state[lane, h, base + i, c] if c < nv else float32(0.0)
         for j in range(mixed.shape[1]):
-            # l2 norms of k and q (one key head, dk values) by a tree over the block
+            # l2 norms of k and q (one key head, dk values) by a tree over the block, unless they came normalised
             ks = float32(0.0)
             qs = float32(0.0)
             i = t
@@ -74,18 +76,22 @@ def make_kernels(dk: int, dv: int) -> tuple[Any, Any]:
                 ks += kv * kv
                 qs += qv * qv
                 i += threads
-            part[t] = ks
-            part2[t] = qs
+            kn = float32(1.0)
+            qn = float32(1.0)
+            if not normed:
+                part[t] = ks
+                part2[t] = qs
             cuda.syncthreads()
-            step = threads // 2
-            while step > 0:
-                if t < step:
-                    part[t] += part[t + step]
-                    part2[t] += part2[t + step]
-                cuda.syncthreads()
-                step //= 2
-            kn = float32(1.0) / math.sqrt(part[0] + float32(EPS))
-            qn = float32(scale) / math.sqrt(part2[0] + float32(EPS))
+            if not normed:
+                step = threads // 2
+                while step > 0:
+                    if t < step:
+                        part[t] += part[t + step]
+                        part2[t] += part2[t + step]
+                    cuda.syncthreads()
+                    step //= 2
+                kn = float32(1.0) / math.sqrt(part[0] + float32(EPS))
+                qn = float32(scale) / math.sqrt(part2[0] + float32(EPS))
             bt = float32(1.0) / (float32(1.0) + math.exp(-ba[b, j, h]))
             a = ba[b, j, hv + h] + dt_bias[h]
             gj = rate[h] * (a if a > float32(20.0) else math.log1p(math.exp(a)))  # rate * softplus

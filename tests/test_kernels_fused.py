@@ -40,7 +40,7 @@ def inputs(dtype: torch.dtype, seed: int) -> dict[str, object]:
         "sin": torch.cat([angles.sin(), angles.sin()], -1).to(dtype),
         "kc": r(lanes, 12, nkv, hd), "vc": r(lanes, 12, nkv, hd),
         "positions": torch.tensor([[4, 5], [0, 1], [9, 10]]), "o": r(b, nkv, nh // nkv * c, hd),
-        "nh": nh, "nkv": nkv,
+        "nh": nh, "nkv": nkv, "hk": 1, "dk": 8,  # conv channels: q (8) | k (8) | v (24)
         "cx": r(2, 5, 12), "cbase": r(4, 12), "cdyn": r(2, 5, 2, 4, 4, s=0.5)[:, :, 1],  # 2 blocks of 5 rows, 4 taps
     }
 
@@ -51,10 +51,12 @@ def references(x: dict, eps: float = 1e-6, group: int = 3) -> dict[str, torch.Te
     out["resid"], out["normed"] = fused.add_rms_norm_reference(x["x"], x["d"], x["scale"], eps)
     _, out["normed0"] = fused.add_rms_norm_reference(x["x"], None, x["scale"], eps)
     window = x["window"].clone()
-    out["mixed"], out["ba_f"] = fused.conv_reference(window, x["lanes"], x["raw"], x["weight"], x["ba"], None)
+    out["mixed"], out["ba_f"] = fused.conv_reference(window, x["lanes"], x["raw"], x["weight"], x["ba"], None,
+                                                            x["hk"], x["dk"])
     out["window"] = window
     record = x["record"].clone()
-    out["mixed_r"], _ = fused.conv_reference(x["window"].clone(), x["lanes"], x["raw"], x["weight"], x["ba"], record)
+    out["mixed_r"], _ = fused.conv_reference(x["window"].clone(), x["lanes"], x["raw"], x["weight"], x["ba"], record,
+                                             x["hk"], x["dk"])
     out["record"] = record
     out["y"] = fused.gated_norm_reference(x["out"], x["z"], x["gweight"], eps)
     out["swiglu"] = fused.swiglu_reference(x["gu"])
@@ -84,14 +86,14 @@ import numpy as np, torch
 from numba.cuda import libdevice
 libdevice.int_as_float = lambda i: np.array(int(i) & 0xFFFFFFFF, np.uint32).view(np.float32)[()]
 libdevice.float_as_int = lambda f: int(np.array(f, np.float32).view(np.int32))
-from ignis.kernels.fused_kernel import CONV_THREADS, EW_THREADS, make_kernels
+from ignis.kernels.fused_kernel import EW_THREADS, make_kernels
 from tests.test_kernels_fused import close, inputs, references
 
 for dtype in (torch.bfloat16, torch.float32):
     x = inputs(dtype, seed=3)
     ref = references(x)
     half = dtype == torch.bfloat16
-    K = make_kernels(half, 16, 64)
+    K = make_kernels(half, 16, 5, 64)  # rows of 300: five elements a thread
     n = lambda t: (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().copy()
     back = lambda a: torch.from_numpy(a).view(dtype) if half and a.dtype == np.int16 else torch.from_numpy(a)
     lanes, pos = x["lanes"].numpy(), x["positions"].numpy()
@@ -106,8 +108,8 @@ for dtype in (torch.bfloat16, torch.float32):
         window, record = n(x["window"]), n(x["record"])
         mixed = np.zeros((b, c, dim), np.float32)
         ba_f = np.zeros(x["ba"].shape, np.float32)
-        K["conv"][((dim + CONV_THREADS - 1) // CONV_THREADS, b), CONV_THREADS](
-            window, lanes, n(x["raw"]), x["weight"].numpy(), mixed, record, n(x["ba"]), ba_f, rec)
+        K["conv"][(dim // 8, b), 16](window, lanes, n(x["raw"]), x["weight"].numpy(), mixed, record, n(x["ba"]), ba_f,
+                                     rec, 8, 2, 8**-0.5)
         close(torch.from_numpy(mixed), ref["mixed_r" if rec else "mixed"], "conv")
         close(torch.from_numpy(ba_f), ref["ba_f"], "ba")
         if rec:

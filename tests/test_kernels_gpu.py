@@ -174,7 +174,7 @@ def _fused_inputs(b: int, c: int) -> dict[str, object]:
         "cos": torch.cat([angles.cos(), angles.cos()], -1).to(bf), "sin": torch.cat([angles.sin(), angles.sin()], -1).to(bf),
         "kc": r(lanes, 64, nkv, hd), "vc": r(lanes, 64, nkv, hd),
         "positions": (torch.randint(0, 50, (b, 1), device="cuda", generator=g) + torch.arange(c, device="cuda")),
-        "o": r(b, nkv, nh // nkv * c, hd), "nh": nh, "nkv": nkv,
+        "o": r(b, nkv, nh // nkv * c, hd), "nh": nh, "nkv": nkv, "hk": 16, "dk": 128,
         # the dflash2 drafter's grouped conv at the 27B drafter's width: blocks of 8 rows, 4 taps, groups of 16
         "cx": r(b, 8, 5120), "cbase": r(4, 5120), "cdyn": r(b, 8, 2, 4, 320, s=0.5)[:, :, 1],
     }
@@ -187,10 +187,12 @@ def _fused_kernels(x: dict, eps: float = 1e-6) -> dict[str, torch.Tensor]:
     out["resid"], out["normed"] = fused.add_rms_norm(x["x"], x["d"], x["scale"], eps)
     _, out["normed0"] = fused.add_rms_norm(x["x"], None, x["scale"], eps)
     window = x["window"].clone()
-    out["mixed"], out["ba_f"] = fused.conv(window, x["lanes"], x["raw"], x["weight"], x["ba"], None)
+    out["mixed"], out["ba_f"] = fused.conv(window, x["lanes"], x["raw"], x["weight"], x["ba"], None,
+                                                  key_heads=x["hk"], dk=x["dk"])
     out["window"] = window
     record = x["record"].clone()
-    out["mixed_r"], _ = fused.conv(x["window"].clone(), x["lanes"], x["raw"], x["weight"], x["ba"], record)
+    out["mixed_r"], _ = fused.conv(x["window"].clone(), x["lanes"], x["raw"], x["weight"], x["ba"], record,
+                                   key_heads=x["hk"], dk=x["dk"])
     out["record"] = record
     out["y"] = fused.gated_norm(x["out"], x["z"], x["gweight"], eps)
     out["swiglu"] = fused.swiglu(x["gu"])

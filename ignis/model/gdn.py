@@ -131,10 +131,11 @@ class GatedDeltaNet(nn.Module):
         if step.record:
             assert cache.rec_inputs is not None
             record = cache.rec_inputs[:, :c]
-        mixed, ba = fused.conv(cache.conv, lanes, qkv, weight, ba.reshape(b, c, 2 * self.hv), record)
+        mixed, ba = fused.conv(cache.conv, lanes, qkv, weight, ba.reshape(b, c, 2 * self.hv), record,
+                               key_heads=self.hk, dk=self.dk)  # q and k come out l2-normalised
         out = gdn_kernels.columns(cache.state, lanes, mixed, ba, self.dt_bias.float(), rate,
                                   cache.rec_kv if step.record else None, key_heads=self.hk,
-                                  write_state=not step.record)
+                                  write_state=not step.record, normalised=True)
         # The gated output norm (ops.gated_rms_norm: norm in fp32, cast, weight, then the gate in fp32).
         y = fused.gated_norm(out.view(t, self.hv, self.dv), z, self.norm.weight, self.eps)
         return linear(y, self.out_proj.weight, False)
