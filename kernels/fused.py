@@ -1,8 +1,8 @@
 """Fused kernels of the decode round's layers: each replaces a run of small torch ops with one launch.
 
-Owns: `add_rms_norm`, `conv`, `gated_norm`, `swiglu`, `qk_rope_write`, `gate_heads`, `grouped_conv` (numba-cuda kernels on CUDA
+Owns: `add_rms_norm`, `conv`, `gated_norm`, `swiglu`, `qk_rope_write`, `grouped_conv` (numba-cuda kernels on CUDA
 tensors, launched on torch's current stream so a CUDA graph captures them) and their torch references (what runs on
-the CPU, and what the kernels are tested against). Does not own: the layers that call them (ignis.model, the
+the CPU, and what the kernels are tested against; `gate_heads_reference` serves ignis.kernels.attention). Does not own: the layers that call them (ignis.model, the
 dflash2 drafter) or the
 kernel sources (ignis.kernels.fused_kernel). docs/adr/0005-fused-layer-kernels.md has the why and the numbers.
 
@@ -236,17 +236,6 @@ def qk_rope_write(
     _launch(_compiled(qkv.dtype, hd)["qk_rope_write"], (nh + 2 * nkv, b * c), _threads(hd),
             (qkv, qscale, kscale, cos, sin, kc, vc, lanes, positions, qh, float(eps), nh, nkv), qkv.device)
     return qh
-
-
-def gate_heads(o: torch.Tensor, qkv: torch.Tensor, nh: int) -> torch.Tensor:
-    """o [B, nkv, group * C, hd] (attention output) -> o * sigmoid(gate) [T, nh * hd], the gate read from qkv."""
-    if not o.is_cuda:
-        return gate_heads_reference(o, qkv, nh)
-    b, nkv, gc, hd = o.shape
-    t = b * gc // (nh // nkv)
-    y = torch.empty((t, nh * hd), dtype=o.dtype, device=o.device)
-    _launch(_compiled(o.dtype, hd)["gate_heads"], (nh, t), _threads(hd), (o, qkv, y, nh), o.device)
-    return y
 
 
 def grouped_conv(x: torch.Tensor, base: torch.Tensor, dyn: torch.Tensor, group: int) -> torch.Tensor:

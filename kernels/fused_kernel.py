@@ -236,20 +236,6 @@ def make_kernels(half: bool, head_threads: int, per: int = 1, norm_threads: int 
                 kc[lanes[b], positions[b, c], hh - nh, t] = store(e)
 
     @cuda.jit
-    def gate_heads(o, qkv, y, nh):
-        # o [B, nkv, group * C, hd] element (attention output); qkv [T, ...]: the gate of query head h is
-        # qkv[row, h * 2 hd + hd :][:hd]; y [T, nh * hd] = o * sigmoid(gate), each rounded; grid (nh, T)
-        t = cuda.threadIdx.x
-        h, row = cuda.blockIdx.x, cuda.blockIdx.y
-        hd = o.shape[3]
-        cols = o.shape[2] // (nh // o.shape[1])
-        group = nh // o.shape[1]
-        if t < hd:
-            g = load(qkv[row, h * 2 * hd + hd + t])
-            s = load(store(np.float32(1.0) / (np.float32(1.0) + math.exp(-g))))
-            y[row, h * hd + t] = store(load(o[row // cols, h // group, (h % group) * cols + row % cols, t]) * s)
-
-    @cuda.jit
     def grouped_conv(x, base, dyn, y, group):
         # x [n, R, H] element; base [Kt, H] element; dyn [n, R, Kt, H / group] element; grid (ceil(H / EW), n * R)
         # y[i, t, c] = sum over taps j <= t of (base[j, c] + dyn[i, t, j, c // group]) * x[i, t - j, c], every
@@ -268,4 +254,4 @@ def make_kernels(half: bool, head_threads: int, per: int = 1, norm_threads: int 
         y[i, t, c] = store(acc)
 
     return {"add_rms_norm": add_rms_norm, "grouped_conv": grouped_conv, "conv": conv, "gated_norm": gated_norm, "swiglu": swiglu,
-            "qk_rope_write": qk_rope_write, "gate_heads": gate_heads}
+            "qk_rope_write": qk_rope_write}

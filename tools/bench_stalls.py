@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new", type=int, default=20, help="requests with prompt lengths not seen before")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--cprofile", default=None, metavar="FILE",
+                    help="write the first request's Python profile (top 40 by cumulative time) to FILE: what a slow "
+                         "first request spends its time on")
     args = ap.parse_args(argv)
     tok = Tokenizer.from_dir(Path(args.model))
     lines = (Path(args.model) / "heldout_prompts.jsonl").read_text().splitlines()
@@ -68,7 +71,19 @@ def main(argv: list[str] | None = None) -> int:
         engine = Engine(load_config(profile=args.profile, overrides=overrides))
         startup = time.perf_counter() - t0
         base = tok.encode(texts[0])[-300:]
-        ttft_first, tps_first, _ = one(engine, "first", base, args.max_tokens)
+        if args.cprofile:
+            import cProfile
+            import io
+            import pstats
+
+            prof = cProfile.Profile()
+            ttft_first, tps_first, _ = prof.runcall(one, engine, "first", base, args.max_tokens)
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(40)
+            with open(args.cprofile, "a") as f:
+                f.write(f"=== {spec}: first request ===\n{text.getvalue()}\n")
+        else:
+            ttft_first, tps_first, _ = one(engine, "first", base, args.max_tokens)
         ttft_steady, tps_steady, round_steady = one(engine, "steady", base, args.max_tokens)
         ratios, tok_ratios = [], []
         for i in range(args.new):

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ignis.kernels import fused
+from ignis.kernels import attention, fused
 from ignis.model.cache import AttnState
 from ignis.model.config import ModelConfig
 from ignis.model.decode import DecodeStep
@@ -83,11 +83,8 @@ class GatedAttention(nn.Module):
         # query heads of one KV head attend together as group*C rows, with no copy of K/V per query head.
         qh = fused.qk_rope_write(qkv, _scale(self.q_norm), _scale(self.k_norm), self.q_norm.eps, step.cos, step.sin,
                                  cache.k, cache.v, step.lanes, step.positions, nh, nkv)
-        span = step.span
-        keys = cache.k[:, :span].index_select(0, step.lanes).transpose(1, 2)  # [B, nkv, span, hd]
-        vals = cache.v[:, :span].index_select(0, step.lanes).transpose(1, 2)
-        o = F.scaled_dot_product_attention(qh, keys, vals, attn_mask=step.mask, scale=self.scale)
-        return linear(fused.gate_heads(o, qkv, nh), self.o_proj.weight, False)
+        o = attention.attend(qh, cache.k, cache.v, step.lanes, step.positions, step.mask, self.scale, qkv, nh)
+        return linear(o, self.o_proj.weight, False)  # o: the gated heads [B*C, nh * hd]
 
     def _attend_exact(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
         """q [L, nh, hd] at positions start..start+L-1; k/v [context, nkv, hd] of the lane -> [L, nh, hd].

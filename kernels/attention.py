@@ -1,0 +1,115 @@
+"""Decode attention over each lane's key slots, split over the context, with the output gate: `attend`.
+
+Owns: `attend` (two numba-cuda launches on CUDA tensors, on torch's current stream so a CUDA graph captures them:
+the splits' partial softmax-weighted sums, then their merge times sigmoid(gate)), the split plan (`splits`) and the
+torch reference `attend_reference` (what runs on the CPU, and what the kernels are tested against). Does not own: the
+projections, q/k norms and the K/V write before it (ignis.kernels.fused.qk_rope_write) or the layer
+(ignis.model.attention). docs/adr/0005-fused-layer-kernels.md has the why and the numbers.
+
+Why not SDPA on the GPU: a decode or verify round has few query rows per KV head (query heads of the group x
+columns), and the library kernels spread work over (lane, KV head) only, a handful of blocks on 132 SMs, after a
+gather of every lane's keys; here a block takes (context split, KV head, lane) and reads the cache in place.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ignis.kernels.fused import gate_heads_reference
+
+TARGET_BLOCKS = 264  # about two blocks per SM of an H200 (132 SMs)
+
+
+def attend_reference(
+    q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, lanes: torch.Tensor, mask: torch.Tensor, scale: float,
+    qkv: torch.Tensor, nh: int,
+) -> torch.Tensor:
+    span = mask.shape[-1]
+    keys = kc[:, :span].index_select(0, lanes).transpose(1, 2)  # [B, nkv, span, hd]
+    vals = vc[:, :span].index_select(0, lanes).transpose(1, 2)
+    o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, scale=scale)
+    return gate_heads_reference(o, qkv, nh)
+
+
+def splits(span: int, lanes: int, kv_heads: int) -> tuple[int, int]:
+    """(splits, slots a split): enough blocks to fill the GPU, each a whole number of staged key tiles."""
+    from ignis.kernels.attention_kernel import KEYS
+
+    tiles = -(-span // KEYS)
+    want = max(1, min(tiles, -(-TARGET_BLOCKS // (lanes * kv_heads))))
+    per = -(-tiles // want) * KEYS
+    return -(-span // per), per
+
+
+_lock = threading.Lock()
+_kernels: dict[tuple[bool, int, int], dict[str, Any]] = {}
+
+
+def _compiled(dtype: torch.dtype, rows: int, hd: int) -> dict[str, Any]:
+    key = (dtype == torch.bfloat16, rows, hd)
+    with _lock:
+        if key not in _kernels:
+            from ignis.kernels.attention_kernel import make_kernels
+
+            _kernels[key] = make_kernels(*key)
+        return _kernels[key]
+
+
+def _arr(t: Any) -> Any:
+    from numba import cuda
+
+    if not isinstance(t, torch.Tensor):
+        return t
+    return cuda.as_cuda_array(t.view(torch.int16) if t.dtype == torch.bfloat16 else t)
+
+
+def _launch(kernel: Any, grid: tuple[int, ...], threads: int, args: tuple[Any, ...], device: torch.device) -> None:
+    from numba import cuda
+
+    handle = torch.cuda.current_stream(device).cuda_stream
+    stream = 0 if handle == 0 else cuda.external_stream(handle)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # numba warns about grids under 128 blocks
+        kernel[grid, threads, stream](*(_arr(a) for a in args))
+
+
+def usable(q: torch.Tensor) -> bool:
+    """The kernels take CUDA bf16/fp32 queries of head width <= THREADS (others run the reference)."""
+    from ignis.kernels.attention_kernel import THREADS
+
+    return q.is_cuda and q.dtype in (torch.bfloat16, torch.float32) and q.shape[-1] <= THREADS and q.shape[2] <= THREADS
+
+
+def attend(
+    q: torch.Tensor,  # [B, nkv, R, hd] model dtype: rows g * C + c (query head g of the KV head, column c)
+    kc: torch.Tensor,  # [L, S, nkv, hd] model dtype: the K cache
+    vc: torch.Tensor,
+    lanes: torch.Tensor,  # [B] int64
+    positions: torch.Tensor,  # [B, C] int64: column c sees key slots 0..positions[b, c]
+    mask: torch.Tensor,  # [B, 1, R, span] bool: the same visibility, for the reference
+    scale: float,
+    qkv: torch.Tensor,  # [T, ...]: the projection the gates are read from (ignis.kernels.fused.gate_heads)
+    nh: int,
+) -> torch.Tensor:
+    """softmax(q k^T * scale) v over each lane's visible slots, times sigmoid(gate): [T, nh * hd] model dtype."""
+    if not usable(q):
+        return attend_reference(q, kc, vc, lanes, mask, scale, qkv, nh)
+    from ignis.kernels.attention_kernel import THREADS
+
+    b, nkv, rows, hd = q.shape
+    ns, per = splits(mask.shape[-1], b, nkv)
+    ks = _compiled(q.dtype, rows, hd)
+    opart = torch.empty((b, nkv, ns, rows, hd), dtype=torch.float32, device=q.device)
+    mpart = torch.empty((b, nkv, ns, rows), dtype=torch.float32, device=q.device)
+    lpart = torch.empty_like(mpart)
+    _launch(ks["partial"], (ns, nkv, b), THREADS, (q, kc, vc, lanes, positions, opart, mpart, lpart, float(scale), per),
+            q.device)
+    t = b * rows // (nh // nkv)
+    y = torch.empty((t, nh * hd), dtype=q.dtype, device=q.device)
+    _launch(ks["combine"], (nh, t), THREADS, (opart, mpart, lpart, qkv, y, nh), q.device)
+    return y
