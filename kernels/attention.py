@@ -23,6 +23,10 @@ import torch.nn.functional as F
 from ignis.kernels.fused import gate_heads_reference
 
 TARGET_BLOCKS = 264  # about two blocks per SM of an H200 (132 SMs)
+# Query rows a block at most: each row's scores are one thread's serial dot products, which pays against the
+# library kernel for decode (6 rows at the 27B shape: 44 against 66 us a layer with the gather, H200) but not for a
+# verify (48 rows: 147 against 62 us), so verifies keep the reference (gather + SDPA, captured like the rest).
+MAX_ROWS = 16
 
 
 def attend_reference(
@@ -79,10 +83,11 @@ def _launch(kernel: Any, grid: tuple[int, ...], threads: int, args: tuple[Any, .
 
 
 def usable(q: torch.Tensor) -> bool:
-    """The kernels take CUDA bf16/fp32 queries of head width <= THREADS (others run the reference)."""
+    """The kernels take CUDA bf16/fp32 queries of head width <= THREADS and at most MAX_ROWS rows a KV head (others
+    run the reference)."""
     from ignis.kernels.attention_kernel import THREADS
 
-    return q.is_cuda and q.dtype in (torch.bfloat16, torch.float32) and q.shape[-1] <= THREADS and q.shape[2] <= THREADS
+    return q.is_cuda and q.dtype in (torch.bfloat16, torch.float32) and q.shape[-1] <= THREADS and q.shape[2] <= MAX_ROWS
 
 
 def attend(

@@ -96,16 +96,16 @@ def window_reference(conv: torch.Tensor, inputs: torch.Tensor, lanes: torch.Tens
 
 
 _lock = threading.Lock()
-_kernels: dict[tuple[int, int], tuple[Any, Any]] = {}
+_kernels: dict[tuple[int, int, int], tuple[Any, Any]] = {}
 
 
-def _compiled(dk: int, dv: int) -> tuple[Any, Any]:
+def _compiled(dk: int, dv: int, cols: int) -> tuple[Any, Any]:
     with _lock:
-        if (dk, dv) not in _kernels:
+        if (dk, dv, cols) not in _kernels:
             from ignis.kernels.gdn_kernel import make_kernels
 
-            _kernels[dk, dv] = make_kernels(dk, dv)
-        return _kernels[dk, dv]
+            _kernels[dk, dv, cols] = make_kernels(dk, dv, cols)
+        return _kernels[dk, dv, cols]
 
 
 def _launch(kernel: Any, dv: int, hv: int, b: int, dk: int, args: tuple[Any, ...], device: torch.device) -> None:
@@ -144,12 +144,15 @@ def columns(
                                  write_state=write_state, normalised=normalised)
     b, c = mixed.shape[:2]
     hv, dk, dv = state.shape[1], state.shape[2], state.shape[3]
+    if not normalised:  # the kernel reads q and k as the fused conv leaves them
+        q, k, v = _split(mixed, key_heads, hv, dk, dv)
+        mixed = torch.cat([(l2norm(q) * dk**-0.5).flatten(2), l2norm(k).flatten(2), v.flatten(2)], dim=-1)
     mixed, ba = mixed.contiguous(), ba.contiguous()
     out = torch.empty((b, c, hv, dv), dtype=torch.float32, device=mixed.device)
     rec = record if record is not None else out  # a placeholder of the right type when nothing is recorded
-    cols, _ = _compiled(dk, dv)
-    _launch(cols, dv, hv, b, dk, (state, lanes, mixed, ba, dt_bias, rate, out, rec, float(dk**-0.5), hv // key_heads,
-                                   key_heads * dk, write_state, record is not None, normalised), mixed.device)
+    cols, _ = _compiled(dk, dv, c)
+    _launch(cols, dv, hv, b, dk, (state, lanes, mixed, ba, dt_bias, rate, out, rec, hv // key_heads, key_heads * dk,
+                                   write_state, record is not None), mixed.device)
     return out
 
 
@@ -159,7 +162,7 @@ def replay(state: torch.Tensor, lanes: torch.Tensor, record: torch.Tensor, last:
         replay_reference(state, lanes, record, last)
         return
     dk, dv, hv = state.shape[2], state.shape[3], state.shape[1]
-    _, rep = _compiled(dk, dv)
+    _, rep = _compiled(dk, dv, 1)
     _launch(rep, dv, hv, lanes.shape[0], dk, (state, lanes, record, last, dv), state.device)
 
 

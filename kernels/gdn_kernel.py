@@ -7,9 +7,8 @@ the simulator); nothing here touches the driver.
 Block (TV * RS threads) = one value head of one lane, TV columns of its [dk, dv] state; thread (c, s) keeps rows
 s*dk/RS .. (s+1)*dk/RS - 1 of column c in registers, so the state is read once and every column's update and
 output are sums over a thread's own rows plus RS partials combined in shared memory (no warp intrinsics: the same
-source runs in numba's simulator). Per column j, with k and q l2-normalised by the block (q also scaled; or already normalised by the conv that
-produced them, `normed`), beta = sigmoid(b) and
-g = rate * softplus(a + dt_bias) from the raw projections:
+source runs in numba's simulator). Per column j, with k and q l2-normalised (q also scaled) by the conv that
+produced them, beta = sigmoid(b) and g = rate * softplus(a + dt_bias) from the raw projections:
     S <- exp(g) S;  delta = beta (v - S^T k);  S <- S + k delta^T;  o = S^T q
 `columns` writes o for every column and either the final state (decode, one column) or, for a verify, each column's
 normalised k, v, g and beta into a record, from which `replay` later applies columns 0..last to the lane's state:
@@ -35,16 +34,18 @@ def block_shape(dk: int, dv: int) -> tuple[int, int]:
     return tv, tv * RS
 
 
-def make_kernels(dk: int, dv: int) -> tuple[Any, Any]:
+def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
+    """`columns` for up to `cmax` columns and `replay`, for heads of dk x dv."""
     tv, threads = block_shape(dk, dv)
     rows = dk // RS
 
     @cuda.jit
-    def columns(state, lanes, mixed, ba, dt_bias, rate, out, record, scale, ratio, key_dim, write_state, do_record,
-                normed):
-        # state [L, Hv, dk, dv] f32; lanes [B] i64; mixed [B, C, 2 key_dim + Hv dv] f32: raw q | k | v;
-        # ba [B, C, 2 Hv] f32: the raw beta and decay projections; dt_bias, rate [Hv] f32; out [B, C, Hv, dv];
-        # record [L, C, Hv, dk + dv + 2]; grid (dv / TV, Hv, B)
+    def columns(state, lanes, mixed, ba, dt_bias, rate, out, record, ratio, key_dim, write_state, do_record):
+        # state [L, Hv, dk, dv] f32; lanes [B] i64; mixed [B, C, 2 key_dim + Hv dv] f32: q | k | v, q and k
+        # l2-normalised (q scaled); ba [B, C, 2 Hv] f32: the raw beta and decay projections; dt_bias, rate [Hv] f32;
+        # out [B, C, Hv, dv]; record [L, C, Hv, dk + dv + 2]; grid (dv / TV, Hv, B); C <= cmax.
+        # Everything a column reads (q, k, the gates, the thread's v) is staged before the loop over columns, so the
+        # loop touches no global memory but its writes, and each column costs two block barriers.
         t = cuda.threadIdx.x
         cl, s = t // RS, t % RS
         c = cuda.blockIdx.x * tv + cl
@@ -53,83 +54,63 @@ def make_kernels(dk: int, dv: int) -> tuple[Any, Any]:
         hk = h // ratio
         nv = out.shape[3]
         hv = out.shape[2]
+        ncols = mixed.shape[1]
         voff = 2 * key_dim + h * nv
-        sk = cuda.shared.array(dk, float32)
-        sq = cuda.shared.array(dk, float32)
-        part = cuda.shared.array(threads, float32)
-        part2 = cuda.shared.array(threads, float32)
-        tot = cuda.shared.array(tv, float32)
+        sk = cuda.shared.array((cmax, dk), float32)
+        sq = cuda.shared.array((cmax, dk), float32)
+        gs = cuda.shared.array(cmax, float32)
+        bs = cuda.shared.array(cmax, float32)
+        pm = cuda.shared.array(threads, float32)
+        po = cuda.shared.array(threads, float32)
         st = cuda.local.array(rows, float32)
+        vl = cuda.local.array(cmax, float32)
+        i = t
+        while i < ncols * dk:
+            j, e = i // dk, i % dk
+            sq[j, e] = mixed[b, j, hk * dk + e]
+            sk[j, e] = mixed[b, j, key_dim + hk * dk + e]
+            i += threads
+        if t < ncols:
+            bs[t] = float32(1.0) / (float32(1.0) + math.exp(-ba[b, t, h]))
+            a = ba[b, t, hv + h] + dt_bias[h]
+            gs[t] = rate[h] * (a if a > float32(20.0) else math.log1p(math.exp(a)))  # rate * softplus
+        for j in range(cmax):
+            vl[j] = mixed[b, j, voff + c] if j < ncols and c < nv else float32(0.0)
         base = s * rows
         for i in range(rows):
             st[i] = state[lane, h, base + i, c] if c < nv else float32(0.0)
-        for j in range(mixed.shape[1]):
-            # l2 norms of k and q (one key head, dk values) by a tree over the block, unless they came normalised
-            ks = float32(0.0)
-            qs = float32(0.0)
-            i = t
-            while i < dk:
-                qv = mixed[b, j, hk * dk + i]
-                kv = mixed[b, j, key_dim + hk * dk + i]
-                sk[i] = kv
-                sq[i] = qv
-                ks += kv * kv
-                qs += qv * qv
-                i += threads
-            kn = float32(1.0)
-            qn = float32(1.0)
-            if not normed:
-                part[t] = ks
-                part2[t] = qs
-            cuda.syncthreads()
-            if not normed:
-                step = threads // 2
-                while step > 0:
-                    if t < step:
-                        part[t] += part[t + step]
-                        part2[t] += part2[t + step]
-                    cuda.syncthreads()
-                    step //= 2
-                kn = float32(1.0) / math.sqrt(part[0] + float32(EPS))
-                qn = float32(scale) / math.sqrt(part2[0] + float32(EPS))
-            bt = float32(1.0) / (float32(1.0) + math.exp(-ba[b, j, h]))
-            a = ba[b, j, hv + h] + dt_bias[h]
-            gj = rate[h] * (a if a > float32(20.0) else math.log1p(math.exp(a)))  # rate * softplus
-            decay = math.exp(gj)
+        cuda.syncthreads()
+        first = cl * RS
+        for j in range(ncols):
+            decay = math.exp(gs[j])
             mem = float32(0.0)
             for i in range(rows):
                 st[i] *= decay
-                mem += sk[base + i] * kn * st[i]
+                mem += sk[j, base + i] * st[i]
+            pm[t] = mem
             cuda.syncthreads()
-            part[t] = mem
-            cuda.syncthreads()
-            if s == 0:
-                tot[cl] = part[t] + part[t + 1] + part[t + 2] + part[t + 3]
-            cuda.syncthreads()
-            delta = float32(0.0)
-            if c < nv:
-                delta = bt * (mixed[b, j, voff + c] - tot[cl])
+            delta = bs[j] * (vl[j] - (pm[first] + pm[first + 1] + pm[first + 2] + pm[first + 3]))
+            if c >= nv:
+                delta = float32(0.0)
             o = float32(0.0)
             for i in range(rows):
-                st[i] += sk[base + i] * kn * delta
-                o += sq[base + i] * qn * st[i]
-            cuda.syncthreads()
-            part[t] = o
+                st[i] += sk[j, base + i] * delta
+                o += sq[j, base + i] * st[i]
+            po[t] = o
             cuda.syncthreads()
             if s == 0 and c < nv:
-                out[b, j, h, c] = part[t] + part[t + 1] + part[t + 2] + part[t + 3]
+                out[b, j, h, c] = po[first] + po[first + 1] + po[first + 2] + po[first + 3]
             if do_record:
                 if cuda.blockIdx.x == 0:
                     i = t
                     while i < dk:
-                        record[lane, j, h, i] = sk[i] * kn
+                        record[lane, j, h, i] = sk[j, i]
                         i += threads
                     if t == 0:
-                        record[lane, j, h, dk + nv] = gj
-                        record[lane, j, h, dk + nv + 1] = bt
+                        record[lane, j, h, dk + nv] = gs[j]
+                        record[lane, j, h, dk + nv + 1] = bs[j]
                 if s == 0 and c < nv:
-                    record[lane, j, h, dk + c] = mixed[b, j, voff + c]
-            cuda.syncthreads()
+                    record[lane, j, h, dk + c] = vl[j]
         if write_state and c < nv:
             for i in range(rows):
                 state[lane, h, base + i, c] = st[i]

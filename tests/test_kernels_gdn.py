@@ -67,26 +67,25 @@ from tests.test_kernels_gdn import _inputs
 
 b, c, hk, hv, dk, dv, lanes = 2, 3, 1, 2, 8, 16, 4
 x = _inputs(b, c, hk, hv, dk, dv, lanes, seed=1)
-K_cols, K_rep = make_kernels(dk, 8)  # built for tiles of 8 columns and run over dv = 16: two blocks per head
+K_cols, K_rep = make_kernels(dk, 8, c)  # built for tiles of 8 columns and run over dv = 16: two blocks per head
 tv, threads = block_shape(dk, 8)
 grid = ((dv + tv - 1) // tv, hv, b)
 np_ = {k: v.numpy().copy() for k, v in x.items()}
-# q and k as the fused conv leaves them (normalised, q scaled): the kernel's `normed` form
+# q and k as the fused conv leaves them (normalised, q scaled), as the kernel reads them
 from ignis.model.ops import l2norm
 normed_mixed = torch.cat([(l2norm(x["q"]) * dk**-0.5).flatten(2), l2norm(x["k"]).flatten(2), x["v"].flatten(2)], -1)
-for write_state, with_record, normed in ((True, False, False), (False, True, False), (True, False, True),
-                                         (False, True, True)):
-    mixed = normed_mixed if normed else x["mixed"]
+for write_state, with_record in ((True, False), (False, True)):
+    mixed = normed_mixed
     state = np_["state"].copy()
     out = np.zeros((b, c, hv, dv), np.float32)
     record = np.zeros((lanes, c, hv, record_width(dk, dv)), np.float32)
     K_cols[grid, threads](state, np_["lanes"], mixed.numpy(), np_["ba"], np_["dt_bias"], np_["rate"], out, record,
-                          float(dk ** -0.5), hv // hk, hk * dk, write_state, with_record, normed)
+                          hv // hk, hk * dk, write_state, with_record)
     ref_state = x["state"].clone()
     ref_record = torch.zeros(lanes, c, hv, record_width(dk, dv))
     ref = columns_reference(ref_state, x["lanes"], mixed, x["ba"], x["dt_bias"], x["rate"],
                             ref_record if with_record else None, key_heads=hk, write_state=write_state,
-                            normalised=normed)
+                            normalised=True)
     torch.testing.assert_close(torch.from_numpy(out), ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(torch.from_numpy(state), ref_state, rtol=1e-5, atol=1e-5)
     if with_record:

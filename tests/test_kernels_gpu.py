@@ -234,9 +234,9 @@ def test_fused_kernels_replay_in_a_graph() -> None:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             got = _fused_kernels(x)
-    for name, t in got.items():
-        t.zero_()
-    graph.replay()
+        for t in got.values():
+            t.zero_()
+        graph.replay()
     torch.cuda.synchronize()
     want = references(x, group=16)
     for name in want:
