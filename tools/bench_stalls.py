@@ -85,21 +85,23 @@ def main(argv: list[str] | None = None) -> int:
         else:
             ttft_first, tps_first, _ = one(engine, "first", base, args.max_tokens)
         ttft_steady, tps_steady, round_steady = one(engine, "steady", base, args.max_tokens)
-        ratios, tok_ratios = [], []
+        ratios, tok_ratios, ttfts = [], [], []
         for i in range(args.new):
             ids = tok.encode(texts[1 + i % (len(texts) - 1)])[-(37 + 13 * i) :]  # lengths 37, 50, 63, ... none repeated
-            _, tps, per_round = one(engine, f"new{i}", ids, args.max_tokens)
+            ttft, tps, per_round = one(engine, f"new{i}", ids, args.max_tokens)
+            ttfts.append(1e3 * ttft)
             ratios.append(per_round / round_steady)  # a round's time: what a stall shows in (acceptance aside)
             tok_ratios.append(tps_steady / tps)
         r = {"backend": spec, "startup_s": startup, "ttft_first_ms": 1e3 * ttft_first, "ttft_steady_ms": 1e3 * ttft_steady,
              "tok_s_first": tps_first, "tok_s_steady": tps_steady, "round_ms_steady": round_steady,
              "worst_round_slowdown_new_lengths": max(ratios), "median_round_slowdown": sorted(ratios)[len(ratios) // 2],
-             "worst_tok_s_slowdown_new_lengths": max(tok_ratios)}
+             "worst_tok_s_slowdown_new_lengths": max(tok_ratios), "ttft_new_lengths_ms": ttfts}
         results.append(r)
         print(f"{spec:10s} start-up {startup:6.1f} s  TTFT first {r['ttft_first_ms']:7.1f} ms / steady "
               f"{r['ttft_steady_ms']:6.1f} ms  tok/s first {tps_first:7.1f} steady {tps_steady:7.1f}  new lengths: "
               f"round time worst {max(ratios):.2f}x, median {r['median_round_slowdown']:.2f}x of steady "
-              f"{round_steady:.2f} ms; tok/s worst {max(tok_ratios):.2f}x slower", flush=True)
+              f"{round_steady:.2f} ms; tok/s worst {max(tok_ratios):.2f}x slower; TTFT worst {max(ttfts):.1f} ms, "
+              f"median {sorted(ttfts)[len(ttfts) // 2]:.1f} ms", flush=True)
         del engine
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
