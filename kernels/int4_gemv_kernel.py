@@ -37,7 +37,7 @@ BO = WARPS * OT  # output rows a block
 MAGIC = 0x4B000000  # float bits of 2^23: OR-ing a code 0..15 into the mantissa gives 2^23 + q exactly
 KINDS = ("f32", "f16", "bf16")
 
-if config.ENABLE_CUDASIM:
+if getattr(config, "ENABLE_CUDASIM", 0):  # the simulator runs kernels as Python: bit casts through numpy
 
     def _as_float(bits):  # type: ignore[no-untyped-def]
         return np.array(int(bits) & 0xFFFFFFFF, dtype=np.uint32).view(np.float32)[()]
