@@ -344,3 +344,48 @@ def test_int4_packed_linear_uses_the_kernel_up_to_64_rows() -> None:
             _int4_check(got.reshape(-1, 1024), x.reshape(-1, 2048), qw, s, z)
         else:  # the reference: the bf16 dequantized weight through F.linear
             torch.testing.assert_close(got, torch.nn.functional.linear(x, w.dequantize()))
+
+
+def _fp8_expected(x: torch.Tensor, w: object) -> torch.Tensor:
+    """The product of the quantized operands in fp64: x quantized per row as fp8_scaled_linear does."""
+    from ignis.quant.fp8 import E4M3_MAX, FP8, Fp8Weight
+
+    assert isinstance(w, Fp8Weight)
+    rows = x.reshape(-1, x.shape[-1]).double()
+    sa = rows.abs().amax(-1, keepdim=True).clamp(min=1e-30) / E4M3_MAX
+    xq = (rows / sa).float().clamp(-E4M3_MAX, E4M3_MAX).to(FP8).double() * sa
+    return (xq @ w.dequantize(torch.float64).T).reshape(*x.shape[:-1], -1)
+
+
+@pytest.mark.skipif(torch.cuda.get_device_capability() < (8, 9), reason="fp8 matmuls need sm_89 or newer")
+@pytest.mark.parametrize("shape", INT4_SHAPES[:5])
+@pytest.mark.parametrize("rows", [1, 7, 16, 64])
+def test_fp8_scaled_linear_equals_the_product_of_its_operands(shape: tuple[int, int], rows: int) -> None:
+    from ignis.quant.fp8 import fp8_linear, quantize_fp8
+
+    nout, ncols = shape
+    g = torch.Generator(device="cuda").manual_seed(nout + rows)
+    w = quantize_fp8(torch.randn(nout, ncols, device="cuda", generator=g) * 0.02)
+    x = torch.randn(rows, ncols, device="cuda", generator=g).bfloat16()
+    got = fp8_linear(x, w)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, nout)
+    want = _fp8_expected(x, w)
+    torch.testing.assert_close(got.double(), want, rtol=2**-7, atol=2e-3 * float(want.abs().max()))
+
+
+@pytest.mark.skipif(torch.cuda.get_device_capability() < (8, 9), reason="fp8 matmuls need sm_89 or newer")
+def test_fp8_linear_under_cuda_graph_replay() -> None:
+    from ignis.quant.fp8 import fp8_linear, quantize_fp8
+
+    w = quantize_fp8(torch.randn(5120, 17408, device="cuda") * 0.02)
+    static_x = torch.randn(3, 17408, device="cuda").bfloat16()
+    fp8_linear(static_x, w)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = fp8_linear(static_x, w)
+    for seed in range(3):
+        static_x.copy_(torch.randn(3, 17408, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)) * 4)
+        graph.replay()
+        want = _fp8_expected(static_x, w)
+        torch.testing.assert_close(static_out.double(), want, rtol=2**-7, atol=2e-3 * float(want.abs().max()))
