@@ -28,11 +28,25 @@ import torch.nn.functional as F
 from ignis.quant.format import dequantize
 
 MAX_ROWS = 64  # rows the kernel takes; packed_linear sends more to the reference (a dequantized weight and F.linear)
-BLOCKS_PER_SM = 8  # the grid aims at this many blocks of 128 threads a SM before it splits the input dimension
 MIN_SPLIT_WORDS = 128  # 64-bit words of a row a K split gets at least (four a lane)
-BO = 16  # output rows a block (ignis.kernels.int4_gemv_kernel.BO; kept here so importing this module needs no numba)
-THREADS = 128
 _KINDS = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The kernel's shape: output rows a warp, warps a block, and the blocks a SM the grid aims at before it splits
+    the input dimension. tools.bench_quant measures the alternatives."""
+
+    ot: int = 4
+    warps: int = 4
+    blocks_per_sm: int = 8
+
+    @property
+    def bo(self) -> int:  # output rows a block
+        return self.ot * self.warps
+
+
+TUNING = Tuning()
 
 
 def int4_gemv_reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
@@ -48,12 +62,12 @@ class Plan:
     split_words: int  # 64-bit words of a row each split reads (the last may read fewer)
 
 
-def plan(nout: int, ncols: int, sms: int) -> Plan:
+def plan(nout: int, ncols: int, sms: int, tuning: Tuning = TUNING) -> Plan:
     """Enough blocks to fill the device from the output tiles alone when the weight has enough rows; otherwise split
     the input dimension, no split shorter than MIN_SPLIT_WORDS. Depends on the weight's shape only."""
     kwords = ncols // 16
-    tiles = math.ceil(nout / BO)
-    want = min(math.ceil(BLOCKS_PER_SM * sms / tiles), max(1, kwords // MIN_SPLIT_WORDS))
+    tiles = math.ceil(nout / tuning.bo)
+    want = min(math.ceil(tuning.blocks_per_sm * sms / tiles), max(1, kwords // MIN_SPLIT_WORDS))
     split_words = math.ceil(kwords / max(1, want))
     return Plan(math.ceil(kwords / split_words), split_words)
 
@@ -63,36 +77,37 @@ def row_tile(rows: int) -> int:
     return 1 if rows == 1 else 2 if rows == 2 else 4 if rows <= 4 else 8
 
 
-def workspace_len(sms: int) -> int:
-    """fp32 entries covering splits * rows * out for every shape: splits > 1 only while tiles < BLOCKS_PER_SM * sms,
-    and then splits * tiles < 2 * BLOCKS_PER_SM * sms."""
-    return 2 * BLOCKS_PER_SM * sms * BO * MAX_ROWS
+def workspace_len(sms: int, tuning: Tuning = TUNING) -> int:
+    """fp32 entries covering splits * rows * out for every shape: splits > 1 only while tiles < blocks_per_sm * sms,
+    and then splits * tiles < 2 * blocks_per_sm * sms."""
+    return 2 * tuning.blocks_per_sm * sms * tuning.bo * MAX_ROWS
 
 
 class _Device:
-    """One device's static workspace and counters (allocated once: CUDA graphs keep their addresses)."""
+    """One device's static workspace and counters for one tuning (allocated once: CUDA graphs keep their addresses)."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, tuning: Tuning) -> None:
         from numba import cuda
 
         self.sms = torch.cuda.get_device_properties(device).multi_processor_count
-        self.ws = torch.empty(workspace_len(self.sms), dtype=torch.float32, device=device)  # [n] float32, cuda
-        # Split weights have fewer than BLOCKS_PER_SM * sms tiles, times at most 8 row tiles.
-        self.counters = torch.zeros(8 * BLOCKS_PER_SM * self.sms, dtype=torch.int32, device=device)  # [n] int32
+        self.ws = torch.empty(workspace_len(self.sms, tuning), dtype=torch.float32, device=device)  # [n] float32
+        # Split weights have fewer than blocks_per_sm * sms tiles, times at most MAX_ROWS / 8 row tiles.
+        self.counters = torch.zeros(MAX_ROWS // 8 * tuning.blocks_per_sm * self.sms, dtype=torch.int32,
+                                    device=device)  # [n] int32, cuda
         self.counters_nb = cuda.as_cuda_array(self.counters)  # numba's atomics want an array argument
         self.plans: dict[tuple[int, int], Plan] = {}
 
 
 _lock = threading.Lock()
-_devices: dict[int, _Device] = {}
-_kernels: dict[tuple[str, str, int], Any] = {}
+_devices: dict[tuple[int, Tuning], _Device] = {}
+_kernels: dict[tuple[str, str, int, int, int], Any] = {}
 _launchers: dict[tuple[Any, ...], Any] = {}
 
 
-def kernel(xkind: str, skind: str, rt: int) -> Any:
+def kernel(xkind: str, skind: str, rt: int, ot: int, warps: int) -> Any:
     """The compiled dispatcher (compiled on first use)."""
     with _lock:
-        key = (xkind, skind, rt)
+        key = (xkind, skind, rt, ot, warps)
         if key not in _kernels:
             from numba import cuda
             from numba.cuda import types as numba_types
@@ -100,20 +115,20 @@ def kernel(xkind: str, skind: str, rt: int) -> Any:
             from ignis.kernels.int4_gemv_kernel import make_kernel, signature
 
             types: Any = numba_types
-            _kernels[key] = cuda.jit(types.void(*signature(xkind, skind)))(make_kernel(xkind, skind, rt))
+            _kernels[key] = cuda.jit(types.void(*signature(xkind, skind)))(make_kernel(*key))
         return _kernels[key]
 
 
-def _device(device: torch.device) -> _Device:
+def _device(device: torch.device, tuning: Tuning) -> _Device:
     index = device.index if device.index is not None else torch.cuda.current_device()
     with _lock:
-        if index not in _devices:
-            _devices[index] = _Device(device)
-        return _devices[index]
+        if (index, tuning) not in _devices:
+            _devices[index, tuning] = _Device(device, tuning)
+        return _devices[index, tuning]
 
 
-def _launcher(key: tuple[str, str, int], grid: tuple[int, int, int], device: torch.device) -> Any:
-    """`kernel[grid, THREADS, stream]` for torch's current stream, read at every call (under torch.cuda.graph it is
+def _launcher(key: tuple[str, str, int, int, int], grid: tuple[int, int, int], device: torch.device) -> Any:
+    """`kernel[grid, threads, stream]` for torch's current stream, read at every call (under torch.cuda.graph it is
     the capture stream) and configured once per key."""
     handle = torch.cuda.current_stream(device).cuda_stream
     full = (*key, grid, handle)
@@ -127,11 +142,12 @@ def _launcher(key: tuple[str, str, int], grid: tuple[int, int, int], device: tor
             warnings.simplefilter("ignore")  # numba warns about grids under 128 blocks
             if len(_launchers) > 1024:
                 _launchers.clear()
-            config = _launchers[full] = disp[grid, THREADS, stream]
+            config = _launchers[full] = disp[grid, 32 * key[4], stream]
     return config
 
 
-def int4_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor) -> torch.Tensor:
+def int4_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor,
+              tuning: Tuning = TUNING) -> torch.Tensor:
     """x [..., in] (bf16, fp16 or fp32, cuda; at most MAX_ROWS rows) @ W^T -> [..., out] in x.dtype, for W given as
     qweight uint8 [out, in/2], scales [out, in/group] (bf16, fp16 or fp32) and qzeros uint8 [out, in/group], all on
     x's device. Asynchronous, on torch's current stream; no allocation besides the output and no host read."""
@@ -149,13 +165,13 @@ def int4_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzer
     if nrows == 0 or nout == 0:
         return out.reshape(*lead, nout)
     qweight, scales, qzeros = qweight.contiguous(), scales.contiguous(), qzeros.contiguous()
-    dev = _device(x.device)
+    dev = _device(x.device, tuning)
     p = dev.plans.get((nout, ncols))
     if p is None:
-        p = dev.plans[nout, ncols] = plan(nout, ncols, dev.sms)
+        p = dev.plans[nout, ncols] = plan(nout, ncols, dev.sms, tuning)
     rt = row_tile(nrows)
-    grid = (math.ceil(nrows / rt), math.ceil(nout / BO), p.splits)
-    _launcher((_KINDS[x.dtype], _KINDS[scales.dtype], rt), grid, x.device)(
+    grid = (math.ceil(nrows / rt), math.ceil(nout / tuning.bo), p.splits)
+    _launcher((_KINDS[x.dtype], _KINDS[scales.dtype], rt, tuning.ot, tuning.warps), grid, x.device)(
         qweight.data_ptr(), scales.data_ptr(), qzeros.data_ptr(), rows.data_ptr(), out.data_ptr(), dev.ws.data_ptr(),
         dev.counters_nb, nrows, nout, ncols, ncols // scales.shape[1], p.split_words, p.splits,
     )

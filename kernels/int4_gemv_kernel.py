@@ -5,10 +5,11 @@ grid plan, the workspace, the stream or argument checks (ignis.kernels.int4_gemv
 numba.cuda (or, with NUMBA_ENABLE_CUDASIM=1, the simulator); nothing here touches the driver.
 docs/adr/0005-int4-gemv.md has the why.
 
-Grid (row tiles, output tiles, K splits), THREADS = 32 * WARPS threads. Warp w of output tile t owns output rows
-t * BO + w * OT .. + OT - 1 (BO = WARPS * OT) and the RT activation rows of its row tile; lane l reads 64-bit words
+Grid (row tiles, output tiles, K splits), 32 * warps threads. Warp w of output tile t owns output rows
+t * bo + w * ot .. + ot - 1 (bo = warps * ot) and the rt activation rows of its row tile; lane l reads 64-bit words
 l, l + 32, ... of its K split of each of those weight rows, so a warp's loads are 256 contiguous bytes of one row
-(coalesced), and each weight word is read by one lane of one warp for all the rows of the tile. A word is 16 codes of
+(coalesced), and each weight word is read by one lane of one warp for all the rows of the tile (rows past the tile's
+rt are other blocks of the same output tile, adjacent in launch order, so their reads of the weight meet in L2). A word is 16 codes of
 one group; each code becomes a float with the exponent trick (bits 0x4B000000 | q are the float 2^23 + q, exact) and
 (q - z) is one subtraction; the products with the RT activation rows are summed in fp32 per word and scaled by the
 group's scale once a word. Lanes' sums are added in shared memory in a fixed order. With one split the warp writes
@@ -30,10 +31,6 @@ import numpy as np
 from numba import config, cuda
 from numba import float32, int64  # noqa: F401 - used inside kernels
 
-WARPS = 4  # warps a block
-THREADS = 32 * WARPS
-OT = 4  # output rows a warp
-BO = WARPS * OT  # output rows a block
 MAGIC = 0x4B000000  # float bits of 2^23: OR-ing a code 0..15 into the mantissa gives 2^23 + q exactly
 KINDS = ("f32", "f16", "bf16")
 
@@ -118,12 +115,16 @@ def signature(xkind: str, skind: str) -> tuple[Any, ...]:
     )
 
 
-def make_kernel(xkind: str, skind: str, rt: int) -> Any:
-    """The kernel (a plain function, for cuda.jit) for row tiles of `rt` rows."""
+def make_kernel(xkind: str, skind: str, rt: int, ot: int, warps: int) -> Any:
+    """The kernel (a plain function, for cuda.jit) for row tiles of `rt` rows, `ot` output rows a warp and `warps`
+    warps a block."""
+    OT = ot  # noqa: N806 - compile-time constants of the kernel
+    BO = warps * ot  # noqa: N806
+    THREADS = 32 * warps  # noqa: N806
     quad = _quad_bf16 if xkind == "bf16" else _quad_float
     scale_of = _scalar_bf16 if skind == "bf16" else _scalar_float
     store = _store_bf16 if xkind == "bf16" else _store_float
-    pairs = OT * rt  # (output row, activation row) sums a warp holds; at most 32, one a lane in the reduction
+    pairs = OT * rt  # (output row, activation row) sums a warp holds, added up across lanes one pair a lane
     xn = 4 * rt  # activation values of one quad of columns, all rows of the tile
 
     @cuda.jit(device=True, inline="always")
@@ -191,21 +192,23 @@ def make_kernel(xkind: str, skind: str, rt: int) -> Any:
             kw += 32
 
         # Lanes' sums -> one per (output row, activation row), added in lane order.
-        red = cuda.shared.array((WARPS, 32, 33), float32)
+        red = cuda.shared.array((warps, pairs, 33), float32)
         for p in range(pairs):
             red[warp, p, lane] = acc[p]
         cuda.syncthreads()
-        if lane < pairs:
+        p = lane
+        while p < pairs:
             v = float32(0.0)
             for j in range(32):
-                v += red[warp, lane, j]
-            oo = o0 + lane // rt
-            rr = r0 + lane % rt
+                v += red[warp, p, j]
+            oo = o0 + p // rt
+            rr = r0 + p % rt
             if oo < nout and rr < nrows:
                 if nsplit == 1:
                     store(out, rr * nout + oo, v)
                 else:
                     ws[(sp * nrows + rr) * nout + oo] = v
+            p += 32
         if nsplit == 1:
             return
 

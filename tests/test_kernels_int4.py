@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from ignis.kernels.int4_gemv import int4_gemv_reference, plan, row_tile, workspace_len
+from ignis.kernels.int4_gemv import Tuning, int4_gemv_reference, plan, row_tile, workspace_len
 from ignis.quant.format import dequantize, quantize
 
 
@@ -33,28 +33,32 @@ def test_reference_is_the_fp32_product_with_the_dequantized_weight() -> None:
     assert int4_gemv_reference(x.bfloat16(), qw, s, z).dtype == torch.bfloat16
 
 
-def test_plan_fills_the_device_and_bounds_the_workspace() -> None:
+@pytest.mark.parametrize("tuning", [Tuning(), Tuning(2, 4, 8), Tuning(8, 2, 4), Tuning(4, 8, 16)])
+def test_plan_fills_the_device_and_bounds_the_workspace(tuning: Tuning) -> None:
     sms = 132
     for nout, ncols in ((34816, 5120), (5120, 17408), (5120, 6144), (16384, 5120), (14336, 5120), (48, 5120),
                         (248320, 5120), (19, 128)):
-        p = plan(nout, ncols, sms)
+        p = plan(nout, ncols, sms, tuning)
         kwords = ncols // 16
         assert p.splits >= 1 and (p.splits - 1) * p.split_words < kwords <= p.splits * p.split_words
-        tiles = -(-nout // 16)
-        assert p.splits == 1 or (tiles < 8 * sms and p.split_words >= 128)
-        assert p.splits == 1 or p.splits * 64 * nout <= workspace_len(sms)
-    assert plan(5120, 17408, sms).splits > 1  # 320 output tiles alone would leave most of the device idle
+        tiles = -(-nout // tuning.bo)
+        assert p.splits == 1 or (tiles < tuning.blocks_per_sm * sms and p.split_words >= 128)
+        assert p.splits == 1 or p.splits * 64 * nout <= workspace_len(sms, tuning)
+    if tuning == Tuning():
+        assert plan(5120, 17408, sms).splits > 1  # 320 output tiles alone would leave most of the device idle
     assert [row_tile(r) for r in (1, 2, 3, 4, 5, 8, 9, 64)] == [1, 2, 4, 4, 8, 8, 8, 8]
 
 
-# (rows, nout, ncols, group, split_words, x dtype, scale dtype): split_words < ncols / 16 splits the input dimension.
+# (rows, nout, ncols, group, split_words, x dtype, scale dtype, output rows a warp, warps): split_words < ncols / 16
+# splits the input dimension; 8 output rows a warp with 8-row tiles hold 64 sums, two a lane in the reduction.
 CASES = [
-    (1, 19, 128, 64, 8, "float32", "float16"),
-    (2, 16, 256, 128, 16, "float32", "float32"),
-    (3, 37, 256, 64, 8, "float32", "float16"),
-    (8, 20, 128, 128, 8, "bfloat16", "bfloat16"),
-    (11, 17, 256, 64, 6, "bfloat16", "bfloat16"),
-    (5, 33, 128, 64, 4, "float16", "float16"),
+    (1, 19, 128, 64, 8, "float32", "float16", 4, 4),
+    (2, 16, 256, 128, 16, "float32", "float32", 4, 4),
+    (3, 37, 256, 64, 8, "float32", "float16", 2, 2),
+    (8, 20, 128, 128, 8, "bfloat16", "bfloat16", 4, 4),
+    (11, 17, 256, 64, 6, "bfloat16", "bfloat16", 4, 4),
+    (5, 33, 128, 64, 4, "float16", "float16", 4, 4),
+    (9, 21, 128, 64, 4, "bfloat16", "float16", 8, 1),
 ]
 
 CHILD = r"""
@@ -62,7 +66,7 @@ import sys
 import numpy as np, torch
 from numba import cuda
 from ignis.kernels.int4_gemv import int4_gemv_reference, row_tile
-from ignis.kernels.int4_gemv_kernel import BO, THREADS, make_kernel
+from ignis.kernels.int4_gemv_kernel import make_kernel
 from tests.test_kernels_int4 import CASES, _weight
 
 assert type(cuda.jit(lambda: None)).__name__ == "FakeCUDAKernel"  # the simulator, not a driver
@@ -74,7 +78,7 @@ def flat(t):
     return t.contiguous().view(BITS[str(t.dtype).removeprefix("torch.")]).reshape(-1).numpy().copy()
 
 
-for i, (rows, nout, ncols, group, split_words, xd, sd) in enumerate(CASES):
+for i, (rows, nout, ncols, group, split_words, xd, sd, ot, warps) in enumerate(CASES):
     qw, s, z = _weight(nout, ncols, group, seed=10 + i)
     s = s.to(getattr(torch, sd))
     x = torch.randn(rows, ncols, generator=torch.Generator().manual_seed(i)).to(getattr(torch, xd))
@@ -84,12 +88,12 @@ for i, (rows, nout, ncols, group, split_words, xd, sd) in enumerate(CASES):
     rt = row_tile(rows)
     out = np.zeros(rows * nout, flat(x).dtype)
     ws = np.full(splits * rows * nout, np.nan, np.float32)
-    grid = (-(-rows // rt), -(-nout // BO), splits)
+    grid = (-(-rows // rt), -(-nout // (ot * warps)), splits)
     counters = np.zeros(grid[0] * grid[1], np.int32)
-    kern = cuda.jit(make_kernel(KIND[xd], KIND[sd], rt))
+    kern = cuda.jit(make_kernel(KIND[xd], KIND[sd], rt, ot, warps))
     for rep in range(2):  # the second launch starts from the counters the first left
         out[:] = 0
-        kern[grid, THREADS](qw.view(torch.int64).reshape(-1).numpy().copy(), flat(s), z.reshape(-1).numpy().copy(),
+        kern[grid, 32 * warps](qw.view(torch.int64).reshape(-1).numpy().copy(), flat(s), z.reshape(-1).numpy().copy(),
                             xa, out, ws, counters, rows, nout, ncols, group, split_words, splits)
         got = torch.from_numpy(out).view(x.dtype).reshape(rows, nout)
         ref = int4_gemv_reference(x.float(), qw, s, z)  # the fp32 sums before the one rounding to x.dtype

@@ -6,6 +6,7 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
    weight that none is still in L2: the int4 kernel (ignis.kernels.int4_gemv), bf16 F.linear, fp8 (torch._scaled_mm,
    ignis.quant.fp8) and, at 64 rows, the int4 reference (dequantize + F.linear). "x floor" is ms over the form's own
    bytes (weight, scales, zero points, x and y) at the copy bandwidth.
+   Then the int4 kernel's alternative shapes of work (ignis.kernels.int4_gemv.Tuning) at three of the shapes.
 3. A decode step of one lane at a 512-token context (random weights built on the GPU, as tools.bench_round does)
    through DeviceRound with CUDA graphs, bf16 then the same weights packed to int4 (group 128) then converted to fp8;
    speed-ups are bf16 ms over int4 or fp8 ms, floors are each model's weight bytes plus the lane's state and K/V.
@@ -35,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ignis.artifact import BUILTIN
-from ignis.kernels.int4_gemv import int4_gemv
+from ignis.kernels.int4_gemv import Tuning, int4_gemv
 from ignis.quant.format import dequantize, quantize, quantized_name
 from ignis.model.model import HybridModel
 from ignis.quant.fp8 import Fp8Linear, Fp8Weight, fp8_linear, quantize_fp8, to_fp8
@@ -126,6 +127,34 @@ def products(bw: float, reps: int) -> list[dict[str, Any]]:
                 print(f"{name:22s} {nout:6d}x{ncols:<6d} rows {r:3d}  {form:15s} {1e3 * ms:8.1f} us  "
                       f"floor {1e3 * floor:7.1f} us  x{ms / floor:5.2f}", flush=True)
         del c4, cb, c8
+        torch.cuda.empty_cache()
+    return rows_out
+
+
+TUNINGS = [Tuning(4, 4, 8), Tuning(2, 4, 8), Tuning(8, 4, 8), Tuning(4, 8, 4), Tuning(4, 2, 16), Tuning(4, 4, 4),
+           Tuning(4, 4, 16), Tuning(2, 8, 8)]
+
+
+def tunings(bw: float, reps: int) -> list[dict[str, Any]]:
+    """The int4 kernel's shapes of work (output rows a warp, warps a block, blocks a SM aimed at) at the largest and
+    the smallest products, 1 and 8 rows; the first is the default (ignis.kernels.int4_gemv.TUNING)."""
+    rows_out = []
+    dev = torch.device("cuda")
+    for name, nout, ncols in (SHAPES[0], SHAPES[1], SHAPES[4]):
+        qw, s, z = quantize(torch.randn(nout, ncols, device=dev) * 0.02, GROUP)
+        s = s.bfloat16()
+        n4 = qw.nbytes + s.nbytes + z.nbytes
+        c4 = _copies(n4, lambda: (qw.clone(), s.clone(), z.clone()))
+        for r in (1, 8):
+            x = torch.randn(r, ncols, device=dev).bfloat16()
+            floor = (n4 + 2 * r * (ncols + nout)) / bw * 1e3
+            for t in TUNINGS:
+                ms = graph_ms([partial(int4_gemv, x, p[0], p[1], p[2], tuning=t) for p in c4], reps)
+                rows_out.append({"shape": name, "rows": r, "ot": t.ot, "warps": t.warps,
+                                 "blocks_per_sm": t.blocks_per_sm, "ms": ms, "x_floor": ms / floor})
+                print(f"tuning {name:22s} rows {r}  ot {t.ot} warps {t.warps} blocks/SM {t.blocks_per_sm:2d}  "
+                      f"{1e3 * ms:8.1f} us  x{ms / floor:5.2f}", flush=True)
+        del c4
         torch.cuda.empty_cache()
     return rows_out
 
@@ -292,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=256, help="last tokens of each for perplexity")
     ap.add_argument("--accept-prompts", type=int, default=8, help="held-out prompts decoded with dflash2")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--skip", default="", help="comma list of products, decode, quality")
+    ap.add_argument("--skip", default="", help="comma list of products, tunings, decode, quality")
     args = ap.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     t0 = time.perf_counter()
@@ -301,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_tb_s": bw / 1e12,
                               "group": GROUP}
     out = Path(args.out)
-    steps = [("products", lambda: products(bw, args.reps)), ("decode", lambda: decode_steps(bw, args.context, args.iters)),
+    steps = [("products", lambda: products(bw, args.reps)), ("tunings", lambda: tunings(bw, args.reps)),
+             ("decode", lambda: decode_steps(bw, args.context, args.iters)),
              ("quality", lambda: quality(args.prompts, args.tokens, args.accept_prompts, args.max_tokens))]
     for name, step in steps:
         if name in skip:
