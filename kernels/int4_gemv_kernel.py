@@ -10,8 +10,8 @@ t * bo + w * ot .. + ot - 1 (bo = warps * ot) and the rt activation rows of its 
 l, l + 32, ... of its K split of each of those weight rows, so a warp's loads are 256 contiguous bytes of one row
 (coalesced), and each weight word is read by one lane of one warp for all the rows of the tile (rows past the tile's
 rt are other blocks of the same output tile, adjacent in launch order, so their reads of the weight meet in L2). A word is 16 codes of
-one group; each code becomes a float with the exponent trick (bits 0x4B000000 | q are the float 2^23 + q, exact) and
-(q - z) is one subtraction; the products with the RT activation rows are summed in fp32 per word and scaled by the
+one group; each code becomes a float with the exponent trick (bits 0x4B000000 | q are the float 2^23 + q, exact,
+with the nibble masked where it lies: see quad_step) and (q - z) is one subtraction; the products with the RT activation rows are summed in fp32 per word and scaled by the
 group's scale once a word. Lanes' sums are added in shared memory in a fixed order. With one split the warp writes
 the outputs; otherwise each block stores its partial sums in the workspace, and the last block of a (row tile,
 output tile) to finish (threadfence + atomic counter) adds the splits in order, writes the outputs and zeroes its
@@ -32,6 +32,10 @@ from numba import config, cuda
 from numba import float32, int64  # noqa: F401 - used inside kernels
 
 MAGIC = 0x4B000000  # float bits of 2^23: OR-ing a code 0..15 into the mantissa gives 2^23 + q exactly
+TWO23 = np.float32(2.0**23)
+# 16^-i and 16^i as fp32 constants (globals are frozen into the kernel; no pow at run time)
+S1, S2, S3, S4 = np.float32(2.0**-4), np.float32(2.0**-8), np.float32(2.0**-12), np.float32(2.0**-16)
+P1, P2, P3, P4 = np.float32(16.0), np.float32(256.0), np.float32(4096.0), np.float32(65536.0)
 KINDS = ("f32", "f16", "bf16")
 
 if getattr(config, "ENABLE_CUDASIM", 0):  # the simulator runs kernels as Python: bit casts through numpy
@@ -126,22 +130,41 @@ def make_kernel(xkind: str, skind: str, rt: int, ot: int, warps: int) -> Any:
     store = _store_bf16 if xkind == "bf16" else _store_float
     pairs = OT * rt  # (output row, activation row) sums a warp holds, added up across lanes one pair a lane
     xn = 4 * rt  # activation values of one quad of columns, all rows of the tile
+    nh = 4 * ot  # per output row: low half of the word, low >> 20, high half, high >> 20
+    nz = 5 * ot  # per output row: 2^23 + z * 16^i, i = 0..4
 
     @cuda.jit(device=True, inline="always")
-    def quad_step(x, xbase, col, words, zfs, xs, part, hi, shift):
-        # Codes 4 .. 4 + 3 at bit `shift` of the `hi` half of each word, against activation columns col .. col + 3.
+    def quad_step(x, xbase, col, halves, zfs, xs, part, h, second):
+        # Codes 4 * second .. + 3 of half h (0: the word's low 32 bits, 1: its high) of each weight word, against
+        # activation columns col .. col + 3. A code at nibble i <= 4 of a 32-bit value v is masked in place:
+        # (v & 0xF << 4i) | MAGIC is the float 2^23 + q * 16^i, exact; minus 2^23 + z * 16^i it is (q - z) * 16^i,
+        # and the activation comes scaled by 16^-i, so the product is (q - z) * x exactly as without the trick.
+        # Codes 5..7 of a half are nibbles 0..2 of the half shifted right by 20 (one shift for three codes).
         for r in range(rt):
             a0, a1, a2, a3 = quad(x, xbase[r] + col)
-            xs[4 * r] = a0
-            xs[4 * r + 1] = a1
-            xs[4 * r + 2] = a2
-            xs[4 * r + 3] = a3
+            if second:
+                xs[4 * r] = a0 * S4
+                xs[4 * r + 1] = a1
+                xs[4 * r + 2] = a2 * S1
+                xs[4 * r + 3] = a3 * S2
+            else:
+                xs[4 * r] = a0
+                xs[4 * r + 1] = a1 * S1
+                xs[4 * r + 2] = a2 * S2
+                xs[4 * r + 3] = a3 * S3
         for o in range(OT):
-            half = (words[o] >> hi) & 0xFFFFFFFF
-            for i in range(4):
-                d = as_float(((half >> (shift + 4 * i)) & 0xF) | MAGIC) - zfs[o]
+            v = halves[4 * o + 2 * h]  # the half
+            u = halves[4 * o + 2 * h + 1]  # the half >> 20
+            for c in range(4):
+                if second:
+                    i = 4 if c == 0 else c - 1
+                    bits = (v & 0xF0000) if c == 0 else (u & (0xF << (4 * (c - 1))))
+                else:
+                    i = c
+                    bits = v & (0xF << (4 * c))
+                d = as_float(bits | MAGIC) - zfs[5 * o + i]
                 for r in range(rt):
-                    part[o * rt + r] += d * xs[4 * r + i]
+                    part[o * rt + r] += d * xs[4 * r + c]
 
     def int4_gemv(qw, sc, zp, x, out, ws, counters, nrows, nout, ncols, group, split_words, nsplit):
         t = cuda.threadIdx.x
@@ -158,8 +181,8 @@ def make_kernel(xkind: str, skind: str, rt: int, ot: int, warps: int) -> Any:
         acc = cuda.local.array(pairs, float32)
         part = cuda.local.array(pairs, float32)
         xs = cuda.local.array(xn, float32)
-        words = cuda.local.array(OT, int64)
-        zfs = cuda.local.array(OT, float32)
+        halves = cuda.local.array(nh, int64)
+        zfs = cuda.local.array(nz, float32)
         wbase = cuda.local.array(OT, int64)
         gbase = cuda.local.array(OT, int64)
         xbase = cuda.local.array(rt, int64)
@@ -175,16 +198,27 @@ def make_kernel(xkind: str, skind: str, rt: int, ot: int, warps: int) -> Any:
         while kw < k_end:
             g = kw // gwords
             for o in range(OT):
-                words[o] = qw[wbase[o] + kw]
+                w = qw[wbase[o] + kw]
+                lo = w & 0xFFFFFFFF
+                hi = (w >> 32) & 0xFFFFFFFF
+                halves[4 * o] = lo
+                halves[4 * o + 1] = lo >> 20
+                halves[4 * o + 2] = hi
+                halves[4 * o + 3] = hi >> 20
             for o in range(OT):
-                zfs[o] = float32(8388608.0) + float32(zp[gbase[o] + g])
+                z = float32(zp[gbase[o] + g])
+                zfs[5 * o] = TWO23 + z
+                zfs[5 * o + 1] = TWO23 + z * P1
+                zfs[5 * o + 2] = TWO23 + z * P2
+                zfs[5 * o + 3] = TWO23 + z * P3
+                zfs[5 * o + 4] = TWO23 + z * P4
             for p in range(pairs):
                 part[p] = float32(0.0)
             col = 16 * kw
-            quad_step(x, xbase, col, words, zfs, xs, part, 0, 0)
-            quad_step(x, xbase, col + 4, words, zfs, xs, part, 0, 16)
-            quad_step(x, xbase, col + 8, words, zfs, xs, part, 32, 0)
-            quad_step(x, xbase, col + 12, words, zfs, xs, part, 32, 16)
+            quad_step(x, xbase, col, halves, zfs, xs, part, 0, 0)
+            quad_step(x, xbase, col + 4, halves, zfs, xs, part, 0, 1)
+            quad_step(x, xbase, col + 8, halves, zfs, xs, part, 1, 0)
+            quad_step(x, xbase, col + 12, halves, zfs, xs, part, 1, 1)
             for o in range(OT):
                 s = scale_of(sc, gbase[o] + g)
                 for r in range(rt):
