@@ -1,22 +1,23 @@
 """The numba-cuda body of the 4-bit GEMV/GEMM: y[r, o] = sum_c x[r, c] * (q[o, c] - z[o, g]) * s[o, g], g = c // group.
 
-Owns: the kernel source for each (activation dtype, scale dtype, row tile) and its numba signature. Does not own: the
-grid plan, the workspace, the stream or argument checks (ignis.kernels.int4_gemv). Importing this module imports
-numba.cuda (or, with NUMBA_ENABLE_CUDASIM=1, the simulator); nothing here touches the driver.
+Owns: the kernel source for each (activation dtype, scale dtype, row tile, output rows a warp, warps a block) and
+its numba signature. Does not own: the grid plan, the workspace, the stream or argument checks
+(ignis.kernels.int4_gemv). Importing this module imports numba.cuda (or, with NUMBA_ENABLE_CUDASIM=1, the
+simulator); nothing here touches the driver.
 docs/adr/0005-int4-gemv.md has the why.
 
 Grid (row tiles, output tiles, K splits), 32 * warps threads. Warp w of output tile t owns output rows
 t * bo + w * ot .. + ot - 1 (bo = warps * ot) and the rt activation rows of its row tile; lane l reads 64-bit words
 l, l + 32, ... of its K split of each of those weight rows, so a warp's loads are 256 contiguous bytes of one row
-(coalesced), and each weight word is read by one lane of one warp for all the rows of the tile (rows past the tile's
-rt are other blocks of the same output tile, adjacent in launch order, so their reads of the weight meet in L2). A word is 16 codes of
-one group; each code becomes a float with the exponent trick (bits 0x4B000000 | q are the float 2^23 + q, exact,
-with the nibble masked where it lies: see quad_step) and (q - z) is one subtraction; the products with the RT activation rows are summed in fp32 per word and scaled by the
-group's scale once a word. Lanes' sums are added in shared memory in a fixed order. With one split the warp writes
-the outputs; otherwise each block stores its partial sums in the workspace, and the last block of a (row tile,
-output tile) to finish (threadfence + atomic counter) adds the splits in order, writes the outputs and zeroes its
-counter, so the next launch or CUDA-graph replay starts clean. Rows and outputs past the end are masked, so any
-row count and any output count run.
+(coalesced), and each weight word is read by one lane of one warp for all the rows of the tile (more rows are other
+blocks of the same output tile, adjacent in launch order, so their reads of the weight meet in L2). A word is 16
+codes of one group; each code becomes a float with the exponent trick (bits 0x4B000000 | q are the float 2^23 + q,
+exact, with the nibble masked where it lies: see quad_step) and (q - z) is one subtraction; the products with the
+rt activation rows are summed in fp32 per word and scaled by the group's scale once a word. Lanes' sums are added in
+shared memory in a fixed order. With one split the warp writes the outputs; otherwise each block stores its partial
+sums in the workspace, and the last block of a (row tile, output tile) to finish (threadfence + atomic counter) adds
+the splits in order, writes the outputs and zeroes its counter, so the next launch or CUDA-graph replay starts
+clean. Rows and outputs past the end are masked, so any row count and any output count run.
 
 Dtypes: activations and outputs in bf16 (read as 64-bit words of four, converted by shifts), fp16 or fp32; scales in
 bf16, fp16 or fp32. No warp intrinsics, so the same source runs in numba's simulator (flat numpy arrays in place

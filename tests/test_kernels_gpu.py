@@ -291,8 +291,9 @@ def test_int4_gemv_group_64_and_other_dtypes(dtype: torch.dtype) -> None:
 
     qw, s, z = _int4_weight(5120, 6144, 64, seed=3)
     x = torch.randn(5, 6144, device="cuda").to(dtype)
+    tol = 1e-3 if dtype == torch.float16 else 1e-5
     torch.testing.assert_close(int4_gemv(x, qw, s.to(dtype), z), int4_gemv_reference(x, qw, s.to(dtype), z),
-                               rtol=1e-3 if dtype == torch.float16 else 1e-5, atol=1e-3 if dtype == torch.float16 else 1e-5)
+                               rtol=tol, atol=tol)
 
 
 def test_int4_gemv_rows_do_not_depend_on_the_batch() -> None:

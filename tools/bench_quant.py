@@ -44,8 +44,8 @@ from ignis.quant.linear import QuantLinear
 from tools.bench_round import POSITION, QWEN35_27B, build_backend, copy_bandwidth, decodes, floor_bytes, time_rounds
 
 C = QWEN35_27B
-GDN_QKV = 2 * C["linear_num_key_heads"] * C["linear_key_head_dim"] + C["linear_num_value_heads"] * C["linear_value_head_dim"]
 GDN_Z = C["linear_num_value_heads"] * C["linear_value_head_dim"]
+GDN_QKV = 2 * C["linear_num_key_heads"] * C["linear_key_head_dim"] + GDN_Z
 ATTN_QKV = (2 * C["num_attention_heads"] + 2 * C["num_key_value_heads"]) * C["head_dim"]
 H, I = C["hidden_size"], C["intermediate_size"]
 # (name, out, in): the products of a 27B decode step (the GDN qkv and z run as two packed products in a quantized
@@ -304,8 +304,8 @@ def summary(result: dict[str, Any]) -> list[str]:
                      f"ms (x{dec['speedup_fp8']:.2f})")
     q = result.get("quality")
     if q:
-        lines.append(f"built-in perplexity: bf16 {q['int4']['ppl_reference']:.3f}, int4 {q['int4']['ppl_quantized']:.3f}, "
-                     f"fp8 {q['fp8']['ppl_quantized']:.3f}; dflash2 tokens a round: "
+        lines.append(f"built-in perplexity: bf16 {q['int4']['ppl_reference']:.3f}, int4 "
+                     f"{q['int4']['ppl_quantized']:.3f}, fp8 {q['fp8']['ppl_quantized']:.3f}; dflash2 tokens a round: "
                      + ", ".join(f"{k} {v:.2f}" for k, v in q["dflash2_tokens_per_round"].items()))
     return lines
 
@@ -327,8 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     bw = copy_bandwidth(torch.device("cuda"))
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}", flush=True)
-    result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_tb_s": bw / 1e12,
-                              "group": GROUP}
+    result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                              "copy_tb_s": bw / 1e12, "group": GROUP}
     out = Path(args.out)
     steps = [("products", lambda: products(bw, args.reps)), ("tunings", lambda: tunings(bw, args.reps)),
              ("decode", lambda: decode_steps(bw, args.context, args.iters)),

@@ -94,8 +94,8 @@ class RMSNorm(nn.Module):
 
 def fuse_weights(*linears: nn.Module) -> Weight | None:
     """`fuse_rows` for projections that may be packed or fp8 (ignis.quant): packed (fp8) linears join into one packed
-    (fp8) weight; None (left unfused) when dense and packed are mixed, as in a quantized Gated DeltaNet, whose small gate
-    projections keep their precision and so cannot share the packed matrix."""
+    (fp8) weight; None (left unfused) when dense and packed are mixed, as in a quantized Gated DeltaNet, whose small
+    gate projections keep their precision and so cannot share the packed matrix."""
     dense = [m for m in linears if isinstance(m, nn.Linear)]
     packed = [m for m in linears if isinstance(m, QuantLinear)]
     fp8 = [m for m in linears if isinstance(m, Fp8Linear)]
