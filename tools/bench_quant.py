@@ -131,8 +131,7 @@ def products(bw: float, reps: int) -> list[dict[str, Any]]:
     return rows_out
 
 
-TUNINGS = [Tuning(4, 4, 8), Tuning(2, 4, 8), Tuning(8, 4, 8), Tuning(4, 8, 4), Tuning(4, 2, 16), Tuning(4, 4, 4),
-           Tuning(4, 4, 16), Tuning(2, 8, 8)]
+TUNINGS = [Tuning(4, 4, 8), Tuning(2, 4, 8), Tuning(8, 4, 8), Tuning(4, 8, 4), Tuning(4, 2, 16), Tuning(4, 4, 16)]
 
 
 def tunings(bw: float, reps: int) -> list[dict[str, Any]]:
