@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ignis.artifact import BUILTIN
-from ignis.kernels.int4_gemv import Tuning, int4_gemv
+from ignis.kernels.int4_gemv import Tuning, int4_gemv, kernel, row_tile
 from ignis.quant.format import dequantize, quantize, quantized_name
 from ignis.model.model import HybridModel
 from ignis.quant.fp8 import Fp8Linear, Fp8Weight, fp8_linear, quantize_fp8, to_fp8
@@ -134,6 +134,15 @@ def products(bw: float, reps: int) -> list[dict[str, Any]]:
 TUNINGS = [Tuning(4, 4, 8), Tuning(2, 4, 8), Tuning(8, 4, 8), Tuning(4, 8, 4), Tuning(4, 2, 16), Tuning(4, 4, 16)]
 
 
+def kernel_info(t: Tuning, rt: int) -> dict[str, Any]:
+    """Registers and local memory a thread of the compiled bf16 kernel uses (spills show as local memory)."""
+    disp = kernel("bf16", "bf16", rt, t.ot, t.warps)
+    try:
+        return {"regs": disp.get_regs_per_thread(), "local_bytes": disp.get_local_mem_per_thread()}
+    except (AttributeError, KeyError, TypeError) as e:  # a numba-cuda without these queries: say so, keep timing
+        return {"info_error": repr(e)}
+
+
 def tunings(bw: float, reps: int) -> list[dict[str, Any]]:
     """The int4 kernel's shapes of work (output rows a warp, warps a block, blocks a SM aimed at) at the largest and
     the smallest products, 1 and 8 rows; the first is the default (ignis.kernels.int4_gemv.TUNING)."""
@@ -149,10 +158,11 @@ def tunings(bw: float, reps: int) -> list[dict[str, Any]]:
             floor = (n4 + 2 * r * (ncols + nout)) / bw * 1e3
             for t in TUNINGS:
                 ms = graph_ms([partial(int4_gemv, x, p[0], p[1], p[2], tuning=t) for p in c4], reps)
+                info = kernel_info(t, row_tile(r))
                 rows_out.append({"shape": name, "rows": r, "ot": t.ot, "warps": t.warps,
-                                 "blocks_per_sm": t.blocks_per_sm, "ms": ms, "x_floor": ms / floor})
+                                 "blocks_per_sm": t.blocks_per_sm, "ms": ms, "x_floor": ms / floor, **info})
                 print(f"tuning {name:22s} rows {r}  ot {t.ot} warps {t.warps} blocks/SM {t.blocks_per_sm:2d}  "
-                      f"{1e3 * ms:8.1f} us  x{ms / floor:5.2f}", flush=True)
+                      f"{1e3 * ms:8.1f} us  x{ms / floor:5.2f}  {info}", flush=True)
         del c4
         torch.cuda.empty_cache()
     return rows_out
