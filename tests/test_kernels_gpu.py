@@ -3,6 +3,8 @@ vocabulary grid, on hard data, on views, on a side stream and under CUDA-graph r
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -393,12 +395,10 @@ def test_fp8_linear_under_cuda_graph_replay() -> None:
 
 
 @pytest.mark.parametrize("form", ["int4", "fp8"])
-def test_quantized_builtin_on_the_gpu_tracks_its_cpu_reference(form: str, tmp_path: object) -> None:
+def test_quantized_builtin_on_the_gpu_tracks_its_cpu_reference(form: str, tmp_path: Path) -> None:
     """The built-in model with int4 (the kernel: 48 rows) or fp8 (_scaled_mm) projections, bf16 on the GPU, against
     the same weights on the CPU in fp32 through the references (measured on the CPU with _scaled_mm's CPU build: fp8's
     per-row activation quantization moves the logits 3.8% of their norm, bf16 alone 0.6%)."""
-    from pathlib import Path
-
     from ignis.artifact import BUILTIN
     from ignis.model.batch import Batch, Segment
     from ignis.model.cache import LaneCache
@@ -409,7 +409,7 @@ def test_quantized_builtin_on_the_gpu_tracks_its_cpu_reference(form: str, tmp_pa
         pytest.skip("fp8 matmuls need sm_89 or newer")
     path = BUILTIN
     if form == "int4":
-        path = Path(str(tmp_path)) / "int4"
+        path = tmp_path / "int4"
         convert(BUILTIN, path, group=128)
 
     def logits(device: str, dtype: torch.dtype, ids: torch.Tensor) -> torch.Tensor:
