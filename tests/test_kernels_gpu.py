@@ -1,5 +1,7 @@
 """The top-k kernel on a real GPU: bit-identical to the reference and equal in value to torch.topk over the
-vocabulary grid, on hard data, on views, on a side stream and under CUDA-graph replay. Needs CUDA; CI has none."""
+vocabulary grid, on hard data, on views, on a side stream and under CUDA-graph replay; the other kernels against their
+references; the 4-bit GEMV and the fp8 product at the 27B shapes (under graph replay, the GEMV batch-invariant) and
+the quantized built-in model against its CPU reference. Needs CUDA; CI has none."""
 
 from __future__ import annotations
 
