@@ -37,8 +37,10 @@ class ModelSection:
                        allowed='"auto", "cpu", "cuda" or "cuda:N"')
     exact: str = choice("auto", "auto", "on", "off")  # batch-invariant arithmetic; auto: on for cpu
     # The weight format a profile's lanes and context were sized for (int4: a checkpoint made by `ignis quantize`);
-    # the memory plan counts the checkpoint as it is and names a mismatch. auto: any.
-    weights: str = choice("auto", "auto", "int4", "bf16")
+    # the memory plan counts the checkpoint as it is and names a mismatch. auto: any. fp8 also acts: the decoder
+    # projections of a checkpoint in its own precision are converted to float8 e4m3 (a scale per output channel) as
+    # the model loads, and run through torch's scaled matmul on CUDA (Hopper or newer; docs/quantization.md).
+    weights: str = choice("auto", "auto", "int4", "bf16", "fp8")
 
     def __post_init__(self) -> None:
         check_section(self.section, self)

@@ -7,7 +7,8 @@ the backends) or the config rules (ignis.config).
 
 Everything is counted from config.json files on the meta device (no weights are read), with the same classes the
 engine allocates, so the numbers are the engine's own: the target from its config.json and quantization_config, the
-lane cache from `LaneCache`, a dflash2 drafter from its config.json and `ContextCache`. Two items are estimates, and
+lane cache from `LaneCache`, a dflash2 drafter from its config.json and `ContextCache`; with model.weights = "fp8"
+the projections the loader converts count one byte a weight and four a row for the scale. Two items are estimates, and
 say so: the scratch of a round (activations and logits of the largest round, and one dequantized weight while
 4-bit products use the reference linear) and the runtime (CUDA context, cuBLAS workspace, allocator slack).
 """
@@ -28,6 +29,7 @@ from ignis.model.cache import AttnState, LaneCache
 from ignis.model.config import ModelConfig
 from ignis.model.model import HybridModel
 from ignis.quant.format import QuantConfig, quantized_name
+from ignis.quant.fp8 import FP8, Fp8Linear, Fp8Weight, fp8_eligible
 from ignis.quant.linear import QuantLinear
 
 GIB = 2**30
@@ -149,10 +151,13 @@ def _plan(cfg: IgnisConfig, model_dir: Path, *, fitted: bool) -> MemoryPlan:
     quant = QuantConfig.of(raw, model_dir / "config.json")
     text = raw.get("text_config", raw)
     mtp = int(text.get("mtp_num_hidden_layers", 0) or 0) > 0
+    fp8 = cfg.model.weights == "fp8" and quant is None  # converted as the model loads (ignis.quant.fp8)
     with torch.device("meta"):
         model = HybridModel(config, mtp=mtp)
         if quant is not None:
             _pack(model, quant.group_size)
+        if fp8:
+            _to_fp8(model)
     weights = sum(_stored_bytes(name, t, size) for name, t in model.state_dict().items())
     largest = max((m.out_features * m.in_features for m in model.modules() if isinstance(m, QuantLinear)), default=0)
 
@@ -160,7 +165,8 @@ def _plan(cfg: IgnisConfig, model_dir: Path, *, fitted: bool) -> MemoryPlan:
     cache = LaneCache(config, lanes=ec.lanes, context=ec.context, max_cols=k + 1, device="meta", dtype=dtype)
     kv = sum(s.k.nbytes + s.v.nbytes for s in cache.layers if isinstance(s, AttnState))
     recurrent = cache.nbytes() - kv
-    fmt = f"int4 (group {quant.group_size})" if quant is not None else str(dtype).removeprefix("torch.")
+    fmt = (f"int4 (group {quant.group_size})" if quant is not None else "fp8 e4m3 (made at load)" if fp8
+           else str(dtype).removeprefix("torch."))
     items = [
         Item("weights", weights, f"target, {fmt}" + (" with its MTP layer" if mtp else "")),
         Item("kv cache", kv, f"{sum(1 for t in config.layer_types if t == 'full_attention')} attention layers x "
@@ -197,12 +203,23 @@ def check_plan(cfg: IgnisConfig, model_dir: Path) -> MemoryPlan:
 def weights_note(cfg: IgnisConfig, plan: MemoryPlan) -> str:
     """A comment line when the profile was sized for another weight format than the checkpoint holds, else ""."""
     want = cfg.model.weights
-    held = "int4" if plan.weights.startswith("int4") else "bf16" if plan.weights == "bfloat16" else plan.weights
+    held = ("int4" if plan.weights.startswith("int4") else "fp8" if plan.weights.startswith("fp8")
+            else "bf16" if plan.weights == "bfloat16" else plan.weights)
     if want == "auto" or want == held:
         return ""
     fix = "convert it with `ignis quantize`" if want == "int4" else "the plan above counts it as it is"
     return (f"# note: model.weights = {want!r}: this profile was sized for {want} weights; the checkpoint holds "
             f"{plan.weights} ({fix})\n")
+
+
+def _to_fp8(model: HybridModel) -> None:
+    """Put an (empty) Fp8Linear in place of every projection the loader converts to fp8."""
+    for name, module in list(model.named_modules()):
+        if fp8_eligible(name, module):
+            assert isinstance(module, torch.nn.Linear)
+            parent, _, attr = name.rpartition(".")
+            empty = Fp8Weight(torch.empty(module.weight.shape, dtype=FP8), torch.empty(module.out_features))
+            setattr(model.get_submodule(parent), attr, Fp8Linear(empty))
 
 
 def _pack(model: HybridModel, group: int) -> None:
@@ -215,9 +232,9 @@ def _pack(model: HybridModel, group: int) -> None:
 
 
 def _stored_bytes(name: str, t: torch.Tensor, size: int) -> int:
-    if not t.dtype.is_floating_point:
+    if not t.dtype.is_floating_point or t.dtype == FP8:
         return t.numel() * t.element_size()
-    if name.rsplit(".", 1)[-1] in ("A_log", "dt_bias"):
+    if name.rsplit(".", 1)[-1] in ("A_log", "dt_bias", "fp8_scale"):
         return t.numel() * 4
     return t.numel() * size
 

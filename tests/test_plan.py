@@ -70,6 +70,15 @@ def test_each_profile_plans_the_27b_with_its_drafter(profile: str, q27b: dict[st
     assert (plan.headroom > 0) == fits
 
 
+def test_the_h200_fp8_option_plans_the_27b_as_its_comment_states(q27b: dict[str, Path]) -> None:
+    cfg = load_config(profile="h200", overrides={**DFLASH2, "model.weights": "fp8"})
+    plan = memory_plan(cfg, q27b["bf16"])
+    items = {i.name: i.nbytes for i in plan.items}
+    # the projections in one byte a weight (plus four a row), the embedding, head, norms, gates and MTP in bf16
+    assert 27.5 * GIB < items["weights"] < 29.0 * GIB and plan.weights.startswith("fp8")
+    assert round(items["weights"] / GIB, 1) == 28.2 and round(plan.total / GIB, 1) == 53.2 and plan.fits
+
+
 def test_the_planned_weights_are_what_the_loader_holds(tmp_path: Path) -> None:
     """Counted from config.json alone, the weights item equals the bytes of the model loaded from the converted
     checkpoint (packed projections, kept embeddings, norms, gates and MTP layer)."""

@@ -32,9 +32,10 @@ from ignis.tokenizer import Tokenizer
 
 
 def prefill_logits(model: HybridModel, ids: torch.Tensor) -> torch.Tensor:
-    """ids [T] int64 -> logits [T, V] float32 of one prefill on a fresh lane."""
+    """ids [T] int64 (on the model's device) -> logits [T, V] float32 of one prefill on a fresh lane."""
     n = len(ids)
-    cache = LaneCache(model.config, lanes=1, context=n + 8, max_cols=1, device=ids.device, dtype=torch.float32)
+    dtype = model.embed_tokens.weight.dtype
+    cache = LaneCache(model.config, lanes=1, context=n + 8, max_cols=1, device=ids.device, dtype=dtype)
     positions = torch.arange(n, device=ids.device)
     return model(Batch(ids, positions, (Segment(0, 0, 0, n),), positions), cache).logits
 
@@ -42,8 +43,9 @@ def prefill_logits(model: HybridModel, ids: torch.Tensor) -> torch.Tensor:
 def compare(reference: HybridModel, quantized: HybridModel, prompts: list[list[int]]) -> dict[str, float]:
     same = total = 0
     worst = nll_ref = nll_q = 0.0
+    device = reference.embed_tokens.weight.device
     for ids in prompts:
-        x = torch.tensor(ids)
+        x = torch.tensor(ids, device=device)
         a, b = prefill_logits(reference, x), prefill_logits(quantized, x)
         same += int((a.argmax(-1) == b.argmax(-1)).sum())
         total += len(ids)

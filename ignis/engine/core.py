@@ -56,7 +56,8 @@ class Engine:
             # Many small ops a round: extra intra-op threads mostly synchronise, and stall badly on shared cores.
             torch.set_num_threads(config.engine.cpu_threads)
         self.model = load_model(path, device=device, dtype=dtype, exact=resolve_exact(config, device),
-                                progress=lambda done, total: report("weights", done, total, unit="tensors"))
+                                progress=lambda done, total: report("weights", done, total, unit="tensors"),
+                                fp8=config.model.weights == "fp8")
         config = settle(config, path, device, dtype, self.model.config)
         self.config = config
         ec = config.engine

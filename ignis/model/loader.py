@@ -4,7 +4,8 @@ Owns: finding the safetensors (single file or sharded with an index), mapping te
 (`Qwen3_5ForConditionalGeneration`: `model.language_model.*`; `Qwen3_5ForCausalLM`: `model.*`; or bare), checking
 every shape, and placing the weights on the device in the model dtype; for a 4-bit checkpoint (config.json has an
 ignis-int4 `quantization_config`, docs/quantization.md), putting a `QuantLinear` in place of each linear stored packed,
-whose codes and zero points stay uint8 and whose scales take the model dtype. Does not own: the architecture
+whose codes and zero points stay uint8 and whose scales take the model dtype; and, when asked, converting the
+projections to fp8 after loading (ignis.quant.fp8). Does not own: the architecture
 (ignis.model.model), the tokenizer or the drafter (their own loaders).
 
 The model is built on the meta device and the checkpoint's tensors are assigned into it, so no memory is spent on an
@@ -23,7 +24,8 @@ from safetensors import safe_open
 from ignis.errors import ArtifactError
 from ignis.model.config import ModelConfig
 from ignis.model.model import HybridModel
-from ignis.quant.format import QuantConfig
+from ignis.quant.format import METHOD, QuantConfig
+from ignis.quant.fp8 import to_fp8
 from ignis.quant.linear import QuantLinear
 
 SINGLE = "model.safetensors"
@@ -33,15 +35,19 @@ FP32_PARAMS = ("A_log", "dt_bias")
 
 
 def load_model(path: str | Path, *, device: str | torch.device, dtype: torch.dtype, exact: bool,
-               progress: Callable[[int, int], None] | None = None) -> HybridModel:
+               progress: Callable[[int, int], None] | None = None, fp8: bool = False) -> HybridModel:
     """Read config.json and the safetensors of `path` into a HybridModel on `device` in `dtype`; `progress(done,
-    total)` is called after each tensor.
+    total)` is called after each tensor. fp8: convert the decoder projections to float8 e4m3 once loaded
+    (ignis.quant.fp8; the checkpoint must be in its own precision).
 
     Raises ArtifactError naming the file or tensor at fault: missing files, missing tensors, wrong shapes, or a
     config.json of an architecture ignis does not run."""
     root = Path(path)
     config = ModelConfig.from_dir(root)
     quant = QuantConfig.from_dir(root)
+    if fp8 and quant is not None:
+        raise ArtifactError(f"{root}: fp8 weights are made from a checkpoint in its own precision; this one is "
+                            f"{quant.bits}-bit ({METHOD}): load it with model.weights = 'int4' or 'auto'")
     files = _tensor_files(root)
     mtp = any(name.startswith("mtp.") for name in files)
     with torch.device("meta"):
@@ -77,6 +83,8 @@ def load_model(path: str | Path, *, device: str | torch.device, dtype: torch.dty
     model.load_state_dict(loaded, strict=True, assign=True)
     model.requires_grad_(False)
     model.eval()
+    if fp8:
+        to_fp8(model)
     if not exact:
         model.fuse()
     return model

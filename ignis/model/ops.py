@@ -20,19 +20,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from ignis.model.batch import Segment
+from ignis.quant.fp8 import Fp8Linear, Fp8Weight, fp8_linear, fuse_fp8
 from ignis.quant.linear import PackedWeight, QuantLinear, fuse_packed, packed_linear
 
 EXACT_MIN_ROWS = 16
-Weight = torch.Tensor | PackedWeight  # a projection's weight: dense, or 4-bit packed (ignis.quant)
+Weight = torch.Tensor | PackedWeight | Fp8Weight  # a projection's weight: dense, 4-bit packed or fp8 (ignis.quant)
 
 
 def linear(x: torch.Tensor, weight: Weight, exact: bool) -> torch.Tensor:
     """x [..., in] @ weight[out, in]^T -> [..., out]; in exact mode each row's bits do not depend on the row count.
-    Packed weights go through `packed_linear` (the 4-bit kernel's seam) on every path."""
+    Packed weights go through `packed_linear` (the 4-bit kernel's seam) and fp8 weights through `fp8_linear`."""
     if isinstance(weight, PackedWeight):
         if exact:  # the dequantized weight is the same for any row count, so padding keeps rows exact as for dense
             return linear(x, weight.dequantize(), True)
         return packed_linear(x, weight)
+    if isinstance(weight, Fp8Weight):
+        if exact:
+            return linear(x, weight.dequantize(x.dtype), True)
+        return fp8_linear(x, weight)
     if not exact:
         return F.linear(x, weight)
     lead = x.shape[:-1]
@@ -88,15 +93,18 @@ class RMSNorm(nn.Module):
 
 
 def fuse_weights(*linears: nn.Module) -> Weight | None:
-    """`fuse_rows` for projections that may be packed (ignis.quant): packed linears join into one packed weight;
-    None (left unfused) when dense and packed are mixed, as in a quantized Gated DeltaNet, whose small gate
-    projections keep their precision and so cannot share the packed matrix."""
+    """`fuse_rows` for projections that may be packed or fp8 (ignis.quant): packed (fp8) linears join into one packed
+    (fp8) weight; None (left unfused) when dense and packed are mixed, as in a quantized Gated DeltaNet, whose small
+    gate projections keep their precision and so cannot share the packed matrix."""
     dense = [m for m in linears if isinstance(m, nn.Linear)]
     packed = [m for m in linears if isinstance(m, QuantLinear)]
+    fp8 = [m for m in linears if isinstance(m, Fp8Linear)]
     if len(dense) == len(linears):
         return fuse_rows(*dense)
     if len(packed) == len(linears):
         return fuse_packed(tuple(packed))
+    if len(fp8) == len(linears):
+        return fuse_fp8(tuple(fp8))
     return None
 
 

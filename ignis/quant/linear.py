@@ -5,9 +5,9 @@ weight goes through, on the host round and the device round alike.
 Owns: the product x @ W^T for a packed W, and joining packed weights by rows (`fuse_rows` for quantized models).
 Does not own: the format (ignis.quant.format) or deciding which layers are packed (ignis.model.loader).
 
-`packed_linear` is the seam for a GPU kernel: today it dequantizes the weight and calls F.linear (the reference:
-exact by construction, on any device, capturable since nothing is read back to the host); a fused 4-bit GEMV/GEMM for
-1 to 64 rows on CUDA replaces its body, keeping the reference for the CPU and for checking the kernel.
+`packed_linear` on CUDA with at most 64 rows runs the 4-bit GEMV/GEMM kernel (ignis.kernels.int4_gemv: one pass over
+the packed weight, fp32 sums, capturable); elsewhere (the CPU, prefill-sized inputs) it dequantizes the weight and
+calls F.linear, the reference (exact by construction, on any device, capturable since nothing is read back).
 """
 
 from __future__ import annotations
@@ -18,7 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ignis.kernels.int4_gemv import MAX_ROWS, int4_gemv
 from ignis.quant.format import dequantize
+
+KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,10 @@ class PackedWeight:
 
 
 def packed_linear(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
-    """x [..., in] @ W^T -> [..., out] for a packed W: the reference, F.linear on the dequantized weight."""
+    """x [..., in] @ W^T -> [..., out] for a packed W: the kernel for CUDA inputs of at most MAX_ROWS rows (it sums the
+    exact (q - z) * s * x in fp32), otherwise F.linear on the weight dequantized to its dtype."""
+    if x.is_cuda and x.dtype in KERNEL_DTYPES and x.numel() <= MAX_ROWS * x.shape[-1]:
+        return int4_gemv(x, weight.qweight, weight.scales, weight.qzeros)
     return F.linear(x, weight.dequantize())
 
 

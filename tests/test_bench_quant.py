@@ -1,0 +1,37 @@
+"""tools.bench_quant's in-memory conversions make the models the loader makes: a fused model packed in place equals
+the same weights converted to a checkpoint by `ignis quantize` and loaded, and converted to fp8 in place equals the
+loader's fp8 conversion (so the benchmark's 27B-shape decode steps time the engine's own models)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tiny import TINY
+
+from ignis.model.loader import load_model
+from ignis.model.random import save_random_checkpoint
+from ignis.quant.convert import convert
+from ignis.quant.fp8 import to_fp8
+from tools.bench_quant import fuse_and_own, to_int4
+from tools.quant_quality import prefill_logits
+
+
+def test_in_place_int4_and_fp8_equal_the_loaders(tmp_path: Path) -> None:
+    save_random_checkpoint(tmp_path / "src", TINY, seed=5, mtp=False)
+    convert(tmp_path / "src", tmp_path / "int4", group=64)
+    ids = torch.randint(3, 512, (30,), generator=torch.Generator().manual_seed(2))
+
+    model = load_model(tmp_path / "src", device="cpu", dtype=torch.float32, exact=False)  # fused, as random_model's
+    dense = prefill_logits(model, ids)
+    assert to_int4(model, 64) == 6 * 3 + 2 * 4 + 8 * 3
+    fuse_and_own(model)
+    loaded = load_model(tmp_path / "int4", device="cpu", dtype=torch.float32, exact=False)
+    torch.testing.assert_close(prefill_logits(model, ids), prefill_logits(loaded, ids), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(prefill_logits(model, ids), dense, rtol=1e-3, atol=1e-3)  # it did change the model
+
+    model = load_model(tmp_path / "src", device="cpu", dtype=torch.float32, exact=False)
+    to_fp8(model)
+    fuse_and_own(model)
+    loaded = load_model(tmp_path / "src", device="cpu", dtype=torch.float32, exact=False, fp8=True)
+    torch.testing.assert_close(prefill_logits(model, ids), prefill_logits(loaded, ids), rtol=1e-5, atol=1e-5)
