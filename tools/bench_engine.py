@@ -1,8 +1,9 @@
 """Decode speed of the engine per speculation backend, as ratios taken in one run on one device.
 
-For each backend (name[:draft_tokens]) the engine decodes the same held-out prompts greedily, at one lane and at
-several lanes at once; the tool reports decode tokens per second (tokens after the first, over the time after the
-first token), tokens per round, and the speed-up over `off` measured in the same run. The first backend warms up
+For each backend (name[:draft_tokens]) the engine decodes the same held-out prompts (`--requests`, default 24)
+greedily, at one lane and at several lanes at once; the tool reports decode tokens per second (tokens after each
+request's first; aggregate over the run, and over each request's own decode time), tokens per round, and the speed-up
+over `off` measured in the same run. The first backend warms up
 the device and is run again at the end, so the spread between its two runs shows the noise.
 
     python -m tools.bench_engine --profile h200 --backend off --backend mtp:1 --backend mtp:3 --backend dflash2:7
@@ -33,18 +34,22 @@ def _sync() -> None:
 
 
 def decode(engine: Engine, prompts: list[list[int]], max_tokens: int) -> dict[str, float]:
+    """Greedy decode of every prompt, as many at once as the engine has lanes (the rest queue). tok_s: tokens after
+    each request's first over the time from the first request's first token to the last request's end (aggregate);
+    tok_s_request: the same sums over each request's own time from its first token to its end (one lane's speed)."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     for i, ids in enumerate(prompts):
         engine.add(EngineRequest(id=f"b{i}", prompt_token_ids=ids, params=params))
-    first: set[str] = set()
+    first: dict[str, float] = {}
     tokens = rounds = accepted = 0
-    t_decode = None
+    own = 0.0
     done = 0
     while done < len(prompts):
         deltas = engine.step()
+        now = time.perf_counter()
         for d in deltas:
             if d.id not in first:
-                first.add(d.id)
+                first[d.id] = now
                 tokens += len(d.token_ids) - 1
             else:
                 tokens += len(d.token_ids)
@@ -52,12 +57,11 @@ def decode(engine: Engine, prompts: list[list[int]], max_tokens: int) -> dict[st
                 done += 1
                 rounds += d.stats.rounds
                 accepted += d.stats.accepted
-        if t_decode is None and len(first) == len(prompts):
-            _sync()
-            t_decode = time.perf_counter()
+                own += now - first[d.id]
     _sync()
-    seconds = time.perf_counter() - (t_decode or time.perf_counter())
-    return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds if seconds else 0.0,
+    seconds = time.perf_counter() - min(first.values())
+    return {"tokens": tokens, "requests": len(prompts), "seconds": seconds, "tok_s": tokens / seconds,
+            "tok_s_request": tokens / own if own else 0.0,
             "tokens_per_round": 1 + accepted / rounds if rounds else 1.0}
 
 
@@ -69,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", default=None)
     ap.add_argument("--lanes", type=int, action="append", default=None, help="lane counts to measure (default 1, 8)")
     ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--requests", type=int, default=24, help="held-out prompts decoded at each lane count (at least "
+                                                             "the lane count)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     model = Path(args.model)
@@ -77,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     lane_counts = args.lanes or [1, 8]
     results = []
     for lanes in lane_counts:
-        prompts = load_prompts(Path(args.prompts) if args.prompts else model / "heldout_prompts.jsonl", tok, lanes)
+        prompts = load_prompts(Path(args.prompts) if args.prompts else model / "heldout_prompts.jsonl", tok,
+                               max(lanes, args.requests))
         for spec in backends + [backends[0]]:
             name, _, k = spec.partition(":")
             overrides = {"model.path": str(model), "spec.backend": name, "engine.lanes": lanes, "log.level": "warning",
@@ -90,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
             r.update({"backend": spec, "lanes": lanes})
             results.append(r)
             del engine
-            print(f"lanes={lanes} {spec:10s} {r['tok_s']:9.1f} tok/s  tokens/round={r['tokens_per_round']:.2f}", flush=True)
+            print(f"lanes={lanes} {spec:10s} {r['tok_s']:9.1f} tok/s aggregate, {r['tok_s_request']:9.1f} a request  "
+                  f"tokens/round={r['tokens_per_round']:.2f} ({r['requests']} requests)", flush=True)
         base = [r for r in results if r["lanes"] == lanes and r["backend"] == backends[0]]
         for r in results:
             if r["lanes"] == lanes:
