@@ -1,10 +1,12 @@
 """ignis.kernels: GPU kernels of our own, each beside its torch reference and a provenance note in docs/adr/.
 
-Owns: the exact top-k over the drafter's vocabulary (`ignis.kernels.topk`) and the 4-bit GEMV/GEMM for decode and
-verify rows (`ignis.kernels.int4_gemv`). Does not own: library kernels used as they are (torch SDPA, fla's Gated
-DeltaNet kernels), nor when the engine calls a kernel.
+Owns: the exact top-k over the drafter's vocabulary (`topk`, ADR 0001); the Gated DeltaNet recurrence, its replay and
+the conv window's commit (`gdn`, ADR 0004); the decode round's fused layer kernels (`fused`: residual add + RMSNorm,
+the GDN conv and gated norm, SwiGLU, q/k norms + RoPE + K/V write, the drafter's grouped conv) and split-context
+decode attention (`attention`, ADR 0006); the 4-bit GEMV/GEMM for decode and verify rows (`int4_gemv`, ADR 0005).
+Does not own: library kernels used as they are (torch SDPA, cuBLAS, fla's Gated DeltaNet prefill), nor when the
+engine calls a kernel.
 
-Importing this package, `ignis.kernels.topk` or `ignis.kernels.int4_gemv` imports neither numba nor CUDA and
-compiles nothing: a numba-cuda kernel is built on the first call with a CUDA tensor, so CPU-only machines never need
-a driver.
+Importing this package or any of its launch modules imports neither numba nor CUDA and compiles nothing: a numba-cuda
+kernel is built on the first call with a CUDA tensor, so CPU-only machines never need a driver.
 """
