@@ -82,6 +82,8 @@ class Runner:
             if r.resumed == 0:  # else the lane holds the state of tokens 0..resumed-1, kept or just restored
                 self.cache.reset(r.lane)
                 self.backend.reset(r.lane)
+        if not plan.decode and not plan.prefill:
+            return []
         if self.device_round is None or any(d.request.forced is not None or d.request.needs_logits for d in plan.decode):
             return self.host_round(plan)
         emissions: list[Emission] = []

@@ -46,7 +46,7 @@ class RoundPlan:
 
     @property
     def empty(self) -> bool:
-        return not self.decode and not self.prefill
+        return not self.decode and not self.prefill and not self.moves
 
 
 class Scheduler:
