@@ -9,10 +9,15 @@ positions, the attention K/V, the Gated DeltaNet conv window and recurrent state
 backend's own per-lane state; token n (the anchor, or the next prompt token of an aborted prefill) is known but not
 yet run. The recurrent state exists only there, at the retained end: nothing earlier can be recovered from it. And a
 backend's state for positions 0..n-1 may depend on token n too (mtp's layer reads the embedding of the token after
-each row). So a slot is the n + 1 token ids `ids` = tokens 0..n, and a prompt resumes from it only when `ids` is a
-prefix of the prompt: every position the state covers, plus the token after them, equal. The request then starts
-with n positions computed and prefills the rest (at least token n, whose logits give the first output). A prompt
-that shares a shorter prefix, diverges inside it, or ends inside it gets a full prefill.
+each row; a mismatch there would only cost drafts, which verification rejects, but a resumed request should draft as
+well as a fresh one). So a slot is the n + 1 token ids `ids` = tokens 0..n, and a prompt resumes from it only when
+`ids` is a prefix of the prompt: every position the state covers, plus the token after them, equal. The request then
+starts with n positions computed and prefills the rest (at least token n, whose logits give the first output). A
+prompt that shares a shorter prefix, diverges inside it, or ends inside it gets a full prefill.
+
+A resumed state holds the same values a full prefill would compute, not the same bits: its generated positions ran
+a token at a time (the recurrent form) where a prefill runs chunks, so greedy outputs agree up to a near-tie of the
+top two logits, as between any two summation orders.
 
 Where a slot lives. A released lane keeps its state in place and stays reserved while other lanes are free; when a
 new request needs that lane, the state is copied to host memory first (if it fits the bound, dropping the least

@@ -1,6 +1,7 @@
 """One round for every lane: propose -> verify -> accept -> commit.
 
-Owns: turning a `RoundPlan` into each lane's committed tokens, and the choice of how: decoding lanes go through the
+Owns: turning a `RoundPlan` into each lane's committed tokens (first making the plan's retained-state copies, and
+resetting each admitted lane that does not resume), and the choice of how: decoding lanes go through the
 device round (ignis.engine.device_round: static shapes, CUDA graphs, one sync) when the model is not in exact mode
 and the backend is graph-safe; prefill chunks, exact mode (the CPU reference) and teacher-forced requests go through
 the host round below, one target forward over packed segments with acceptance on the host. Does not own: policy
