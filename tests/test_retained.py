@@ -34,9 +34,11 @@ def drafter(ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
                                taps=2, sliding_window=16)
 
 
-def engine(ckpt: Path, drafter: Path, backend: str, **settings: Any) -> Engine:
-    """An engine with `backend` (3 drafts a round when it drafts); `settings` are engine.* keys."""
-    overrides: dict[str, Any] = {"model.path": str(ckpt), "spec.backend": backend, "log.level": "warning"}
+def engine(ckpt: Path, drafter: Path, backend: str, exact: str = "on", **settings: Any) -> Engine:
+    """An engine with `backend` (3 drafts a round when it drafts); `settings` are engine.* keys. exact "off": decoding
+    lanes go through the device round (the GPU's path, here on the CPU)."""
+    overrides: dict[str, Any] = {"model.path": str(ckpt), "spec.backend": backend, "log.level": "warning",
+                                 "model.exact": exact}
     if backend != "off":
         overrides["spec.draft_tokens"] = 3
     if backend == "dflash2":
@@ -61,12 +63,12 @@ def turn(e: Engine, rid: str, prompt: list[int], params: SamplingParams = GREEDY
 _REFERENCE: dict[tuple[str, tuple[int, ...]], list[int]] = {}
 
 
-def full_prefill(ckpt: Path, drafter: Path, backend: str, prompt: list[int]) -> list[int]:
+def full_prefill(ckpt: Path, drafter: Path, backend: str, prompt: list[int], exact: str = "on") -> list[int]:
     """The reference: a fresh engine, which has nothing retained, so the whole prompt is prefilled (remembered per
     backend and prompt: the tests share one checkpoint and drafter)."""
-    key = (backend, tuple(prompt))
+    key = (backend + exact, tuple(prompt))
     if key not in _REFERENCE:
-        _REFERENCE[key] = turn(engine(ckpt, drafter, backend, lanes=1), "ref", prompt).token_ids
+        _REFERENCE[key] = turn(engine(ckpt, drafter, backend, exact, lanes=1), "ref", prompt).token_ids
     return _REFERENCE[key]
 
 
@@ -105,6 +107,24 @@ def test_second_and_third_turns_resume_and_equal_a_full_prefill(ckpt: Path, draf
     assert s.retained_hits == 10 and s.prompt_tokens_resumed_total > 0
     # One lane: every later turn but those of the lone last conversation came back from the host; two: none did.
     assert len(restored) == (8 if lanes == 1 else 0)
+
+
+@pytest.mark.parametrize("backend", ["mtp", "dflash2"])
+def test_the_device_round_resumes_from_the_host_too(ckpt: Path, drafter: Path, backend: str) -> None:
+    """Outside exact mode decoding lanes run the device round (static shapes, the backend's device form), which reads
+    a restored lane like any other. Its arithmetic depends on the batch, so this compares tokens, not bits."""
+    rng = random.Random(2)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    e = engine(ckpt, drafter, backend, "off", lanes=1)
+    assert e.runner.device_round is not None
+    history = [rand(rng, 70), rand(rng, 30)]
+    for step in range(3):
+        for i in (0, 1):
+            prompt = history[i] + (rand(rng, 5) if step else [])
+            out = turn(e, f"{i}.{step}", prompt, params)
+            assert out.stats is not None and out.stats.prompt_tokens_resumed == (len(history[i]) - 1 if step else 0)
+            assert out.token_ids == turn(engine(ckpt, drafter, backend, "off", lanes=1), "ref", prompt, params).token_ids
+            history[i] = prompt + out.token_ids
 
 
 @pytest.mark.parametrize("backend", ["off", "mtp"])
