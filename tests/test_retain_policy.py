@@ -50,21 +50,24 @@ def test_a_prompt_matches_the_longest_slot_whose_ids_are_all_its_prefix() -> Non
 
 
 def test_a_host_slot_being_restored_is_never_dropped_to_make_room() -> None:
-    kept = Retained(250, lambda n: 100 * n // 2)
-    kept.keep(0, [1, 2, 3])  # 2 positions: 100 bytes
-    moves = Moves()
-    kept.vacate(0, moves)
-    assert [s.lane for s in kept.slots.values()] == [-1] and kept.host_used == 100
-    kept.keep(0, [4, 5, 6, 7, 8])  # 4 positions: 200 bytes
+    kept = Retained(250, lambda n: 50 * n)  # bytes of a state covering n positions
+    for lane, ids in ((0, [1, 2, 3]), (1, [4, 5, 6])):  # 2 positions each: 100 bytes
+        kept.keep(lane, ids)
+        kept.vacate(lane, Moves())
+    assert [s.lane for s in kept.slots.values()] == [-1, -1] and kept.host_used == 200
     slot = kept.match([1, 2, 3, 9])
     assert slot is not None
     moves = Moves()
     assert kept.claim(slot, moves, 0) == 2
-    kept.vacate(0, moves)  # 100 (being restored) + 200 > 250: the new state is dropped, the restore stands
+    kept.keep(0, [7, 8, 9, 10, 11])  # pretend lane 0 held a 4-position state (200 bytes) as well
+    kept.vacate(0, moves)  # 100 being restored + 200 > 250 whatever else goes: dropped, and nothing else is
     assert moves.saves == [] and moves.drops == [] and [r.key for r in moves.restores] == [slot.key]
-    assert kept.slots == {} and kept.host_used == 100
+    assert kept.host_used == 200
+    kept.keep(0, [12, 13, 14])  # 100 bytes: fits once the other host slot is dropped
+    kept.vacate(0, moves)
+    assert len(moves.saves) == 1 and len(moves.drops) == 1 and kept.host_used == 200
     kept.settle()
-    assert kept.host_used == 0
+    assert kept.host_used == 100
 
 
 def test_a_resumed_prefill_first_runs_to_the_next_chunk_multiple_then_whole_chunks() -> None:

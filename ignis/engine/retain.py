@@ -138,17 +138,14 @@ class Retained:
         if slot is None:
             return
         nbytes = self.state_bytes(slot.length)
-        if nbytes > self.host_bytes:
+        if nbytes + sum(s.nbytes for s in self._pending) > self.host_bytes:  # no room even with every host slot gone
             del self.slots[slot.key]
             return
         host = sorted((s for s in self.slots.values() if s.lane < 0), key=lambda s: s.used)
-        while self.host_used + nbytes > self.host_bytes and host:
+        while self.host_used + nbytes > self.host_bytes:
             victim = host.pop(0)
             del self.slots[victim.key]
             moves.drops.append(victim.key)
-        if self.host_used + nbytes > self.host_bytes:  # what is left is pending restores: no room this round
-            del self.slots[slot.key]
-            return
         moves.saves.append(Save(slot.key, lane, slot.length))
         slot.lane, slot.nbytes = -1, nbytes
 
