@@ -9,6 +9,11 @@ The round calls, per lane and in this order: `reset` when a request takes the la
 the rows that lane committed (prefill chunks, or anchor plus accepted drafts) together with the token that follows
 them; `propose` before the next verify. A backend never sees rejected drafts as committed.
 
+Retained slots (ignis.engine.retain): a request that resumes a retained state takes its lane without `reset`, and
+`lane_views` names every tensor of the backend's per-lane state that positions 0..n-1 (and the token after them)
+left behind, so that the engine can copy it to the host and back. A backend whose state cannot be described that way
+returns None, and its requests are always prefilled whole.
+
 Two forms of propose and observe: the host form (`propose`, `observe`: lists and host ints, any shapes; prefill and
 the reference round use it) and, for backends with `graph_safe = True`, the device form (`propose_lanes`,
 `observe_lanes`: device tensors only, static shapes for a bucket of B lanes, no host read) that a CUDA graph captures.
@@ -112,6 +117,11 @@ class SpecBackend(Protocol):
         ...
 
     def reset(self, lane: int) -> None: ...
+
+    def lane_views(self, lane: int, length: int) -> dict[str, torch.Tensor] | None:
+        """Views (not copies) of everything the backend keeps for `lane` after committing positions 0..length-1, by
+        name; writing saved copies back into them restores the lane. None: this backend cannot retain."""
+        ...
 
     def observe(self, obs: list[Observation]) -> None: ...
 

@@ -53,6 +53,10 @@ class Mtp:
     def reset(self, lane: int) -> None:
         self.last[lane].zero_()
 
+    def lane_views(self, lane: int, length: int) -> dict[str, torch.Tensor] | None:
+        # Row t's keys read the token after t: the state of 0..length-1 holds token `length` too (the slot's last id).
+        return {"k": self.k_cache[lane, :length], "v": self.v_cache[lane, :length], "last": self.last[lane]}
+
     def observe(self, obs: list[Observation]) -> None:
         segments, embeds_ids, offset = [], [], 0
         for o in obs:

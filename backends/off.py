@@ -22,6 +22,9 @@ class Off:
     def reset(self, lane: int) -> None:
         pass
 
+    def lane_views(self, lane: int, length: int) -> dict[str, torch.Tensor] | None:
+        return {}  # no per-lane state
+
     def observe(self, obs: list[Observation]) -> None:
         pass
 

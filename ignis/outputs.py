@@ -24,5 +24,5 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: dict[str, Any] = field(default_factory=dict)
-    # prompt_tokens, prompt_ms, decode_tokens, decode_ms, tokens_per_s, rounds, drafted, accepted,
-    # position_drafted, position_accepted (summed over the n samples)
+    # prompt_tokens, prompt_tokens_resumed (held by a retained slot, not prefilled), prompt_ms, decode_tokens,
+    # decode_ms, tokens_per_s, rounds, drafted, accepted, position_drafted, position_accepted (summed over the n samples)

@@ -18,6 +18,7 @@ class RequestStats(msgspec.Struct, kw_only=True):
     """Timings and speculation counts of one request, filled in as it runs and sent with its last delta."""
 
     prompt_tokens: int = 0
+    prompt_tokens_resumed: int = 0  # of the prompt tokens, those a retained slot held: not prefilled again
     prompt_ms: float = 0.0
     decode_tokens: int = 0
     decode_ms: float = 0.0
@@ -102,7 +103,12 @@ class EngineStats(msgspec.Struct, kw_only=True):
     lanes: int = 0
     cache_bytes: int = 0  # the lanes' KV and recurrent state, allocated at start
     cache_used_bytes: int = 0  # the part that running requests hold: their positions' KV plus their lanes' state
-    retained_slots: int = 0  # finished requests' state kept for a follow-up (none yet: ignis frees a lane at once)
+    retained_slots: int = 0  # finished requests' lane states kept for a follow-up (on free lanes or the host)
+    retained_hits: int = 0  # requests that resumed from a retained slot
+    retained_misses: int = 0  # requests that found none to resume from (full prefill)
+    prompt_tokens_resumed_total: int = 0  # prompt tokens the hits did not prefill again
+    retained_host_bytes: int = 0  # host memory the retained slots moved off their lanes take
+    retained_host_capacity_bytes: int = 0  # its bound (engine.retained_host_memory; 0 when nothing is retained)
     preemptions: int = 0  # requests pushed out of a lane to make room (none yet: a lane holds its request to the end)
     errors: dict[str, int] = msgspec.field(default_factory=dict)  # kind -> requests refused or ended by it
     histograms: dict[str, Histogram] = msgspec.field(default_factory=dict)  # name (ignis.engine.telemetry) -> data

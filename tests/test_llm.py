@@ -42,6 +42,17 @@ def test_token_id_prompts_and_chat(llm: LLM) -> None:
     assert c.prompt.startswith("<|im_start|>user\nhi<|im_end|>") and c.prompt.endswith("<|im_start|>assistant\n")
 
 
+def test_a_follow_up_that_extends_a_finished_request_reports_the_tokens_it_resumed(llm: LLM) -> None:
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    first = list(range(300, 340))
+    (a,) = llm.generate([{"prompt_token_ids": first}], params)
+    assert a.metrics["prompt_tokens_resumed"] == 0
+    follow = first + a.outputs[0].token_ids + [11, 12]
+    (b,) = llm.generate([{"prompt_token_ids": follow}], params)
+    # Everything the first request ran through the model: its prompt and its output but the last token.
+    assert b.metrics["prompt_tokens_resumed"] == len(first) + 3 and b.metrics["prompt_tokens"] == len(follow)
+
+
 def test_stop_string_cuts_the_text(llm: LLM) -> None:
     free = llm.generate(["x = "], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))[0].outputs[0]
     stop = free.text[5:7]

@@ -83,6 +83,9 @@ class DFlash2:
     def reset(self, lane: int) -> None:
         self.cache.reset(lane)
 
+    def lane_views(self, lane: int, length: int) -> dict[str, torch.Tensor] | None:
+        return self.cache.lane_views(lane, length)
+
     @torch.inference_mode()
     def observe(self, obs: list[Observation]) -> None:
         lanes: list[int] = []

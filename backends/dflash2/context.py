@@ -58,6 +58,17 @@ class ContextCache:
         for layer in self.layers:
             layer.pos[lane] = -1
 
+    def lane_views(self, lane: int, length: int) -> dict[str, torch.Tensor]:
+        """Views of the lane's slots after positions 0..length-1: a full-attention layer's first `length`, a sliding
+        layer's whole ring (with the position each slot holds)."""
+        out: dict[str, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            used = min(length, layer.size)
+            out[f"layers.{i}.k"] = layer.k[lane, :used]
+            out[f"layers.{i}.v"] = layer.v[lane, :used]
+            out[f"layers.{i}.pos"] = layer.pos[lane]
+        return out
+
     def write(
         self,
         lanes: list[int],

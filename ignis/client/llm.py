@@ -194,6 +194,8 @@ def _add_metrics(metrics: dict[str, Any], stats: RequestStats | None) -> None:
             continue
         elif key in ("prompt_tokens", "prompt_ms") and key in metrics:
             continue  # the n samples share one prompt
+        elif key == "prompt_tokens_resumed":
+            metrics[key] = max(metrics.get(key, 0), value)  # of that one prompt: the sample that resumed furthest
         else:
             metrics[key] = metrics.get(key, 0) + value
     decode_ms = metrics.get("decode_ms", 0.0)

@@ -19,8 +19,10 @@ from ignis.config import IgnisConfig
 from ignis.engine.defaults import cache_bytes, settle
 from ignis.engine.device_round import DeviceRound
 from ignis.engine.grammar import Grammars
+from ignis.engine.lane_store import LaneStore
 from ignis.engine.logits import LogitsShaper
 from ignis.engine.request import Request
+from ignis.engine.retain import Retained
 from ignis.engine.round import Emission, Runner
 from ignis.engine.warmup import warm_prefill
 from ignis.engine.sampling import make_generator
@@ -91,7 +93,9 @@ class Engine:
                 device_round.capture()
                 graphs = len(device_round.graphs)
         report("warmup", 1, 1)
-        self.runner = Runner(self.model, cache, self.backend, device, sample_drafts, device_round)
+        self.store = LaneStore(cache, self.backend, device)
+        self.runner = Runner(self.model, cache, self.backend, device, sample_drafts, device_round, self.store)
+        retained = Retained(ec.retained_host_memory, self.store.state_bytes) if self.store.retains else None
         self.scheduler = Scheduler(
             lanes=ec.lanes,
             max_rows=ec.max_rows,
@@ -99,6 +103,7 @@ class Engine:
             max_waiting=ec.max_waiting,
             draft_tokens=k,
             context=ec.context,
+            retained=retained,
         )
         self.info = EngineInfo(
             model_name=model_name(config, path),
@@ -209,6 +214,13 @@ class Engine:
         s.running = len(self.scheduler.running)
         s.waiting = len(self.scheduler.waiting)
         self.telemetry.fill(s, self.scheduler.running, self.config.engine.lanes, self._cache_bytes)
+        kept = self.scheduler.retained
+        if kept is not None:
+            s.retained_slots = len(kept.slots)
+            s.retained_hits, s.retained_misses = kept.counts.hits, kept.counts.misses
+            s.prompt_tokens_resumed_total = kept.counts.resumed_tokens
+            s.retained_host_bytes = self.store.nbytes
+        s.retained_host_capacity_bytes = self.config.engine.retained_host_memory if kept is not None else 0
         return s
 
     def _finish(self, e: Emission) -> RequestDelta:

@@ -29,6 +29,8 @@ class Request:
     shaper: LogitsShaper | None = None  # penalties, logit_bias, grammar: set when params.shapes_logits
     tokens: list[int] = field(default_factory=list)  # prompt + generated; the last generated one is the anchor
     computed: int = 0  # positions 0..computed-1 are in the lane's caches
+    resumed: int = 0  # of those, the positions a retained slot held when the request took its lane
+    unemitted: list[int] = field(default_factory=list)  # committed by the model after a stop rule ended the output
     lane: int = -1
     stats: RequestStats = field(default_factory=RequestStats)
     finish_reason: str | None = None
@@ -61,16 +63,26 @@ class Request:
     def emit(self, tokens: list[int], context: int) -> list[int]:
         """Append the model's committed tokens, stopping at the first stop rule; returns what was kept."""
         kept: list[int] = []
-        for t in tokens:
+        for i, t in enumerate(tokens):
             self.tokens.append(t)
             kept.append(t)
             if t in self.stop_ids:
                 self.finish_reason, self.stop_token_id = "stop", t
-                break
-            if self.generated >= self.params.max_tokens or len(self.tokens) >= context:
+            elif self.generated >= self.params.max_tokens or len(self.tokens) >= context:
                 self.finish_reason = "length"
+            if self.finish_reason is not None:
+                self.unemitted = tokens[i + 1 :]
                 break
         return kept
+
+    def state_ids(self) -> list[int] | None:
+        """Tokens 0..computed: the positions its lane's state covers and the token after them (ignis.engine.retain);
+        None when the state is not worth keeping (nothing computed, or teacher forcing, whose rows the lane may not
+        have committed as they were emitted)."""
+        if self.computed == 0 or self.forced is not None:
+            return None
+        ids = (self.tokens + self.unemitted)[: self.computed + 1]
+        return ids if len(ids) == self.computed + 1 else None
 
     def drafts_allowed(self, k: int, context: int) -> int:
         """Drafts worth verifying this round: never past max_tokens or the lane's context."""

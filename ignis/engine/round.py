@@ -1,6 +1,7 @@
 """One round for every lane: propose -> verify -> accept -> commit.
 
-Owns: turning a `RoundPlan` into each lane's committed tokens, and the choice of how: decoding lanes go through the
+Owns: turning a `RoundPlan` into each lane's committed tokens (first making the plan's retained-state copies, and
+resetting each admitted lane that does not resume), and the choice of how: decoding lanes go through the
 device round (ignis.engine.device_round: static shapes, CUDA graphs, one sync) when the model is not in exact mode
 and the backend is graph-safe; prefill chunks, exact mode (the CPU reference) and teacher-forced requests go through
 the host round below, one target forward over packed segments with acceptance on the host. Does not own: policy
@@ -25,6 +26,7 @@ import torch
 from ignis.backends.base import Observation, Proposal, ProposeIn, SpecBackend
 from ignis.engine.accept import Verdict, accept_greedy, accept_sampled, teacher_forced
 from ignis.engine.device_round import DeviceRound
+from ignis.engine.lane_store import LaneStore
 from ignis.engine.request import Request
 from ignis.engine.sampling import draw, target_probs
 from ignis.engine.scheduler import RoundPlan
@@ -61,7 +63,10 @@ class Runner:
         device: torch.device,
         sample_drafts: bool = True,
         device_round: DeviceRound | None = None,
+        store: LaneStore | None = None,
     ) -> None:
+        """store: where retained lane states go to the host and come back (None: plans move none)."""
+        self.store = store
         self.sample_drafts = sample_drafts  # False: one-hot drafts (the drafter's argmax) for sampled requests too
         self.model = model
         self.cache = cache
@@ -71,9 +76,15 @@ class Runner:
 
     @torch.inference_mode()
     def run(self, plan: RoundPlan) -> list[Emission]:
+        if plan.moves:
+            assert self.store is not None, "a plan moved retained state, and the runner has no store"
+            self.store.apply(plan.moves)  # before any admitted lane is reset or written
         for r in plan.admitted:
-            self.cache.reset(r.lane)
-            self.backend.reset(r.lane)
+            if r.resumed == 0:  # else the lane holds the state of tokens 0..resumed-1, kept or just restored
+                self.cache.reset(r.lane)
+                self.backend.reset(r.lane)
+        if not plan.decode and not plan.prefill:
+            return []
         if self.device_round is None or any(d.request.forced is not None or d.request.needs_logits for d in plan.decode):
             return self.host_round(plan)
         emissions: list[Emission] = []

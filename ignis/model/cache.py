@@ -136,14 +136,20 @@ class LaneCache:
 
     def lane_state(self, lane: int, upto: int) -> dict[str, torch.Tensor]:
         """Copies of everything the lane carries for positions 0..upto-1, by name (for inspection and tests)."""
+        return {name: t.clone() for name, t in self.lane_views(lane, upto).items()}
+
+    def lane_views(self, lane: int, upto: int) -> dict[str, torch.Tensor]:
+        """Views of everything the lane carries for positions 0..upto-1, by name: K/V of those positions, and the
+        recurrent state and conv window after position upto-1 (valid only when the lane has run exactly that far).
+        Copying saved tensors back into them restores the lane (retained slots, ignis.engine.lane_store)."""
         out: dict[str, torch.Tensor] = {}
         for i, s in enumerate(self.layers):
             if isinstance(s, AttnState):
-                out[f"layers.{i}.k"] = s.k[lane, :upto].clone()
-                out[f"layers.{i}.v"] = s.v[lane, :upto].clone()
+                out[f"layers.{i}.k"] = s.k[lane, :upto]
+                out[f"layers.{i}.v"] = s.v[lane, :upto]
             else:
-                out[f"layers.{i}.conv"] = s.conv[lane].clone()
-                out[f"layers.{i}.state"] = s.state[lane].clone()
+                out[f"layers.{i}.conv"] = s.conv[lane]
+                out[f"layers.{i}.state"] = s.state[lane]
         return out
 
     def nbytes(self) -> int:

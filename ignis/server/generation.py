@@ -117,10 +117,19 @@ async def collect(events: AsyncIterator[tuple[int, StreamOutput]], count: int) -
     return choices
 
 
-def usage(prompts: Sequence[list[int]], completion_tokens: int) -> dict[str, int]:
+def usage(prompts: Sequence[list[int]], completion_tokens: int,
+          stats: Sequence[RequestStats | None] = ()) -> dict[str, Any]:
+    """OpenAI's usage. stats: the choices' RequestStats in index order (prompt i's samples are choices i*n..i*n+n-1);
+    cached_tokens counts, per prompt, the prompt tokens a retained slot held for the sample that resumed furthest."""
     prompt_tokens = sum(len(p) for p in prompts)
+    n = max(len(stats) // max(len(prompts), 1), 1)
+    resumed: dict[int, int] = {}
+    for i, s in enumerate(stats):
+        if s is not None:
+            resumed[i // n] = max(resumed.get(i // n, 0), s.prompt_tokens_resumed)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": sum(resumed.values())}}
 
 
 def timings(prompts: Sequence[list[int]], stats: Sequence[RequestStats | None]) -> dict[str, Any]:

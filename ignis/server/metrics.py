@@ -47,8 +47,18 @@ class _Snapshot(Collector):
                                 value=s.cache_bytes)
         yield GaugeMetricFamily("ignis_cache_used_bytes", "KV and recurrent state held by running requests.",
                                 value=s.cache_used_bytes)
-        yield GaugeMetricFamily("ignis_retained_slots", "Finished requests' state kept for a follow-up.",
+        yield GaugeMetricFamily("ignis_retained_slots", "Finished requests' lane states kept for a follow-up.",
                                 value=s.retained_slots)
+        yield CounterMetricFamily("ignis_retained_hits", "Requests that resumed from a retained slot.",
+                                  value=s.retained_hits)
+        yield CounterMetricFamily("ignis_retained_misses", "Requests with no retained slot to resume from.",
+                                  value=s.retained_misses)
+        yield CounterMetricFamily("ignis_prompt_tokens_resumed", "Prompt tokens a retained slot held (not prefilled).",
+                                  value=s.prompt_tokens_resumed_total)
+        yield GaugeMetricFamily("ignis_retained_host_bytes", "Host memory held by retained slots off their lanes.",
+                                value=s.retained_host_bytes)
+        yield GaugeMetricFamily("ignis_retained_host_capacity_bytes", "Bound on that memory "
+                                "(engine.retained_host_memory).", value=s.retained_host_capacity_bytes)
         yield CounterMetricFamily("ignis_preemptions", "Requests pushed out of a lane to make room.",
                                   value=s.preemptions)
         errors = CounterMetricFamily("ignis_request_errors", "Requests refused or ended early, by kind.", labels=["kind"])

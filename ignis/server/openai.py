@@ -95,7 +95,7 @@ async def completions(request: Request, llm: AsyncLLM) -> Response:
                  "finish_reason": c.finish_reason}
                 for i, c in enumerate(choices)
             ],
-            "usage": usage(prompts, sum(len(c.token_ids) for c in choices)),
+            "usage": usage(prompts, sum(len(c.token_ids) for c in choices), [c.stats for c in choices]),
             "timings": timings(prompts, [c.stats for c in choices]),
         })
 
@@ -147,7 +147,7 @@ async def chat_completions(request: Request, llm: AsyncLLM) -> Response:
                 {"index": i, "message": msg, "logprobs": logprobs_of(c.token_ids, c.logprobs), "finish_reason": reason}
                 for i, (c, (msg, reason)) in enumerate(zip(choices, messages))
             ],
-            "usage": usage(prompts, sum(len(c.token_ids) for c in choices)),
+            "usage": usage(prompts, sum(len(c.token_ids) for c in choices), [c.stats for c in choices]),
             "timings": timings(prompts, [c.stats for c in choices]),
         })
 
@@ -199,7 +199,8 @@ async def _stream(
                     yield _sse(c)
                 item = await anext(events, None)
             if include_usage:
-                yield _sse({**head, "choices": [], "usage": usage(prompts, sum(len(c.token_ids) for c in choices)),
+                yield _sse({**head, "choices": [],
+                            "usage": usage(prompts, sum(len(c.token_ids) for c in choices), [c.stats for c in choices]),
                             "timings": timings(prompts, [c.stats for c in choices])})
         except IgnisError as e:
             yield error_event(e)

@@ -22,6 +22,7 @@ from starlette.responses import Response, StreamingResponse
 
 from ignis.client.async_llm import AsyncLLM
 from ignis.errors import IgnisError, InputError
+from ignis.ipc.messages import RequestStats
 from ignis.server import chat
 from ignis.server.errors import describe
 from ignis.server.openai import check_model
@@ -169,18 +170,19 @@ async def responses(request: Request, llm: AsyncLLM) -> Response:
         "text": req.text or {"format": {"type": "text"}}, "store": False, "error": None,
     }
 
-    def final(output: list[dict], reason: str | None, completion_tokens: int) -> dict[str, Any]:
-        u = usage([ids], completion_tokens)
+    def final(output: list[dict], reason: str | None, completion_tokens: int,
+              stats: RequestStats | None) -> dict[str, Any]:
+        u = usage([ids], completion_tokens, [stats])
         return {**head, "status": "incomplete" if reason == "length" else "completed", "output": output,
                 "incomplete_details": {"reason": "max_output_tokens"} if reason == "length" else None,
                 "usage": {"input_tokens": u["prompt_tokens"], "output_tokens": u["completion_tokens"],
-                          "total_tokens": u["total_tokens"], "input_tokens_details": {"cached_tokens": 0},
+                          "total_tokens": u["total_tokens"], "input_tokens_details": u["prompt_tokens_details"],
                           "output_tokens_details": {"reasoning_tokens": 0}}}
 
     if not req.stream:
         c = (await until_disconnect(request, collect(merged(llm, [ids], params), 1)))[0]
         msg, reason = chat.message(p, c.text, c.finish_reason)
-        return Response(msgspec.json.encode(final(_items(msg), reason, len(c.token_ids))), media_type="application/json")
+        return Response(msgspec.json.encode(final(_items(msg), reason, len(c.token_ids), c.stats)), media_type="application/json")
 
     events = merged(llm, [ids], params)
     try:
@@ -247,7 +249,7 @@ async def _events(first: Any, events: Any, p: chat.ChatPlan, head: dict, final: 
 
     yield event("response.created", response={**head, "status": "in_progress", "output": []})
     yield event("response.in_progress", response={**head, "status": "in_progress", "output": []})
-    ds, tokens, reason = chat.DeltaStream(p), 0, None
+    ds, tokens, reason, stats = chat.DeltaStream(p), 0, None, None
     try:
         item = first
         while item is not None:
@@ -270,11 +272,11 @@ async def _events(first: Any, events: Any, p: chat.ChatPlan, head: dict, final: 
                 yield event("response.output_item.done", output_index=idx, item=fc)
                 output.append(fc)
             if o.finished:
-                reason = o.finish_reason
+                reason, stats = o.finish_reason, o.stats
             item = await anext(events, None)
         for b in close():
             yield b
-        done = final(output, "length" if reason == "length" else "stop", tokens)
+        done = final(output, "length" if reason == "length" else "stop", tokens, stats)
         kind = "response.incomplete" if done["status"] == "incomplete" else "response.completed"
         yield event(kind, response=done)
     except IgnisError as e:
