@@ -4,7 +4,7 @@ Owns: `attend` (two numba-cuda launches on CUDA tensors, on torch's current stre
 the splits' partial softmax-weighted sums, then their merge times sigmoid(gate)), the split plan (`splits`) and the
 torch reference `attend_reference` (what runs on the CPU, and what the kernels are tested against). Does not own: the
 projections, q/k norms and the K/V write before it (ignis.kernels.fused.qk_rope_write) or the layer
-(ignis.model.attention). docs/adr/0005-fused-layer-kernels.md has the why and the numbers.
+(ignis.model.attention). docs/adr/0006-fused-layer-kernels.md has the why and the numbers.
 
 Why not SDPA on the GPU: a decode or verify round has few query rows per KV head (query heads of the group x
 columns), and the library kernels spread work over (lane, KV head) only, a handful of blocks on 132 SMs, after a
@@ -14,13 +14,13 @@ gather of every lane's keys; here a block takes (context split, KV head, lane) a
 from __future__ import annotations
 
 import threading
-import warnings
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from ignis.kernels.fused import gate_heads_reference
+from ignis.kernels.launch import launch
 
 TARGET_BLOCKS = 264  # about two blocks per SM of an H200 (132 SMs)
 # Query rows a block at most: each row's scores are one thread's serial dot products, which pays against the
@@ -64,24 +64,6 @@ def _compiled(dtype: torch.dtype, rows: int, hd: int) -> dict[str, Any]:
         return _kernels[key]
 
 
-def _arr(t: Any) -> Any:
-    from numba import cuda
-
-    if not isinstance(t, torch.Tensor):
-        return t
-    return cuda.as_cuda_array(t.view(torch.int16) if t.dtype == torch.bfloat16 else t)
-
-
-def _launch(kernel: Any, grid: tuple[int, ...], threads: int, args: tuple[Any, ...], device: torch.device) -> None:
-    from numba import cuda
-
-    handle = torch.cuda.current_stream(device).cuda_stream
-    stream = 0 if handle == 0 else cuda.external_stream(handle)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # numba warns about grids under 128 blocks
-        kernel[grid, threads, stream](*(_arr(a) for a in args))
-
-
 def usable(q: torch.Tensor) -> bool:
     """The kernels take CUDA bf16/fp32 queries of head width <= THREADS and at most MAX_ROWS rows a KV head (others
     run the reference)."""
@@ -112,9 +94,9 @@ def attend(
     opart = torch.empty((b, nkv, ns, rows, hd), dtype=torch.float32, device=q.device)
     mpart = torch.empty((b, nkv, ns, rows), dtype=torch.float32, device=q.device)
     lpart = torch.empty_like(mpart)
-    _launch(ks["partial"], (ns, nkv, b), THREADS, (q, kc, vc, lanes, positions, opart, mpart, lpart, float(scale), per),
+    launch(ks["partial"], (ns, nkv, b), THREADS, (q, kc, vc, lanes, positions, opart, mpart, lpart, float(scale), per),
             q.device)
     t = b * rows // (nh // nkv)
     y = torch.empty((t, nh * hd), dtype=q.dtype, device=q.device)
-    _launch(ks["combine"], (nh, t), THREADS, (opart, mpart, lpart, qkv, y, nh), q.device)
+    launch(ks["combine"], (nh, t), THREADS, (opart, mpart, lpart, qkv, y, nh), q.device)
     return y

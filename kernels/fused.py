@@ -4,7 +4,7 @@ Owns: `add_rms_norm`, `conv`, `gated_norm`, `swiglu`, `qk_rope_write`, `grouped_
 tensors, launched on torch's current stream so a CUDA graph captures them) and their torch references (what runs on
 the CPU, and what the kernels are tested against; `gate_heads_reference` serves ignis.kernels.attention). Does not own: the layers that call them (ignis.model, the
 dflash2 drafter) or the
-kernel sources (ignis.kernels.fused_kernel). docs/adr/0005-fused-layer-kernels.md has the why and the numbers.
+kernel sources (ignis.kernels.fused_kernel). docs/adr/0006-fused-layer-kernels.md has the why and the numbers.
 
 Each reference is the torch code the layer ran before the kernel existed, so the CPU keeps its arithmetic exactly;
 each kernel rounds to bf16 wherever those torch ops did.
@@ -13,12 +13,12 @@ each kernel rounds to bf16 wherever those torch ops did.
 from __future__ import annotations
 
 import threading
-import warnings
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from ignis.kernels.launch import launch
 from ignis.model.ops import apply_rope, l2norm
 
 # --- references -------------------------------------------------------------------------------------------------
@@ -122,24 +122,6 @@ def _compiled(dtype: torch.dtype, head: int, per: int = 1) -> dict[str, Any]:
         return _kernels[key]
 
 
-def _arr(t: Any) -> Any:
-    from numba import cuda
-
-    if not isinstance(t, torch.Tensor):
-        return t
-    return cuda.as_cuda_array(t.view(torch.int16) if t.dtype == torch.bfloat16 else t)
-
-
-def _launch(kernel: Any, grid: tuple[int, ...], threads: int, args: tuple[Any, ...], device: torch.device) -> None:
-    from numba import cuda
-
-    handle = torch.cuda.current_stream(device).cuda_stream
-    stream = 0 if handle == 0 else cuda.external_stream(handle)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # numba warns about grids under 128 blocks: one lane's rows are our case
-        kernel[grid, threads, stream](*(_arr(a) for a in args))
-
-
 def add_rms_norm(
     x: torch.Tensor,  # [T, H] model dtype: the residual stream
     d: torch.Tensor | None,  # [T, H] model dtype: what the last block adds to it (None: nothing)
@@ -154,7 +136,7 @@ def add_rms_norm(
     k = _compiled(x.dtype, 32, -(-x.shape[1] // NORM_THREADS))["add_rms_norm"]
     resid = x if d is None else torch.empty_like(x)
     normed = torch.empty_like(x)
-    _launch(k, (x.shape[0],), NORM_THREADS, (x, x if d is None else d, scale, resid, normed, float(eps), d is not None),
+    launch(k, (x.shape[0],), NORM_THREADS, (x, x if d is None else d, scale, resid, normed, float(eps), d is not None),
             x.device)
     return resid, normed
 
@@ -179,7 +161,7 @@ def conv(
     mixed = torch.empty((b, c, dim), dtype=torch.float32, device=raw.device)
     ba_out = torch.empty(ba.shape, dtype=torch.float32, device=raw.device)
     k = _compiled(raw.dtype, dk)["conv"]
-    _launch(k, ((dim + dk - 1) // dk, b), _threads(dk),
+    launch(k, ((dim + dk - 1) // dk, b), _threads(dk),
             (window, lanes, raw, weight, mixed, window if record is None else record, ba, ba_out, record is not None,
              dk, 2 * key_heads, float(dk**-0.5)), raw.device)
     return mixed, ba_out
@@ -194,7 +176,7 @@ def gated_norm(out: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: fl
     ks = _compiled(z.dtype, dv)
     threads = _threads(dv)
     y = torch.empty((t, hv * dv), dtype=z.dtype, device=z.device)
-    _launch(ks["gated_norm"], (hv, t), threads, (out, z, weight, y, float(eps)), z.device)
+    launch(ks["gated_norm"], (hv, t), threads, (out, z, weight, y, float(eps)), z.device)
     return y
 
 
@@ -207,7 +189,7 @@ def swiglu(gu: torch.Tensor) -> torch.Tensor:
     lead, inner = gu.shape[:-1], gu.shape[-1] // 2
     flat = gu.reshape(-1, 2 * inner)
     y = torch.empty((flat.shape[0], inner), dtype=gu.dtype, device=gu.device)
-    _launch(_compiled(gu.dtype, 32)["swiglu"], ((inner + EW_THREADS - 1) // EW_THREADS, flat.shape[0]), EW_THREADS,
+    launch(_compiled(gu.dtype, 32)["swiglu"], ((inner + EW_THREADS - 1) // EW_THREADS, flat.shape[0]), EW_THREADS,
             (flat, y), gu.device)
     return y.reshape(*lead, inner)
 
@@ -233,7 +215,7 @@ def qk_rope_write(
     b, c = positions.shape
     hd = kc.shape[-1]
     qh = torch.empty((b, nkv, nh // nkv * c, hd), dtype=qkv.dtype, device=qkv.device)
-    _launch(_compiled(qkv.dtype, hd)["qk_rope_write"], (nh + 2 * nkv, b * c), _threads(hd),
+    launch(_compiled(qkv.dtype, hd)["qk_rope_write"], (nh + 2 * nkv, b * c), _threads(hd),
             (qkv, qscale, kscale, cos, sin, kc, vc, lanes, positions, qh, float(eps), nh, nkv), qkv.device)
     return qh
 
@@ -247,7 +229,7 @@ def grouped_conv(x: torch.Tensor, base: torch.Tensor, dyn: torch.Tensor, group: 
 
     n, rows, hidden = x.shape
     y = torch.empty_like(x)
-    _launch(_compiled(x.dtype, 32)["grouped_conv"], ((hidden + EW_THREADS - 1) // EW_THREADS, n * rows), EW_THREADS,
+    launch(_compiled(x.dtype, 32)["grouped_conv"], ((hidden + EW_THREADS - 1) // EW_THREADS, n * rows), EW_THREADS,
             (x, base, dyn, y, group), x.device)
     return y
 

@@ -51,6 +51,21 @@ def _converters(half: bool) -> tuple[Any, Any]:
     return load, store
 
 
+@cuda.jit(device=True, inline=True)
+def block_sum(part, t, value, n):  # numba device function: typed by numba, not annotated
+    """The sum of every thread's `value` over a block of n threads (a power of two), through the shared array
+    `part`; every thread gets it. The caller syncs before it writes `part` again."""
+    part[t] = value
+    cuda.syncthreads()
+    step = n // 2
+    while step > 0:
+        if t < step:
+            part[t] += part[t + step]
+        cuda.syncthreads()
+        step //= 2
+    return part[0]
+
+
 def make_kernels(half: bool, head_threads: int, per: int = 1, norm_threads: int = NORM_THREADS) -> dict[str, Any]:
     """The kernels for bf16 (`half`) or fp32 elements; `head_threads` (a power of two) is the block of the per-head
     kernels, at least the head width it serves; `norm_threads` (a power of two) the block of add_rms_norm, whose rows
@@ -79,15 +94,7 @@ def make_kernels(half: bool, head_threads: int, per: int = 1, norm_threads: int 
                     v = load(store(v + load(d[row, i])))
             vals[k] = v
             acc += v * v
-        part[t] = acc
-        cuda.syncthreads()
-        step = nt // 2
-        while step > 0:
-            if t < step:
-                part[t] += part[t + step]
-            cuda.syncthreads()
-            step //= 2
-        r = np.float32(1.0) / math.sqrt(part[0] / np.float32(n) + np.float32(eps))
+        r = np.float32(1.0) / math.sqrt(block_sum(part, t, acc, nt) / np.float32(n) + np.float32(eps))
         for k in range(per):
             i = t + k * nt
             if i < n:
@@ -127,15 +134,7 @@ def make_kernels(half: bool, head_threads: int, per: int = 1, norm_threads: int 
                     acc += v * weight[ch, tap]
                 acc = acc / (np.float32(1.0) + math.exp(-acc))
             if head < qk_heads:  # the same for the whole block
-                part[t] = acc * acc
-                cuda.syncthreads()
-                step = ht // 2
-                while step > 0:
-                    if t < step:
-                        part[t] += part[t + step]
-                    cuda.syncthreads()
-                    step //= 2
-                acc = acc * (np.float32(1.0) / math.sqrt(part[0] + np.float32(EPS)))
+                acc = acc * (np.float32(1.0) / math.sqrt(block_sum(part, t, acc * acc, ht) + np.float32(EPS)))
                 if head < qk_heads // 2:
                     acc = acc * np.float32(qscale)
                 cuda.syncthreads()
@@ -161,16 +160,9 @@ def make_kernels(half: bool, head_threads: int, per: int = 1, norm_threads: int 
         o = np.float32(0.0)
         if t < dv:
             o = load(store(out[row, h, t]))
-        part[t] = o * o
-        cuda.syncthreads()
-        step = ht // 2
-        while step > 0:
-            if t < step:
-                part[t] += part[t + step]
-            cuda.syncthreads()
-            step //= 2
+        total = block_sum(part, t, o * o, ht)
         if t < dv:
-            r = np.float32(1.0) / math.sqrt(part[0] / np.float32(dv) + np.float32(eps))
+            r = np.float32(1.0) / math.sqrt(total / np.float32(dv) + np.float32(eps))
             wh = load(store(load(weight[t]) * load(store(o * r))))
             g = load(z[row, h * dv + t])
             y[row, h * dv + t] = store(wh * (g / (np.float32(1.0) + math.exp(-g))))
@@ -211,15 +203,7 @@ def make_kernels(half: bool, head_threads: int, per: int = 1, norm_threads: int 
             if t < hd:
                 vc[lanes[b], positions[b, c], hh - nh - nkv, t] = qkv[row, src + t]
             return
-        part[t] = v * v
-        cuda.syncthreads()
-        step = ht // 2
-        while step > 0:
-            if t < step:
-                part[t] += part[t + step]
-            cuda.syncthreads()
-            step //= 2
-        r = np.float32(1.0) / math.sqrt(part[0] / np.float32(hd) + np.float32(eps))
+        r = np.float32(1.0) / math.sqrt(block_sum(part, t, v * v, ht) / np.float32(hd) + np.float32(eps))
         if t < hd:
             sc = qscale[t] if hh < nh else kscale[t]
             nrm[t] = load(store(v * r * sc))

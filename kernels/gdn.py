@@ -13,12 +13,12 @@ columns 0..last from the lane's state, which the verify left untouched.
 from __future__ import annotations
 
 import threading
-import warnings
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from ignis.kernels.launch import launch
 from ignis.model.ops import l2norm
 
 
@@ -109,18 +109,10 @@ def _compiled(dk: int, dv: int, cols: int) -> tuple[Any, Any]:
 
 
 def _launch(kernel: Any, dv: int, hv: int, b: int, dk: int, args: tuple[Any, ...], device: torch.device) -> None:
-    from numba import cuda
-
     from ignis.kernels.gdn_kernel import block_shape
 
     tv, threads = block_shape(dk, dv)
-    handle = torch.cuda.current_stream(device).cuda_stream
-    stream = 0 if handle == 0 else cuda.external_stream(handle)
-    arrays = tuple(cuda.as_cuda_array(a) if isinstance(a, torch.Tensor) else a for a in args)
-    with warnings.catch_warnings():
-        # numba warns about grids under 128 blocks; one lane's heads are this kernel's normal case.
-        warnings.simplefilter("ignore")
-        kernel[((dv + tv - 1) // tv, hv, b), threads, stream](*arrays)
+    launch(kernel, ((dv + tv - 1) // tv, hv, b), threads, args, device)
 
 
 def columns(
@@ -176,18 +168,10 @@ def window(conv: torch.Tensor, inputs: torch.Tensor, lanes: torch.Tensor, last: 
     if not conv.is_cuda:
         window_reference(conv, inputs, lanes, last, taps)
         return
-    from numba import cuda
-
     from ignis.kernels.gdn_kernel import WINDOW_THREADS, make_window_kernel
 
     with _lock:
         if not _window_kernel:
             _window_kernel.append(make_window_kernel())
-    bits = (lambda t: t.view(torch.int16)) if conv.dtype == torch.bfloat16 else (lambda t: t)
-    handle = torch.cuda.current_stream(conv.device).cuda_stream
-    stream = 0 if handle == 0 else cuda.external_stream(handle)
     grid = ((conv.shape[2] + WINDOW_THREADS - 1) // WINDOW_THREADS, lanes.shape[0])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        _window_kernel[0][grid, WINDOW_THREADS, stream](cuda.as_cuda_array(bits(conv)), cuda.as_cuda_array(bits(inputs)),
-                                                      cuda.as_cuda_array(lanes), cuda.as_cuda_array(last))
+    launch(_window_kernel[0], grid, WINDOW_THREADS, (conv, inputs, lanes, last), conv.device)

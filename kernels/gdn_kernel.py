@@ -62,8 +62,8 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
         bs = cuda.shared.array(cmax, float32)
         pm = cuda.shared.array(threads, float32)
         po = cuda.shared.array(threads, float32)
+        sv = cuda.shared.array((cmax, tv), float32)
         st = cuda.local.array(rows, float32)
-        vl = cuda.local.array(cmax, float32)
         i = t
         while i < ncols * dk:
             j, e = i // dk, i % dk
@@ -74,8 +74,9 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
             bs[t] = float32(1.0) / (float32(1.0) + math.exp(-ba[b, t, h]))
             a = ba[b, t, hv + h] + dt_bias[h]
             gs[t] = rate[h] * (a if a > float32(20.0) else math.log1p(math.exp(a)))  # rate * softplus
-        for j in range(cmax):
-            vl[j] = mixed[b, j, voff + c] if j < ncols and c < nv else float32(0.0)
+        if s == 0:
+            for j in range(ncols):
+                sv[j, cl] = mixed[b, j, voff + c] if c < nv else float32(0.0)
         base = s * rows
         for i in range(rows):
             st[i] = state[lane, h, base + i, c] if c < nv else float32(0.0)
@@ -89,7 +90,7 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
                 mem += sk[j, base + i] * st[i]
             pm[t] = mem
             cuda.syncthreads()
-            delta = bs[j] * (vl[j] - (pm[first] + pm[first + 1] + pm[first + 2] + pm[first + 3]))
+            delta = bs[j] * (sv[j, cl] - (pm[first] + pm[first + 1] + pm[first + 2] + pm[first + 3]))
             if c >= nv:
                 delta = float32(0.0)
             o = float32(0.0)
@@ -110,7 +111,7 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
                         record[lane, j, h, dk + nv] = gs[j]
                         record[lane, j, h, dk + nv + 1] = bs[j]
                 if s == 0 and c < nv:
-                    record[lane, j, h, dk + c] = vl[j]
+                    record[lane, j, h, dk + c] = sv[j, cl]
         if write_state and c < nv:
             for i in range(rows):
                 state[lane, h, base + i, c] = st[i]

@@ -1,0 +1,28 @@
+"""Launching a numba-cuda kernel on torch tensors, on torch's current stream.
+
+Owns: `launch`, which every kernel module of ignis.kernels uses: bf16 tensors go in as int16 views (torch exports no
+bf16 to numba; the kernels widen the bits), and the launch goes to the stream torch is on, read at every call, so a
+CUDA graph being captured records it. Importing this module imports neither numba nor CUDA.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+
+def launch(kernel: Any, grid: tuple[int, ...], threads: int, args: tuple[Any, ...], device: torch.device) -> None:
+    from numba import cuda
+
+    handle = torch.cuda.current_stream(device).cuda_stream
+    stream = 0 if handle == 0 else cuda.external_stream(handle)
+    arrays = tuple(
+        cuda.as_cuda_array(a.view(torch.int16) if a.dtype == torch.bfloat16 else a) if isinstance(a, torch.Tensor)
+        else a
+        for a in args
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # numba warns about grids under 128 blocks: one lane's work is our normal case
+        kernel[grid, threads, stream](*arrays)
