@@ -7,8 +7,8 @@ nothing here touches the driver.
 Element type: the model's bf16 tensors arrive as int16 views (torch exports no bf16 to numba) and are widened to fp32
 by their bits; results are rounded back to bf16 to nearest even, as torch rounds. So each kernel does what the torch
 ops it replaces do, op for op: every op that torch runs in bf16 (compute in fp32, round) is rounded here at the same
-point. A float32 model passes float32 arrays and nothing is rounded. Reductions are trees over the block in shared
-memory (no warp intrinsics, so the same source runs in numba's simulator in CI).
+point. A float32 model passes float32 arrays and nothing is rounded. Block reductions are warp shuffles, then one
+barrier (the simulator runs the shuffles through the test suite's warp shim).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from numba import cuda
 from numba.cuda import libdevice
 
 NORM_THREADS = 1024  # add_rms_norm: threads a row
+FULL = 0xFFFFFFFF  # the full-warp mask: every block here is whole warps
 EPS = 1e-6  # l2norm's epsilon (ignis.model.ops.l2norm)
 EW_THREADS = 256  # swiglu: elements a block
 
@@ -53,17 +54,21 @@ def _converters(half: bool) -> tuple[Any, Any]:
 
 @cuda.jit(device=True, inline=True)
 def block_sum(part, t, value, n):  # numba device function: typed by numba, not annotated
-    """The sum of every thread's `value` over a block of n threads (a power of two), through the shared array
-    `part`; every thread gets it. The caller syncs before it writes `part` again."""
-    part[t] = value
+    """The sum of every thread's `value` over a block of n threads (a multiple of 32): each warp sums by shuffles,
+    then every thread adds the warps' sums from the shared array `part` (one barrier). The caller syncs before it
+    writes `part` again."""
+    v = value
+    off = 16
+    while off > 0:
+        v += cuda.shfl_xor_sync(FULL, v, off)
+        off //= 2
+    if t % 32 == 0:
+        part[t // 32] = v
     cuda.syncthreads()
-    step = n // 2
-    while step > 0:
-        if t < step:
-            part[t] += part[t + step]
-        cuda.syncthreads()
-        step //= 2
-    return part[0]
+    total = np.float32(0.0)
+    for w in range(n // 32):
+        total += part[w]
+    return total
 
 
 def make_kernels(half: bool, head_threads: int, per: int = 1, norm_threads: int = NORM_THREADS) -> dict[str, Any]:

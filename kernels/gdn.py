@@ -154,7 +154,7 @@ def replay(state: torch.Tensor, lanes: torch.Tensor, record: torch.Tensor, last:
         replay_reference(state, lanes, record, last)
         return
     dk, dv, hv = state.shape[2], state.shape[3], state.shape[1]
-    _, rep = _compiled(dk, dv, 1)
+    _, rep = _compiled(dk, dv, record.shape[1])
     _launch(rep, dv, hv, lanes.shape[0], dk, (state, lanes, record, last, dv), state.device)
 
 

@@ -6,8 +6,8 @@ the simulator); nothing here touches the driver.
 
 Block (TV * RS threads) = one value head of one lane, TV columns of its [dk, dv] state; thread (c, s) keeps rows
 s*dk/RS .. (s+1)*dk/RS - 1 of column c in registers, so the state is read once and every column's update and
-output are sums over a thread's own rows plus RS partials combined in shared memory (no warp intrinsics: the same
-source runs in numba's simulator). Per column j, with k and q l2-normalised (q also scaled) by the conv that
+output are sums over a thread's own rows plus RS partials combined by warp shuffles (the simulator runs them through
+the test suite's warp shim). Per column j, with k and q l2-normalised (q also scaled) by the conv that
 produced them, beta = sigmoid(b) and g = rate * softplus(a + dt_bias) from the raw projections:
     S <- exp(g) S;  delta = beta (v - S^T k);  S <- S + k delta^T;  o = S^T q
 `columns` writes o for every column and either the final state (decode, one column) or, for a verify, each column's
@@ -22,20 +22,28 @@ from typing import Any
 
 from numba import cuda, float32
 
-RS = 4  # threads that share one state column (row slices of dk)
+RS = 4  # threads that share one state column (row slices of dk): consecutive lanes of a warp
+FULL = 0xFFFFFFFF  # the full-warp mask: every block is whole warps (TV * RS = 128, or 32 in the tests)
 EPS = 1e-6  # l2norm's epsilon (ignis.model.ops.l2norm)
 
 
 def block_shape(dk: int, dv: int) -> tuple[int, int]:
-    """(TV, threads): TV columns a block, at most 32, a power of two; threads = TV * RS."""
+    """(TV, threads): TV columns a block, 8 to 32, a power of two; threads = TV * RS."""
     tv = 32
-    while tv > dv:
+    while tv > dv and tv > 8:  # at least 8 columns: a block is whole warps (the partial sums are warp shuffles)
         tv //= 2
     return tv, tv * RS
 
 
+@cuda.jit(device=True, inline=True)
+def quad_sum(x):  # numba device function: typed by numba, not annotated
+    """The sum of x over the RS = 4 consecutive lanes that share a state column (the same in all four)."""
+    x += cuda.shfl_xor_sync(FULL, x, 1)
+    return x + cuda.shfl_xor_sync(FULL, x, 2)
+
+
 def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
-    """`columns` for up to `cmax` columns and `replay`, for heads of dk x dv."""
+    """`columns` for up to `cmax` columns and `replay` of up to `cmax` kept columns, for heads of dk x dv."""
     tv, threads = block_shape(dk, dv)
     rows = dk // RS
 
@@ -45,7 +53,8 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
         # l2-normalised (q scaled); ba [B, C, 2 Hv] f32: the raw beta and decay projections; dt_bias, rate [Hv] f32;
         # out [B, C, Hv, dv]; record [L, C, Hv, dk + dv + 2]; grid (dv / TV, Hv, B); C <= cmax.
         # Everything a column reads (q, k, the gates, the thread's v) is staged before the loop over columns, so the
-        # loop touches no global memory but its writes, and each column costs two block barriers.
+        # loop touches no global memory but its writes, and the four partial sums of a state column meet by warp
+        # shuffles: no block barrier inside the loop.
         t = cuda.threadIdx.x
         cl, s = t // RS, t % RS
         c = cuda.blockIdx.x * tv + cl
@@ -60,8 +69,6 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
         sq = cuda.shared.array((cmax, dk), float32)
         gs = cuda.shared.array(cmax, float32)
         bs = cuda.shared.array(cmax, float32)
-        pm = cuda.shared.array(threads, float32)
-        po = cuda.shared.array(threads, float32)
         sv = cuda.shared.array((cmax, tv), float32)
         st = cuda.local.array(rows, float32)
         i = t
@@ -81,26 +88,23 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
         for i in range(rows):
             st[i] = state[lane, h, base + i, c] if c < nv else float32(0.0)
         cuda.syncthreads()
-        first = cl * RS
         for j in range(ncols):
             decay = math.exp(gs[j])
             mem = float32(0.0)
             for i in range(rows):
                 st[i] *= decay
                 mem += sk[j, base + i] * st[i]
-            pm[t] = mem
-            cuda.syncthreads()
-            delta = bs[j] * (sv[j, cl] - (pm[first] + pm[first + 1] + pm[first + 2] + pm[first + 3]))
+            mem = quad_sum(mem)
+            delta = bs[j] * (sv[j, cl] - mem)
             if c >= nv:
                 delta = float32(0.0)
             o = float32(0.0)
             for i in range(rows):
                 st[i] += sk[j, base + i] * delta
                 o += sq[j, base + i] * st[i]
-            po[t] = o
-            cuda.syncthreads()
+            o = quad_sum(o)
             if s == 0 and c < nv:
-                out[b, j, h, c] = po[first] + po[first + 1] + po[first + 2] + po[first + 3]
+                out[b, j, h, c] = o
             if do_record:
                 if cuda.blockIdx.x == 0:
                     i = t
@@ -118,42 +122,37 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
 
     @cuda.jit
     def replay(state, lanes, record, last, nv):
-        # state [L, Hv, dk, dv] f32; lanes, last [B] i64; record [L, C, Hv, dk + dv + 2]; grid (dv / TV, Hv, B)
+        # state [L, Hv, dk, dv] f32; lanes, last [B] i64; record [L, C, Hv, dk + dv + 2] with C <= cmax;
+        # grid (dv / TV, Hv, B). The kept columns' k are staged once; no block barrier inside the loop.
         t = cuda.threadIdx.x
         cl, s = t // RS, t % RS
         c = cuda.blockIdx.x * tv + cl
         h, b = cuda.blockIdx.y, cuda.blockIdx.z
         lane = lanes[b]
-        sk = cuda.shared.array(dk, float32)
-        part = cuda.shared.array(threads, float32)
-        tot = cuda.shared.array(tv, float32)
+        kept = last[b] + 1
+        sk = cuda.shared.array((cmax, dk), float32)
         st = cuda.local.array(rows, float32)
+        i = t
+        while i < kept * dk:
+            sk[i // dk, i % dk] = record[lane, i // dk, h, i % dk]
+            i += threads
         base = s * rows
         for i in range(rows):
             st[i] = state[lane, h, base + i, c] if c < nv else float32(0.0)
-        for j in range(last[b] + 1):
-            i = t
-            while i < dk:
-                sk[i] = record[lane, j, h, i]
-                i += threads
-            cuda.syncthreads()
+        cuda.syncthreads()
+        for j in range(kept):
             decay = math.exp(record[lane, j, h, dk + nv])
             bt = record[lane, j, h, dk + nv + 1]
             mem = float32(0.0)
             for i in range(rows):
                 st[i] *= decay
-                mem += sk[base + i] * st[i]
-            part[t] = mem
-            cuda.syncthreads()
-            if s == 0:
-                tot[cl] = part[t] + part[t + 1] + part[t + 2] + part[t + 3]
-            cuda.syncthreads()
+                mem += sk[j, base + i] * st[i]
+            mem = quad_sum(mem)
             delta = float32(0.0)
             if c < nv:
-                delta = bt * (record[lane, j, h, dk + c] - tot[cl])
+                delta = bt * (record[lane, j, h, dk + c] - mem)
             for i in range(rows):
-                st[i] += sk[base + i] * delta
-            cuda.syncthreads()
+                st[i] += sk[j, base + i] * delta
         if c < nv:
             for i in range(rows):
                 state[lane, h, base + i, c] = st[i]

@@ -2,7 +2,8 @@
 
 The kernel sources run in numba's CUDA simulator in a child interpreter (NUMBA_ENABLE_CUDASIM must be set before
 numba.cuda is imported, and the rest of the suite keeps the real numba.cuda). bf16 tensors go in as int16 bits, as on
-the GPU; the simulator has no libdevice, so the child gives it the two bit casts the kernels use. bf16 results must
+the GPU; the simulator has no libdevice, so the child gives it the two bit casts the kernels use, and warp
+shuffles through the warp shim of tests/test_kernels_sim.py. bf16 results must
 equal the reference's bits except where a reduction's order moves an fp32 sum by an ulp before a rounding; they are
 compared within one bf16 step, fp32 within 1e-5. The GPU run of the same comparisons is in tests/test_kernels_gpu.py.
 """
@@ -98,6 +99,8 @@ CHILD = r"""
 import sys
 import numpy as np, torch
 from numba.cuda import libdevice
+from tests.test_kernels_sim import _install_warp_shim
+_install_warp_shim()  # block sums are warp shuffles
 libdevice.int_as_float = lambda i: np.array(int(i) & 0xFFFFFFFF, np.uint32).view(np.float32)[()]
 libdevice.float_as_int = lambda f: int(np.array(f, np.float32).view(np.int32))
 from ignis.kernels.fused_kernel import EW_THREADS, make_kernels
@@ -107,7 +110,7 @@ for dtype in (torch.bfloat16, torch.float32):
     x = inputs(dtype, seed=3)
     ref = references(x)
     half = dtype == torch.bfloat16
-    K = make_kernels(half, 16, 5, 64)  # rows of 300: five elements a thread
+    K = make_kernels(half, 32, 5, 64)  # per-head blocks of one warp; rows of 300: five elements a thread
     n = lambda t: (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().copy()
     back = lambda a: torch.from_numpy(a).view(dtype) if half and a.dtype == np.int16 else torch.from_numpy(a)
     lanes, pos = x["lanes"].numpy(), x["positions"].numpy()
@@ -122,7 +125,7 @@ for dtype in (torch.bfloat16, torch.float32):
         window, record = n(x["window"]), n(x["record"])
         mixed = np.zeros((b, c, dim), np.float32)
         ba_f = np.zeros(x["ba"].shape, np.float32)
-        K["conv"][(dim // 8, b), 16](window, lanes, n(x["raw"]), x["weight"].numpy(), mixed, record, n(x["ba"]), ba_f,
+        K["conv"][(dim // 8, b), 32](window, lanes, n(x["raw"]), x["weight"].numpy(), mixed, record, n(x["ba"]), ba_f,
                                      rec, 8, 2, 8**-0.5)
         close(torch.from_numpy(mixed), ref["mixed_r" if rec else "mixed"], "conv")
         close(torch.from_numpy(ba_f), ref["ba_f"], "ba")
@@ -134,7 +137,7 @@ for dtype in (torch.bfloat16, torch.float32):
             assert (back(window).float() == ref["window"].float()).all(), "window after a decode"
     hv, dv = x["out"].shape[1:]
     y = np.zeros((t, hv * dv), n(x["z"]).dtype)
-    K["gated_norm"][(hv, t), 16](x["out"].numpy(), n(x["z"]), n(x["gweight"]), y, 1e-6)
+    K["gated_norm"][(hv, t), 32](x["out"].numpy(), n(x["z"]), n(x["gweight"]), y, 1e-6)
     close(back(y), ref["y"], "gated norm")
     inner = x["gu"].shape[1] // 2
     y = np.zeros((t, inner), n(x["gu"]).dtype)
@@ -143,7 +146,7 @@ for dtype in (torch.bfloat16, torch.float32):
     kc, vc = n(x["kc"]), n(x["vc"])
     qh = np.zeros(ref["qh"].shape, kc.dtype)
     nh, nkv = x["nh"], x["nkv"]
-    K["qk_rope_write"][(nh + 2 * nkv, t), 16](n(x["qkv"]), x["qscale"].numpy(), x["kscale"].numpy(), n(x["cos"]),
+    K["qk_rope_write"][(nh + 2 * nkv, t), 32](n(x["qkv"]), x["qscale"].numpy(), x["kscale"].numpy(), n(x["cos"]),
                                               n(x["sin"]), kc, vc, lanes, pos, qh, 1e-6, nh, nkv)
     close(back(qh), ref["qh"], "queries"); close(back(kc), ref["kc"], "K cache"); close(back(vc), ref["vc"], "V cache")
     from ignis.kernels.attention_kernel import make_kernels as attention_kernels

@@ -64,6 +64,8 @@ from numba import cuda
 from ignis.kernels.gdn import columns_reference, replay_reference, record_width
 from ignis.kernels.gdn_kernel import block_shape, make_kernels
 from tests.test_kernels_gdn import _inputs
+from tests.test_kernels_sim import _install_warp_shim
+_install_warp_shim()  # the recurrence sums a state column's four partials by warp shuffles
 
 b, c, hk, hv, dk, dv, lanes = 2, 3, 1, 2, 8, 16, 4
 x = _inputs(b, c, hk, hv, dk, dv, lanes, seed=1)

@@ -97,7 +97,8 @@ def _install_warp_shim() -> None:
         with lock:
             res = self._allocations.get(key)  # type: ignore[attr-defined]
             if res is None:
-                res = self._allocations[key] = np.empty(shape, dtype)  # type: ignore[attr-defined]
+                kind = np.dtype(dtype) if isinstance(dtype, type) else np.dtype(str(dtype))  # numpy or numba type
+                res = self._allocations[key] = np.empty(shape, kind)  # type: ignore[attr-defined]
         return res
 
     kernelapi.FakeCUDAModule.ballot_sync = ballot_sync  # type: ignore[attr-defined]
