@@ -4,7 +4,8 @@ Owns: finding the safetensors (single file or sharded with an index), mapping te
 (`Qwen3_5ForConditionalGeneration`: `model.language_model.*`; `Qwen3_5ForCausalLM`: `model.*`; or bare), checking
 every shape, and placing the weights on the device in the model dtype; for a 4-bit checkpoint (config.json has an
 ignis-int4 `quantization_config`, docs/quantization.md), putting a `QuantLinear` in place of each linear stored packed,
-whose codes and zero points stay uint8 and whose scales take the model dtype; and, when asked, converting the
+whose codes and zero points stay uint8 and whose scales take the model dtype (a GPTQ or AWQ checkpoint is repacked
+into the same layout as it loads, ignis.quant.published); and, when asked, converting the
 projections to fp8 after loading (ignis.quant.fp8). Does not own: the architecture
 (ignis.model.model), the tokenizer or the drafter (their own loaders).
 
@@ -27,6 +28,7 @@ from ignis.model.model import HybridModel
 from ignis.quant.format import METHOD, QuantConfig
 from ignis.quant.fp8 import to_fp8
 from ignis.quant.linear import QuantLinear
+from ignis.quant.published import Published, repack, stored_names
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -47,7 +49,8 @@ def load_model(path: str | Path, *, device: str | torch.device, dtype: torch.dty
     quant = QuantConfig.from_dir(root)
     if fp8 and quant is not None:
         raise ArtifactError(f"{root}: fp8 weights are made from a checkpoint in its own precision; this one is "
-                            f"{quant.bits}-bit ({METHOD}): load it with model.weights = 'int4' or 'auto'")
+                            f"{quant.bits}-bit ({quant.published.method if quant.published else METHOD}): load it "
+                            f"with model.weights = 'int4' or 'auto'")
     files = _tensor_files(root)
     mtp = any(name.startswith("mtp.") for name in files)
     with torch.device("meta"):
@@ -58,7 +61,11 @@ def load_model(path: str | Path, *, device: str | torch.device, dtype: torch.dty
     handles: dict[Path, object] = {}
     loaded: dict[str, torch.Tensor] = {}
     try:
+        if quant is not None and quant.published is not None:
+            loaded.update(_repacked(model, files, handles, quant.published, device, dtype))
         for i, (name, meta) in enumerate(wanted.items()):
+            if name in loaded:
+                continue
             if name not in files:
                 raise ArtifactError(
                     f"{root}: tensor {name} is missing from the checkpoint (expected shape {tuple(meta.shape)})"
@@ -88,6 +95,36 @@ def load_model(path: str | Path, *, device: str | torch.device, dtype: torch.dty
     if not exact:
         model.fuse()
     return model
+
+
+def _repacked(model: HybridModel, files: dict[str, tuple[Path, str]], handles: dict[Path, object], pub: Published,
+              device: str | torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Every QuantLinear's qweight, scales and qzeros, read in a published layout (GPTQ, AWQ) and repacked into ignis's
+    (ignis.quant.published)."""
+    out: dict[str, torch.Tensor] = {}
+    for path, module in model.named_modules():
+        if not isinstance(module, QuantLinear):
+            continue
+        stored: dict[str, torch.Tensor] = {}
+        for suffix in stored_names(pub.method):
+            name = f"{path}.{suffix}"
+            if name not in files:
+                if suffix == "g_idx":
+                    continue
+                raise ArtifactError(f"{name} is missing from the checkpoint ({pub.method}: a packed linear stores "
+                                    f"{', '.join(stored_names(pub.method))})")
+            file, key = files[name]
+            if file not in handles:
+                handles[file] = safe_open(str(file), framework="pt", device="cpu")
+            stored[suffix] = handles[file].get_tensor(key)  # type: ignore[attr-defined]
+        try:
+            qweight, scales, qzeros = repack(pub, stored, module.out_features, module.in_features)
+        except ValueError as e:
+            raise ArtifactError(f"{files[path + '.qweight'][0].name}: {path}: {e}") from e
+        out[f"{path}.qweight"] = qweight.to(device)
+        out[f"{path}.scales"] = scales.to(device=device, dtype=dtype)  # scales take the model dtype, as for ignis-int4
+        out[f"{path}.qzeros"] = qzeros.to(device)
+    return out
 
 
 def _pack_linears(model: HybridModel, files: dict[str, tuple[Path, str]], group: int) -> None:

@@ -20,11 +20,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ignis.errors import ArtifactError
+
+if TYPE_CHECKING:
+    from ignis.quant.published import Published
 
 METHOD = "ignis-int4"
 BITS = 4
@@ -42,10 +45,12 @@ PROJECTIONS = frozenset({
 
 @dataclass(frozen=True)
 class QuantConfig:
-    """The `quantization_config` of a converted checkpoint's config.json."""
+    """The `quantization_config` of a converted checkpoint's config.json, or of a published layout that ignis repacks
+    at load (`published`: GPTQ or AWQ, ignis.quant.published)."""
 
     bits: int = BITS
     group_size: int = 128
+    published: Published | None = None
 
     def __post_init__(self) -> None:
         if self.bits != BITS:
@@ -65,10 +70,19 @@ class QuantConfig:
         q = config.get("quantization_config")
         if q is None:
             return None
+        from ignis.quant.published import METHODS, published_config
+
+        if isinstance(q, dict) and str(q.get("quant_method", "")).lower() in METHODS:
+            try:
+                pub = published_config(q)
+            except ValueError as e:
+                raise ArtifactError(f"{where}: quantization_config: {e}") from e
+            return QuantConfig(group_size=pub.group_size, published=pub)
         if not isinstance(q, dict) or q.get("quant_method") != METHOD:
             method = q.get("quant_method") if isinstance(q, dict) else q
             raise ArtifactError(f"{where}: quantization_config.quant_method is {method!r}; ignis reads {METHOD!r} "
-                                f"checkpoints (made by `ignis quantize`) and unquantized ones")
+                                f"checkpoints (made by `ignis quantize`), 4-bit GPTQ and AWQ ones "
+                                f"(docs/quantization.md) and unquantized ones")
         try:
             return QuantConfig(bits=int(q.get("bits", 0)), group_size=int(q.get("group_size", 0)))
         except (TypeError, ValueError) as e:

@@ -1,0 +1,129 @@
+"""GPTQ and AWQ checkpoints load into ignis's int4 layout: the same codes, scales and zero points written in each
+published layout (packed here the way AutoGPTQ and AutoAWQ pack them) give a model equal to the ignis-int4 one, and
+layouts that do not fit are refused with the field named."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tiny import tiny_checkpoint
+
+from ignis.cli import main
+from ignis.errors import ArtifactError
+from ignis.model.batch import Batch, Segment
+from ignis.model.cache import LaneCache
+from ignis.model.loader import load_model
+from ignis.model.model import HybridModel
+from ignis.quant.format import unpack
+from ignis.quant.linear import QuantLinear
+
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ's order_map for 4 bits
+
+
+def _words(nibbles: torch.Tensor, order: tuple[int, ...] = tuple(range(8))) -> torch.Tensor:
+    """[..., 8 n] values 0..15 -> int32 [..., n]: word j gets element 8 j + order[i] in bits 4 i .. 4 i + 3."""
+    x = nibbles.to(torch.int64).reshape(*nibbles.shape[:-1], -1, 8)
+    word = torch.zeros(x.shape[:-1], dtype=torch.int64)
+    for i, col in enumerate(order):
+        word |= x[..., col] << (4 * i)
+    return (word - ((word >> 31) << 32)).to(torch.int32)  # as the signed int32 the packers store
+
+
+def _gptq(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int, v2: bool) -> dict[str, torch.Tensor]:
+    """codes [out, in], scales [out, in/group] fp16, zeros [out, in/group] -> GPTQ's tensors (qweight along the input)."""
+    stored_zeros = zeros.to(torch.int64) if v2 else (zeros.to(torch.int64) - 1) & 0xF  # v1 stores z - 1
+    return {"qweight": _words(codes).t().contiguous(), "qzeros": _words(stored_zeros.t().contiguous()),
+            "scales": scales.t().contiguous(),
+            "g_idx": (torch.arange(codes.shape[1]) // group).to(torch.int32)}
+
+
+def _awq(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The same as AutoAWQ's GEMM layout: words along the output in AWQ_ORDER."""
+    return {"qweight": _words(codes.t().contiguous(), AWQ_ORDER), "qzeros": _words(zeros.t().contiguous(), AWQ_ORDER),
+            "scales": scales.t().contiguous()}
+
+
+def _relayout(src: Path, dst: Path, quant: dict[str, object], layout: str) -> None:
+    """Copy the ignis-int4 checkpoint `src` to `dst` with every packed linear rewritten in a published layout."""
+    shutil.copytree(src, dst)
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = quant
+    (dst / "config.json").write_text(json.dumps(config))
+    with safe_open(str(src / "model.safetensors"), "pt") as f:
+        tensors = {n: f.get_tensor(n) for n in f.keys()}  # noqa: SIM118
+    group = int(quant["group_size"])  # type: ignore[call-overload]
+    out: dict[str, torch.Tensor] = {}
+    for name, t in tensors.items():
+        if name.endswith((".scales", ".qzeros")):
+            continue
+        if not name.endswith(".qweight"):
+            out[name] = t
+            continue
+        stem = name.removesuffix(".qweight")
+        codes, scales, zeros = unpack(t), tensors[f"{stem}.scales"], tensors[f"{stem}.qzeros"]
+        packed = _awq(codes, scales, zeros) if layout == "awq" else _gptq(codes, scales, zeros, group, layout == "v2")
+        out |= {f"{stem}.{k}": v for k, v in packed.items()}
+    (dst / "model.safetensors").unlink()
+    (dst / "model.safetensors.index.json").unlink(missing_ok=True)
+    save_file(out, str(dst / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def int4(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("published")
+    src = tiny_checkpoint(root / "src", seed=7, mtp=True)
+    assert main(["quantize", str(src), str(root / "int4"), "--group", "64"]) == 0
+    return root / "int4"
+
+
+def _logits(model: HybridModel) -> torch.Tensor:
+    ids = torch.arange(3, 30)
+    n = len(ids)
+    cache = LaneCache(model.config, lanes=1, context=n + 8, max_cols=1, device="cpu", dtype=torch.float32)
+    return model(Batch(ids, torch.arange(n), (Segment(0, 0, 0, n),), torch.arange(n)), cache).logits
+
+
+@pytest.mark.parametrize("layout", ["v1", "v2", "awq"])
+def test_a_published_layout_loads_to_the_same_model(int4: Path, tmp_path: Path, layout: str) -> None:
+    quant: dict[str, object] = (
+        {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True, "version": "gemm"} if layout == "awq"
+        else {"quant_method": "gptq", "bits": 4, "group_size": 64, "desc_act": False, "sym": False,
+              "checkpoint_format": "gptq_v2" if layout == "v2" else "gptq"})
+    _relayout(int4, tmp_path / layout, quant, layout)
+    ours = load_model(int4, device="cpu", dtype=torch.float32, exact=True)
+    theirs = load_model(tmp_path / layout, device="cpu", dtype=torch.float32, exact=True)
+    for (name, a), (_, b) in zip(ours.named_modules(), theirs.named_modules(), strict=True):
+        if isinstance(a, QuantLinear):
+            assert isinstance(b, QuantLinear), name
+            for buf in ("qweight", "scales", "qzeros"):
+                assert torch.equal(getattr(a, buf), getattr(b, buf)), f"{name}.{buf}"
+    assert torch.equal(_logits(ours), _logits(theirs))
+
+
+def test_layouts_that_do_not_fit_are_refused_naming_the_field(int4: Path, tmp_path: Path) -> None:
+    base = {"quant_method": "gptq", "bits": 4, "group_size": 64, "desc_act": False}
+    _relayout(int4, tmp_path / "g", base, "v1")
+    config = json.loads((tmp_path / "g" / "config.json").read_text())
+    for change, field in (({"desc_act": True}, "desc_act"), ({"bits": 8}, "bits"), ({"group_size": 32}, "group_size"),
+                          ({"checkpoint_format": "marlin"}, "checkpoint_format"),
+                          ({"quant_method": "awq", "version": "gemv"}, "version")):
+        config["quantization_config"] = base | change
+        (tmp_path / "g" / "config.json").write_text(json.dumps(config))
+        with pytest.raises(ArtifactError, match=field):
+            load_model(tmp_path / "g", device="cpu", dtype=torch.float32, exact=True)
+    # an act-order g_idx is caught from the tensor even when the config does not say so
+    config["quantization_config"] = base
+    (tmp_path / "g" / "config.json").write_text(json.dumps(config))
+    with safe_open(str(tmp_path / "g" / "model.safetensors"), "pt") as f:
+        tensors = {n: f.get_tensor(n) for n in f.keys()}  # noqa: SIM118
+    name = next(n for n in tensors if n.endswith(".g_idx") and int(tensors[n].max()) > 0)  # two groups at least
+    tensors[name] = tensors[name].flip(0).contiguous()
+    save_file(tensors, str(tmp_path / "g" / "model.safetensors"))
+    with pytest.raises(ArtifactError, match="g_idx"):
+        load_model(tmp_path / "g", device="cpu", dtype=torch.float32, exact=True)
