@@ -31,6 +31,29 @@ def _prefill_logits(device: str, dtype: torch.dtype, exact: bool) -> torch.Tenso
     return model(batch, cache).logits.float().cpu()
 
 
+@pytest.mark.parametrize("first", [1, 7, 16])
+def test_a_prefill_in_two_chunks_gives_the_logits_of_one(first: int) -> None:
+    """The second chunk starts at `first` (a masked attention: queries at first.., keys 0..n-1), as a long prompt's
+    later chunks and a resumed retained slot run; it must give the rows the one-chunk prefill gives."""
+    model = load_model(BUILTIN, device="cuda", dtype=torch.bfloat16, exact=False)
+    ids = torch.tensor(Tokenizer.from_dir(BUILTIN).encode(PROMPT), device="cuda")
+    n = ids.shape[0]
+    rows = torch.arange(n, device="cuda")
+
+    def run(cuts: list[int]) -> torch.Tensor:
+        cache = LaneCache(model.config, lanes=1, context=256, max_cols=1, device="cuda", dtype=torch.bfloat16)
+        out = []
+        for a, b in zip(cuts, cuts[1:], strict=False):
+            seg = (Segment(0, 0, a, b - a, prefill=True),)
+            out.append(model(Batch(ids[a:b], rows[a:b], seg, torch.arange(b - a, device="cuda")), cache).logits)
+        return torch.cat(out).float().cpu()
+
+    whole, split = run([0, n]), run([0, first, n])
+    err = float((split - whole).norm() / whole.norm())
+    assert err < 2e-2, err
+    assert float((split.argmax(-1) == whole.argmax(-1)).float().mean()) > 0.9
+
+
 def test_fla_is_used_only_where_it_agrees_with_torch() -> None:
     pytest.importorskip("fla")
     cfg = load_model(BUILTIN, device="cpu", dtype=torch.float32, exact=True).config
