@@ -19,7 +19,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ignis.kernels.fused import gate_heads_reference
 from ignis.kernels.launch import launch
 
 TARGET_BLOCKS = 264  # about two blocks per SM of an H200 (132 SMs)
@@ -27,6 +26,15 @@ TARGET_BLOCKS = 264  # about two blocks per SM of an H200 (132 SMs)
 # library kernel for decode (6 rows at the 27B shape: 44 against 66 us a layer with the gather, H200) but not for a
 # verify (48 rows: 147 against 62 us), so verifies keep the reference (gather + SDPA, captured like the rest).
 MAX_ROWS = 16
+
+
+def gate_heads_reference(o: torch.Tensor, qkv: torch.Tensor, nh: int) -> torch.Tensor:
+    b, nkv, gc, hd = o.shape
+    group = nh // nkv
+    c, t = gc // group, b * gc // group
+    gate = qkv[:, : 2 * nh * hd].reshape(t, nh, 2 * hd)[..., hd:]
+    o = o.view(b, nkv, group, c, hd).permute(0, 3, 1, 2, 4).reshape(t, nh * hd)
+    return o * torch.sigmoid(gate.reshape(t, -1))
 
 
 def attend_reference(
@@ -69,7 +77,8 @@ def usable(q: torch.Tensor) -> bool:
     run the reference)."""
     from ignis.kernels.attention_kernel import THREADS
 
-    return q.is_cuda and q.dtype in (torch.bfloat16, torch.float32) and q.shape[-1] <= THREADS and q.shape[2] <= MAX_ROWS
+    fits = q.shape[-1] <= THREADS and q.shape[2] <= MAX_ROWS
+    return q.is_cuda and q.dtype in (torch.bfloat16, torch.float32) and fits
 
 
 def attend(
@@ -80,7 +89,7 @@ def attend(
     positions: torch.Tensor,  # [B, C] int64: column c sees key slots 0..positions[b, c]
     mask: torch.Tensor,  # [B, 1, R, span] bool: the same visibility, for the reference
     scale: float,
-    qkv: torch.Tensor,  # [T, ...]: the projection the gates are read from (ignis.kernels.fused.gate_heads)
+    qkv: torch.Tensor,  # [T, ...]: the projection the gates are read from (as gate_heads_reference reads them)
     nh: int,
 ) -> torch.Tensor:
     """softmax(q k^T * scale) v over each lane's visible slots, times sigmoid(gate): [T, nh * hd] model dtype."""

@@ -2,9 +2,9 @@
 
 Owns: `add_rms_norm`, `conv`, `gated_norm`, `swiglu`, `qk_rope_write`, `grouped_conv` (numba-cuda kernels on CUDA
 tensors, launched on torch's current stream so a CUDA graph captures them) and their torch references (what runs on
-the CPU, and what the kernels are tested against; `gate_heads_reference` serves ignis.kernels.attention). Does not own: the layers that call them (ignis.model, the
-dflash2 drafter) or the
-kernel sources (ignis.kernels.fused_kernel). docs/adr/0006-fused-layer-kernels.md has the why and the numbers.
+the CPU, and what the kernels are tested against). Does not own: the layers that call them (ignis.model, the dflash2
+drafter) or the kernel sources (ignis.kernels.fused_kernel). docs/adr/0006-fused-layer-kernels.md has the why and
+the numbers.
 
 Each reference is the torch code the layer ran before the kernel existed, so the CPU keeps its arithmetic exactly;
 each kernel rounds to bf16 wherever those torch ops did.
@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from ignis.kernels.launch import launch
-from ignis.model.ops import apply_rope, l2norm
+from ignis.kernels.gdn import normalise_qk
+from ignis.model.ops import apply_rope
 
 # --- references -------------------------------------------------------------------------------------------------
 
@@ -39,11 +40,7 @@ def conv_reference(
     win = window.index_select(0, lanes)  # [B, Kc-1, D]
     xs = torch.cat([win, raw], dim=1)  # [B, Kc-1+C, D]: conv inputs, oldest first
     # Column j's taps are xs[j .. j+Kc-1] (delta_rule.short_conv's sum, as one product and one reduction).
-    mixed = F.silu((xs.unfold(1, weight.shape[1], 1).float() * weight).sum(dim=-1))  # [B, C, D] f32
-    key_dim = key_heads * dk
-    q = l2norm(mixed[..., :key_dim].reshape(b, c, key_heads, dk)) * dk**-0.5
-    k = l2norm(mixed[..., key_dim : 2 * key_dim].reshape(b, c, key_heads, dk))
-    mixed = torch.cat([q.flatten(2), k.flatten(2), mixed[..., 2 * key_dim :]], dim=-1)
+    mixed = normalise_qk(F.silu((xs.unfold(1, weight.shape[1], 1).float() * weight).sum(dim=-1)), key_heads, dk)
     if record is not None:
         record[:, :c].index_copy_(0, lanes, raw)
     else:
@@ -79,15 +76,6 @@ def qk_rope_write_reference(
     group = nh // nkv
     # The query heads of one KV head attend together as group*C rows: no copy of K/V per query head.
     return q.view(b, c, nkv, group, hd).permute(0, 2, 3, 1, 4).reshape(b, nkv, group * c, hd)
-
-
-def gate_heads_reference(o: torch.Tensor, qkv: torch.Tensor, nh: int) -> torch.Tensor:
-    b, nkv, gc, hd = o.shape
-    group = nh // nkv
-    c, t = gc // group, b * gc // group
-    gate = qkv[:, : 2 * nh * hd].reshape(t, nh, 2 * hd)[..., hd:]
-    o = o.view(b, nkv, group, c, hd).permute(0, 3, 1, 2, 4).reshape(t, nh * hd)
-    return o * torch.sigmoid(gate.reshape(t, -1))
 
 
 def grouped_conv_reference(x: torch.Tensor, base: torch.Tensor, dyn: torch.Tensor, group: int) -> torch.Tensor:

@@ -242,5 +242,6 @@ def make_kernels(half: bool, head_threads: int, per: int = 1, norm_threads: int 
             acc = term if tap == 0 else load(store(acc + term))
         y[i, t, c] = store(acc)
 
-    return {"add_rms_norm": add_rms_norm, "grouped_conv": grouped_conv, "conv": conv, "gated_norm": gated_norm, "swiglu": swiglu,
+    return {"add_rms_norm": add_rms_norm, "grouped_conv": grouped_conv, "conv": conv, "gated_norm": gated_norm,
+            "swiglu": swiglu,
             "qk_rope_write": qk_rope_write}

@@ -44,6 +44,16 @@ def _split(mixed: torch.Tensor, hk: int, hv: int, dk: int, dv: int) -> tuple[tor
     return q.reshape(b, c, hk, dk), k.reshape(b, c, hk, dk), v.reshape(b, c, hv, dv)
 
 
+def normalise_qk(mixed: torch.Tensor, key_heads: int, dk: int) -> torch.Tensor:
+    """mixed [B, C, 2 Hk dk + Hv dv] f32 (q | k | v) -> the same with q and k l2-normalised per head and q scaled by
+    dk^-0.5: the form `columns(normalised=True)` reads (ignis.kernels.fused.conv produces it)."""
+    b, c = mixed.shape[:2]
+    key_dim = key_heads * dk
+    q = l2norm(mixed[..., :key_dim].reshape(b, c, key_heads, dk)) * dk**-0.5
+    k = l2norm(mixed[..., key_dim : 2 * key_dim].reshape(b, c, key_heads, dk))
+    return torch.cat([q.flatten(2), k.flatten(2), mixed[..., 2 * key_dim :]], dim=-1)
+
+
 def gates(ba: torch.Tensor, dt_bias: torch.Tensor, rate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(g, beta) [B, C, Hv] float32 from the raw projections ba [B, C, 2 Hv]: beta = sigmoid(b), g = rate *
     softplus(a + dt_bias), as the layer computes them (ignis.model.gdn)."""
@@ -118,7 +128,7 @@ def _launch(kernel: Any, dv: int, hv: int, b: int, dk: int, args: tuple[Any, ...
 def columns(
     state: torch.Tensor,  # [L, Hv, dk, dv] float32, device
     lanes: torch.Tensor,  # [B] int64, device
-    mixed: torch.Tensor,  # [B, C, 2 Hk dk + Hv dv] float32: raw q | k | v (the kernel normalises and scales q, k)
+    mixed: torch.Tensor,  # [B, C, 2 Hk dk + Hv dv] float32: q | k | v (as `normalise_qk` leaves them if normalised)
     ba: torch.Tensor,  # [B, C, 2 Hv] float32: the raw beta and decay projections
     dt_bias: torch.Tensor,  # [Hv] float32
     rate: torch.Tensor,  # [Hv] float32: -exp(A_log)
@@ -137,8 +147,7 @@ def columns(
     b, c = mixed.shape[:2]
     hv, dk, dv = state.shape[1], state.shape[2], state.shape[3]
     if not normalised:  # the kernel reads q and k as the fused conv leaves them
-        q, k, v = _split(mixed, key_heads, hv, dk, dv)
-        mixed = torch.cat([(l2norm(q) * dk**-0.5).flatten(2), l2norm(k).flatten(2), v.flatten(2)], dim=-1)
+        mixed = normalise_qk(mixed, key_heads, dk)
     mixed, ba = mixed.contiguous(), ba.contiguous()
     out = torch.empty((b, c, hv, dv), dtype=torch.float32, device=mixed.device)
     rec = record if record is not None else out  # a placeholder of the right type when nothing is recorded

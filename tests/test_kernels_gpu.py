@@ -175,7 +175,8 @@ def _fused_inputs(b: int, c: int) -> dict[str, object]:
         "z": r(t, 2 * hv * dv, s=2.0)[:, hv * dv :], "gweight": r(dv), "gu": r(t, 2 * 17408, s=3.0),
         "qkv": r(t, (2 * nh + 2 * nkv) * hd, s=2.0), "qscale": torch.rand(hd, device="cuda", generator=g) + 0.5,
         "kscale": torch.rand(hd, device="cuda", generator=g) + 0.5,
-        "cos": torch.cat([angles.cos(), angles.cos()], -1).to(bf), "sin": torch.cat([angles.sin(), angles.sin()], -1).to(bf),
+        "cos": torch.cat([angles.cos(), angles.cos()], -1).to(bf),
+        "sin": torch.cat([angles.sin(), angles.sin()], -1).to(bf),
         "kc": r(lanes, 64, nkv, hd), "vc": r(lanes, 64, nkv, hd),
         "positions": (torch.randint(0, 50, (b, 1), device="cuda", generator=g) + torch.arange(c, device="cuda")),
         "o": r(b, nkv, nh // nkv * c, hd), "nh": nh, "nkv": nkv, "hk": 16, "dk": 128,
@@ -210,7 +211,8 @@ def _fused_kernels(x: dict, eps: float = 1e-6) -> dict[str, torch.Tensor]:
     from ignis.kernels.attention import attend
     from tests.test_kernels_fused import visible
 
-    out["attn"] = attend(x["o"], x["akc"], x["avc"], x["lanes"], x["apos"], visible(x["apos"], x["nh"] // x["nkv"], 2000),
+    seen = visible(x["apos"], x["nh"] // x["nkv"], 2000)
+    out["attn"] = attend(x["o"], x["akc"], x["avc"], x["lanes"], x["apos"], seen,
                          x["o"].shape[-1] ** -0.5, x["qkv"], x["nh"])
     out["gconv"] = fused.grouped_conv(x["cx"], x["cbase"], x["cdyn"], 16)
     out["gconv3"] = fused.grouped_conv(x["cx"][:, :3], x["cbase"], x["cdyn"][:, :3], 16)

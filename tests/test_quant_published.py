@@ -35,8 +35,11 @@ def _words(nibbles: torch.Tensor, order: tuple[int, ...] = tuple(range(8))) -> t
     return (word - ((word >> 31) << 32)).to(torch.int32)  # as the signed int32 the packers store
 
 
-def _gptq(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int, v2: bool) -> dict[str, torch.Tensor]:
-    """codes [out, in], scales [out, in/group] fp16, zeros [out, in/group] -> GPTQ's tensors (qweight along the input)."""
+def _gptq(
+    codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int, v2: bool
+) -> dict[str, torch.Tensor]:
+    """codes [out, in], scales [out, in/group] fp16, zeros [out, in/group] -> GPTQ's tensors (qweight along the
+    input)."""
     stored_zeros = zeros.to(torch.int64) if v2 else (zeros.to(torch.int64) - 1) & 0xF  # v1 stores z - 1
     return {"qweight": _words(codes).t().contiguous(), "qzeros": _words(stored_zeros.t().contiguous()),
             "scales": scales.t().contiguous(),
