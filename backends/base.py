@@ -18,8 +18,10 @@ Two forms of propose and observe: the host form (`propose`, `observe`: lists and
 the reference round use it) and, for backends with `graph_safe = True`, the device form (`propose_lanes`,
 `observe_lanes`: device tensors only, static shapes for a bucket of B lanes, no host read) that a CUDA graph captures.
 In the device form every lane's rows come as [B, C] and the backend itself keeps rows 0..accepted of each lane,
-sending the rest to the scratch lane (index `lanes`) of its own per-lane buffers. A backend without `graph_safe` runs
-every round through the host form.
+sending the rest to the scratch lane (index `lanes`) of its own per-lane buffers. The device prefill
+(ignis.engine.device_prefill) hands a prompt to `observe_lanes` too, in pieces of one lane and up to 256 rows, all
+kept; a backend whose per-lane buffers hold fewer rows (a ring) names its limit as an `observe_rows` attribute. A
+backend without `graph_safe` runs every round through the host form.
 """
 
 from __future__ import annotations

@@ -118,6 +118,14 @@ def _compiled(dk: int, dv: int, cols: int) -> tuple[Any, Any]:
         return _kernels[dk, dv, cols]
 
 
+def _tile(dk: int, dv: int, cols: int) -> int:
+    """The staging tile a launch over `cols` columns compiles with: all of them for a decode or verify (at most 8),
+    else the largest tile that fits (a prefill), so a few compiled kernels serve every column count."""
+    from ignis.kernels.gdn_kernel import column_tile
+
+    return cols if cols <= 8 else column_tile(dk, dv)
+
+
 def _launch(kernel: Any, dv: int, hv: int, b: int, dk: int, args: tuple[Any, ...], device: torch.device) -> None:
     from ignis.kernels.gdn_kernel import block_shape
 
@@ -151,7 +159,7 @@ def columns(
     mixed, ba = mixed.contiguous(), ba.contiguous()
     out = torch.empty((b, c, hv, dv), dtype=torch.float32, device=mixed.device)
     rec = record if record is not None else out  # a placeholder of the right type when nothing is recorded
-    cols, _ = _compiled(dk, dv, c)
+    cols, _ = _compiled(dk, dv, _tile(dk, dv, c))
     _launch(cols, dv, hv, b, dk, (state, lanes, mixed, ba, dt_bias, rate, out, rec, hv // key_heads, key_heads * dk,
                                    write_state, record is not None), mixed.device)
     return out
@@ -163,7 +171,7 @@ def replay(state: torch.Tensor, lanes: torch.Tensor, record: torch.Tensor, last:
         replay_reference(state, lanes, record, last)
         return
     dk, dv, hv = state.shape[2], state.shape[3], state.shape[1]
-    _, rep = _compiled(dk, dv, record.shape[1])
+    _, rep = _compiled(dk, dv, _tile(dk, dv, record.shape[1]))
     _launch(rep, dv, hv, lanes.shape[0], dk, (state, lanes, record, last, dv), state.device)
 
 

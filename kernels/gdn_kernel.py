@@ -42,8 +42,19 @@ def quad_sum(x):  # numba device function: typed by numba, not annotated
     return x + cuda.shfl_xor_sync(FULL, x, 2)
 
 
+def column_tile(dk: int, dv: int) -> int:
+    """Columns a block stages at once: as many as fit in 40 KiB of shared memory (static shared memory stops at
+    48 KiB), a power of two."""
+    tv, _ = block_shape(dk, dv)
+    per = 4 * (2 * dk + tv + 2)  # bytes a column: k and q, the block's v, g and beta
+    tile = 1
+    while 2 * tile * per <= 40 * 1024:
+        tile *= 2
+    return tile
+
+
 def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
-    """`columns` for up to `cmax` columns and `replay` of up to `cmax` kept columns, for heads of dk x dv."""
+    """`columns` and `replay` for heads of dk x dv, staging `cmax` columns at a time (any column count runs)."""
     tv, threads = block_shape(dk, dv)
     rows = dk // RS
 
@@ -51,10 +62,10 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
     def columns(state, lanes, mixed, ba, dt_bias, rate, out, record, ratio, key_dim, write_state, do_record):
         # state [L, Hv, dk, dv] f32; lanes [B] i64; mixed [B, C, 2 key_dim + Hv dv] f32: q | k | v, q and k
         # l2-normalised (q scaled); ba [B, C, 2 Hv] f32: the raw beta and decay projections; dt_bias, rate [Hv] f32;
-        # out [B, C, Hv, dv]; record [L, C, Hv, dk + dv + 2]; grid (dv / TV, Hv, B); C <= cmax.
-        # Everything a column reads (q, k, the gates, the thread's v) is staged before the loop over columns, so the
-        # loop touches no global memory but its writes, and the four partial sums of a state column meet by warp
-        # shuffles: no block barrier inside the loop.
+        # out [B, C, Hv, dv]; record [L, C, Hv, dk + dv + 2]; grid (dv / TV, Hv, B).
+        # Everything a tile of columns reads (q, k, the gates, the thread's v) is staged before the loop over its
+        # columns, so that loop touches no global memory but its writes, and the four partial sums of a state column
+        # meet by warp shuffles: no block barrier inside it.
         t = cuda.threadIdx.x
         cl, s = t // RS, t % RS
         c = cuda.blockIdx.x * tv + cl
@@ -71,51 +82,56 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
         bs = cuda.shared.array(cmax, float32)
         sv = cuda.shared.array((cmax, tv), float32)
         st = cuda.local.array(rows, float32)
-        i = t
-        while i < ncols * dk:
-            j, e = i // dk, i % dk
-            sq[j, e] = mixed[b, j, hk * dk + e]
-            sk[j, e] = mixed[b, j, key_dim + hk * dk + e]
-            i += threads
-        if t < ncols:
-            bs[t] = float32(1.0) / (float32(1.0) + math.exp(-ba[b, t, h]))
-            a = ba[b, t, hv + h] + dt_bias[h]
-            gs[t] = rate[h] * (a if a > float32(20.0) else math.log1p(math.exp(a)))  # rate * softplus
-        if s == 0:
-            for j in range(ncols):
-                sv[j, cl] = mixed[b, j, voff + c] if c < nv else float32(0.0)
         base = s * rows
         for i in range(rows):
             st[i] = state[lane, h, base + i, c] if c < nv else float32(0.0)
-        cuda.syncthreads()
-        for j in range(ncols):
-            decay = math.exp(gs[j])
-            mem = float32(0.0)
-            for i in range(rows):
-                st[i] *= decay
-                mem += sk[j, base + i] * st[i]
-            mem = quad_sum(mem)
-            delta = bs[j] * (sv[j, cl] - mem)
-            if c >= nv:
-                delta = float32(0.0)
-            o = float32(0.0)
-            for i in range(rows):
-                st[i] += sk[j, base + i] * delta
-                o += sq[j, base + i] * st[i]
-            o = quad_sum(o)
-            if s == 0 and c < nv:
-                out[b, j, h, c] = o
-            if do_record:
-                if cuda.blockIdx.x == 0:
-                    i = t
-                    while i < dk:
-                        record[lane, j, h, i] = sk[j, i]
-                        i += threads
-                    if t == 0:
-                        record[lane, j, h, dk + nv] = gs[j]
-                        record[lane, j, h, dk + nv + 1] = bs[j]
+        j0 = 0
+        while j0 < ncols:  # tiles of cmax columns: a prefill runs many more columns than shared memory holds
+            nt = min(cmax, ncols - j0)
+            cuda.syncthreads()  # every thread is done with the last tile
+            i = t
+            while i < nt * dk:
+                j, e = i // dk, i % dk
+                sq[j, e] = mixed[b, j0 + j, hk * dk + e]
+                sk[j, e] = mixed[b, j0 + j, key_dim + hk * dk + e]
+                i += threads
+            if t < nt:
+                bs[t] = float32(1.0) / (float32(1.0) + math.exp(-ba[b, j0 + t, h]))
+                a = ba[b, j0 + t, hv + h] + dt_bias[h]
+                gs[t] = rate[h] * (a if a > float32(20.0) else math.log1p(math.exp(a)))  # rate * softplus
+            if s == 0:
+                for j in range(nt):
+                    sv[j, cl] = mixed[b, j0 + j, voff + c] if c < nv else float32(0.0)
+            cuda.syncthreads()
+            for j in range(nt):
+                decay = math.exp(gs[j])
+                mem = float32(0.0)
+                for i in range(rows):
+                    st[i] *= decay
+                    mem += sk[j, base + i] * st[i]
+                mem = quad_sum(mem)
+                delta = bs[j] * (sv[j, cl] - mem)
+                if c >= nv:
+                    delta = float32(0.0)
+                o = float32(0.0)
+                for i in range(rows):
+                    st[i] += sk[j, base + i] * delta
+                    o += sq[j, base + i] * st[i]
+                o = quad_sum(o)
                 if s == 0 and c < nv:
-                    record[lane, j, h, dk + c] = sv[j, cl]
+                    out[b, j0 + j, h, c] = o
+                if do_record:
+                    if cuda.blockIdx.x == 0:
+                        i = t
+                        while i < dk:
+                            record[lane, j0 + j, h, i] = sk[j, i]
+                            i += threads
+                        if t == 0:
+                            record[lane, j0 + j, h, dk + nv] = gs[j]
+                            record[lane, j0 + j, h, dk + nv + 1] = bs[j]
+                    if s == 0 and c < nv:
+                        record[lane, j0 + j, h, dk + c] = sv[j, cl]
+            j0 += cmax
         if write_state and c < nv:
             for i in range(rows):
                 state[lane, h, base + i, c] = st[i]
@@ -132,27 +148,32 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
         kept = last[b] + 1
         sk = cuda.shared.array((cmax, dk), float32)
         st = cuda.local.array(rows, float32)
-        i = t
-        while i < kept * dk:
-            sk[i // dk, i % dk] = record[lane, i // dk, h, i % dk]
-            i += threads
         base = s * rows
         for i in range(rows):
             st[i] = state[lane, h, base + i, c] if c < nv else float32(0.0)
-        cuda.syncthreads()
-        for j in range(kept):
-            decay = math.exp(record[lane, j, h, dk + nv])
-            bt = record[lane, j, h, dk + nv + 1]
-            mem = float32(0.0)
-            for i in range(rows):
-                st[i] *= decay
-                mem += sk[j, base + i] * st[i]
-            mem = quad_sum(mem)
-            delta = float32(0.0)
-            if c < nv:
-                delta = bt * (record[lane, j, h, dk + c] - mem)
-            for i in range(rows):
-                st[i] += sk[j, base + i] * delta
+        j0 = 0
+        while j0 < kept:  # tiles of cmax columns, as in `columns`
+            nt = min(cmax, kept - j0)
+            cuda.syncthreads()
+            i = t
+            while i < nt * dk:
+                sk[i // dk, i % dk] = record[lane, j0 + i // dk, h, i % dk]
+                i += threads
+            cuda.syncthreads()
+            for j in range(nt):
+                decay = math.exp(record[lane, j0 + j, h, dk + nv])
+                bt = record[lane, j0 + j, h, dk + nv + 1]
+                mem = float32(0.0)
+                for i in range(rows):
+                    st[i] *= decay
+                    mem += sk[j, base + i] * st[i]
+                mem = quad_sum(mem)
+                delta = float32(0.0)
+                if c < nv:
+                    delta = bt * (record[lane, j0 + j, h, dk + c] - mem)
+                for i in range(rows):
+                    st[i] += sk[j, base + i] * delta
+            j0 += cmax
         if c < nv:
             for i in range(rows):
                 state[lane, h, base + i, c] = st[i]

@@ -18,6 +18,7 @@ import ignis.config as config
 from engines import make_engine, prompts, run
 from ignis.backends.base import BackendContext, Choice, Committed, Observation, Proposal, ProposeIn
 from ignis.backends.dflash2.weights import save_random_drafter
+from ignis.engine.device_prefill import DevicePrefill, pieces
 from ignis.engine.device_round import DeviceRound, buckets, spans
 from ignis.model.config import ModelConfig
 from ignis.params import SamplingParams
@@ -84,7 +85,16 @@ class Partial:
         return Proposal(torch.where(spoiled, (drafts + 1) % self.vocab, drafts), None)
 
     def observe_lanes(self, rows: Committed, span: int) -> None:
-        pass
+        # The device prefill hands prompts over in pieces: keep every kept row's token, and once a lane's rows spell
+        # a known prompt, its continuation.
+        for i, lane in enumerate(rows.lanes.tolist()):
+            n = int(rows.accepted[i]) + 1
+            pos = rows.positions[i, :n]
+            self.rows[lane, pos] = rows.tokens[i, :n]
+            end = int(pos[-1]) + 1
+            cont = self.truth.get(tuple(self.rows[lane, :end].tolist()))
+            if cont is not None:
+                self.rows[lane, end : end + len(cont)] = torch.tensor(cont)
 
 
 def test_every_acceptance_count_commits_exactly_the_kept_columns(ckpt: Path, work, reference,
@@ -152,3 +162,37 @@ def test_rejected_drafts_leave_no_trace_in_the_device_round(ckpt: Path) -> None:
 def test_buckets_and_spans_cover_every_shape() -> None:
     assert buckets(1) == [1] and buckets(8) == [1, 2, 4, 8] and buckets(6) == [1, 2, 4, 6]
     assert spans(100) == [100] and spans(4104) == [256, 512, 1024, 2048, 4096, 4104]
+
+
+def test_prefill_pieces_are_aligned_powers_of_two_covering_the_segment() -> None:
+    assert pieces(0, 300) == [(0, 256), (256, 32), (288, 8), (296, 4)]
+    assert pieces(5, 20) == [(5, 1), (6, 2), (8, 8), (16, 4)]
+    assert pieces(0, 1000, largest=64)[:2] == [(0, 64), (64, 64)] and pieces(7, 8) == [(7, 1)]
+    assert pieces(0, 512) == pieces(0, 256) + pieces(256, 512)  # split at a multiple of the largest piece: the same
+
+
+@pytest.mark.parametrize("backend,k,largest", [("mtp", 3, 256), ("dflash2", 7, 8)])
+def test_prompts_prefill_on_the_device_and_leave_the_state_a_host_prefill_leaves(
+    ckpt: Path, monkeypatch: pytest.MonkeyPatch, backend: str, k: int, largest: int
+) -> None:
+    """A 300-token prompt runs as device pieces (no host round at all): 256, 32, 8 and 4 rows, or pieces of at most
+    8 for the test drafter, whose sliding layers keep a ring of 15 rows; every layer's state after it, the
+    backend's own, and the first token are those of the host round's prefill."""
+    prompt = prompts(1, VOCAB, seed=21, lo=300, hi=301)
+    once = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    states, firsts = [], []
+    for device in (True, False):
+        engine = make_engine(ckpt, backend, draft_tokens=k, model=FAST, lanes=2, max_rows=512, prefill_chunk=512)
+        runner = engine.runner
+        assert isinstance(runner.device_prefill, DevicePrefill) and runner.device_prefill.largest == largest
+        if device:
+            monkeypatch.setattr(runner, "host_round", lambda plan: pytest.fail("a plain prompt reached the host round"))
+        else:
+            runner.device_prefill = None
+        firsts.append(run(engine, prompt, once)["0"].token_ids)
+        views = engine.backend.lane_views(0, 300)  # the drafter's context of the prompt, too
+        assert views is not None
+        states.append({**runner.cache.lane_state(0, 300), **{f"drafter.{k}": v.clone() for k, v in views.items()}})
+    assert firsts[0] == firsts[1]
+    for name, t in states[1].items():
+        torch.testing.assert_close(states[0][name], t, rtol=1e-4, atol=1e-4, msg=name)

@@ -119,10 +119,29 @@ def test_graph_rounds_give_the_eager_rounds_tokens(backend: str, k: int, lanes: 
     for graphs in (True, False):
         engine = make_engine(BUILTIN, backend, draft_tokens=k, profile="h200", lanes=lanes, context=1024,
                              cuda_graphs=graphs)
-        assert engine.runner.device_round is not None
-        assert bool(engine.runner.device_round.graphs) == graphs
+        assert engine.runner.device_round is not None and engine.runner.device_prefill is not None
+        assert bool(engine.runner.device_round.graphs) == graphs == bool(engine.runner.device_prefill.graphs)
         outs.append({rid: d.token_ids for rid, d in run(engine, ps, params).items()})
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("backend,k", [("off", 0), ("dflash2", 7)])
+def test_the_device_prefill_gives_the_host_prefills_first_token(backend: str, k: int) -> None:
+    """In fp32, prompts of 1 to 200 tokens: the graph pieces' first token and its log-probability are the host
+    prefill's (fla's chunked form against the pieces' recurrence)."""
+    ps = [p[: 1 + 37 * i] for i, p in enumerate(_heldout(6))]
+    fp32 = {"device": "cuda", "dtype": "float32"}
+    outs = []
+    for device in (True, False):
+        engine = make_engine(BUILTIN, backend, draft_tokens=k, model=fp32, lanes=2, context=1024)
+        assert engine.runner.device_prefill is not None and engine.runner.device_prefill.graphs
+        if not device:
+            engine.runner.device_prefill = None
+        outs.append([_greedy(engine, ids, 1) for ids in ps])
+    for (dev_ids, dev_lp), (host_ids, host_lp) in zip(*outs):
+        assert dev_ids == host_ids
+        t = dev_ids[0]
+        assert abs(dev_lp[0][t] - host_lp[0][t]) < 1e-3, (dev_lp, host_lp)
 
 
 def test_seeded_sampling_on_the_gpu_is_the_same_alone_and_beside_others() -> None:

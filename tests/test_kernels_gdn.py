@@ -67,9 +67,11 @@ from tests.test_kernels_gdn import _inputs
 from tests.test_kernels_sim import _install_warp_shim
 _install_warp_shim()  # the recurrence sums a state column's four partials by warp shuffles
 
-b, c, hk, hv, dk, dv, lanes = 2, 3, 1, 2, 8, 16, 4
+b, c, hk, hv, dk, dv, lanes = 2, 5, 1, 2, 8, 16, 4
 x = _inputs(b, c, hk, hv, dk, dv, lanes, seed=1)
-K_cols, K_rep = make_kernels(dk, 8, c)  # built for tiles of 8 columns and run over dv = 16: two blocks per head
+# built for blocks of 8 state columns and run over dv = 16 (two blocks per head), staging 2 of the 5 columns at a
+# time (three tiles, the last one short)
+K_cols, K_rep = make_kernels(dk, 8, 2)
 tv, threads = block_shape(dk, 8)
 grid = ((dv + tv - 1) // tv, hv, b)
 np_ = {k: v.numpy().copy() for k, v in x.items()}
@@ -93,7 +95,7 @@ for write_state, with_record in ((True, False), (False, True)):
     if with_record:
         used = x["lanes"]
         torch.testing.assert_close(torch.from_numpy(record)[used], ref_record[used], rtol=1e-5, atol=1e-5)
-        last = np.array([2, 0], np.int64)
+        last = np.array([4, 2], np.int64)
         K_rep[grid, threads](state, np_["lanes"], record, last, dv)
         replay_reference(ref_state, x["lanes"], ref_record, torch.from_numpy(last))
         torch.testing.assert_close(torch.from_numpy(state), ref_state, rtol=1e-5, atol=1e-5)

@@ -15,7 +15,7 @@ def _kernels() -> list[tuple[str, Any, tuple[Any, ...]]]:
     from ignis.kernels.attention_kernel import make_kernels as attention_kernels
     from ignis.kernels.fused_kernel import make_kernels
     from ignis.kernels.gdn_kernel import make_kernels as gdn_kernels
-    from ignis.kernels.gdn_kernel import make_window_kernel
+    from ignis.kernels.gdn_kernel import column_tile, make_window_kernel
 
     t: Any = types
 
@@ -26,6 +26,7 @@ def _kernels() -> list[tuple[str, Any, tuple[Any, ...]]]:
     k = make_kernels(True, 128, 5)  # bf16, blocks of 128 for per-head kernels, rows up to 5 x 1024 for the norm
     att = attention_kernels(True, 6, 256)
     cols, replay = gdn_kernels(128, 128, 8)
+    tiled, _ = gdn_kernels(128, 128, column_tile(128, 128))  # a prefill's columns, staged a tile at a time
     return [
         ("add_rms_norm", k["add_rms_norm"], (a(e, 2), a(e, 2), a(f, 1), a(e, 2), a(e, 2), f, t.boolean)),
         ("conv", k["conv"], (a(e, 3), a(i, 1), a(e, 3), a(f, 2), a(f, 3), a(e, 3), a(e, 3), a(f, 3), t.boolean, i, i,
@@ -40,12 +41,14 @@ def _kernels() -> list[tuple[str, Any, tuple[Any, ...]]]:
         ("attention combine", att["combine"], (a(f, 5), a(f, 4), a(f, 4), a(e, 2), a(e, 2), i)),
         ("gdn columns", cols, (a(f, 4), a(i, 1), a(f, 3), a(f, 3), a(f, 1), a(f, 1), a(f, 4), a(f, 4), i, i,
                                t.boolean, t.boolean)),
+        ("gdn columns, prefill tile", tiled, (a(f, 4), a(i, 1), a(f, 3), a(f, 3), a(f, 1), a(f, 1), a(f, 4), a(f, 4),
+                                              i, i, t.boolean, t.boolean)),
         ("gdn replay", replay, (a(f, 4), a(i, 1), a(f, 4), a(i, 1), i)),
         ("gdn window", make_window_kernel(), (a(e, 3), a(e, 3), a(i, 1), a(i, 1))),
     ]
 
 
-@pytest.mark.parametrize("index", range(11))
+@pytest.mark.parametrize("index", range(12))
 def test_kernel_compiles_for_sm90_with_registers_only(index: int) -> None:
     from numba import cuda
     from numba.cuda import types

@@ -75,6 +75,11 @@ class DFlash2:
             shortlist_tokens=self.shortlist.size if self.shortlist is not None else None,
         )
 
+    @property
+    def observe_rows(self) -> int:
+        """Most rows of one lane an `observe_lanes` call may carry: a sliding layer's ring holds no more."""
+        return self.cache.ring
+
     def nbytes(self) -> int:
         weights = sum(p.nbytes for p in self.model.parameters())
         head = self.shortlist.nbytes() if self.shortlist is not None else 0

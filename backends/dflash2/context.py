@@ -50,6 +50,7 @@ class ContextCache:
                 pos=torch.full((lanes + 1, size), -1, dtype=torch.long, device=device),
             ))
         self.keep = max(layer.size for layer in self.layers)  # rows of one lane any layer can still use
+        self.ring = min(layer.size for layer in self.layers)  # rows one device write may carry a lane (no slot twice)
 
     def nbytes(self) -> int:
         return sum(t.nbytes for layer in self.layers for t in (layer.k, layer.v, layer.pos))

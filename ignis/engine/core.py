@@ -17,6 +17,7 @@ from ignis.backends.base import BackendContext
 from ignis.backends.registry import load_backend
 from ignis.config import IgnisConfig
 from ignis.engine.defaults import cache_bytes, settle
+from ignis.engine.device_prefill import DevicePrefill
 from ignis.engine.device_round import DeviceRound
 from ignis.engine.grammar import Grammars
 from ignis.engine.lane_store import LaneStore
@@ -85,16 +86,19 @@ class Engine:
         # On a GPU every row count class of the matrix kernels is loaded before ready; the CPU has nothing to load.
         ladder = WARM_ROWS if device.type == "cuda" else [2 * ec.prefill_chunk + 3, 1]
         warm_prefill(self.model, cache, self.backend, rows=sorted({min(n, most) for n in ladder}))
-        device_round = None
-        graphs = 0
+        device_round = device_prefill = None
+        graphs = prefill_graphs = 0
         if not self.model.exact and getattr(self.backend, "graph_safe", False):
             device_round = DeviceRound(self.model, cache, self.backend, device, sample_drafts=sample_drafts)
+            device_prefill = DevicePrefill(self.model, cache, self.backend, device)
             if device.type == "cuda" and ec.cuda_graphs:
                 device_round.capture()
-                graphs = len(device_round.graphs)
+                device_prefill.capture(device_round.pool)
+                graphs, prefill_graphs = len(device_round.graphs), len(device_prefill.graphs)
         report("warmup", 1, 1)
         self.store = LaneStore(cache, self.backend, device)
-        self.runner = Runner(self.model, cache, self.backend, device, sample_drafts, device_round, self.store)
+        self.runner = Runner(self.model, cache, self.backend, device, sample_drafts, device_round, self.store,
+                             device_prefill)
         retained = Retained(ec.retained_host_memory, self.store.state_bytes) if self.store.retains else None
         self.scheduler = Scheduler(
             lanes=ec.lanes,
@@ -130,6 +134,7 @@ class Engine:
             backend_mib=round(self.backend.nbytes() / 2**20, 1),
             round="device" if device_round is not None else "host",
             cuda_graphs=graphs,
+            prefill_graphs=prefill_graphs,
             warmup_s=round(time.perf_counter() - started, 2),
             startup_s=round(time.perf_counter() - t0, 2),
         )

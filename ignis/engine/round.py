@@ -1,10 +1,12 @@
 """One round for every lane: propose -> verify -> accept -> commit.
 
 Owns: turning a `RoundPlan` into each lane's committed tokens (first making the plan's retained-state copies, and
-resetting each admitted lane that does not resume), and the choice of how: decoding lanes go through the
-device round (ignis.engine.device_round: static shapes, CUDA graphs, one sync) when the model is not in exact mode
-and the backend is graph-safe; prefill chunks, exact mode (the CPU reference) and teacher-forced requests go through
-the host round below, one target forward over packed segments with acceptance on the host. Does not own: policy
+resetting each admitted lane that does not resume), and the choice of how: when the model is not in exact mode and
+the backend is graph-safe, decoding lanes go through the device round (ignis.engine.device_round: static shapes,
+CUDA graphs, one sync) and prompts through the device prefill (ignis.engine.device_prefill: graph pieces, one sync a
+prompt); exact mode (the CPU reference), teacher-forced requests, logits shaped on the host and prompts longer than
+the device prefill's spans go through the host round below, one target forward over packed segments with
+acceptance on the host. Does not own: policy
 (which lanes, how many rows: ignis.engine.scheduler), stop rules (ignis.engine.request) or drafting (ignis.backends).
 
 The host round:
@@ -25,11 +27,12 @@ import torch
 
 from ignis.backends.base import Observation, Proposal, ProposeIn, SpecBackend
 from ignis.engine.accept import Verdict, accept_greedy, accept_sampled, teacher_forced
+from ignis.engine.device_prefill import DevicePrefill
 from ignis.engine.device_round import DeviceRound
 from ignis.engine.lane_store import LaneStore
 from ignis.engine.request import Request
 from ignis.engine.sampling import draw, target_probs
-from ignis.engine.scheduler import RoundPlan
+from ignis.engine.scheduler import Prefill, RoundPlan
 from ignis.model.batch import Batch, ForwardOut, Segment
 from ignis.model.cache import LaneCache
 from ignis.model.model import HybridModel
@@ -64,8 +67,11 @@ class Runner:
         sample_drafts: bool = True,
         device_round: DeviceRound | None = None,
         store: LaneStore | None = None,
+        device_prefill: DevicePrefill | None = None,
     ) -> None:
-        """store: where retained lane states go to the host and come back (None: plans move none)."""
+        """store: where retained lane states go to the host and come back (None: plans move none); device_prefill:
+        where the prompts it takes prefill (None: every prompt prefills in the host round)."""
+        self.device_prefill = device_prefill
         self.store = store
         self.sample_drafts = sample_drafts  # False: one-hot drafts (the drafter's argmax) for sampled requests too
         self.model = model
@@ -94,9 +100,25 @@ class Runner:
                 r.computed += e.accepted + 1
                 lp = _logprobs(e.rows, e.tokens, r.params.logprobs)
                 emissions.append(Emission(r, e.tokens, e.drafted, e.accepted, lp))
-        if plan.prefill:
-            emissions += self.host_round(RoundPlan([], [], plan.prefill))
+        host: list[Prefill] = []
+        for p in plan.prefill:
+            if self.device_prefill is not None and self.device_prefill.takes(p.request, p.length):
+                emissions += self._device_prefill(p)
+            else:
+                host.append(p)
+        if host:
+            emissions += self.host_round(RoundPlan([], [], host))
         return emissions
+
+    def _device_prefill(self, p: Prefill) -> list[Emission]:
+        assert self.device_prefill is not None
+        r = p.request
+        first = self.device_prefill.run(r, p.length)
+        r.computed += p.length
+        if first is None:
+            return []
+        token, logits = first
+        return [Emission(r, [token], 0, 0, _logprobs(logits, [token], r.params.logprobs))]
 
     def host_round(self, plan: RoundPlan) -> list[Emission]:
         proposal = self.propose(plan)
