@@ -22,6 +22,8 @@ from ignis.kernels.launch import launch
 from ignis.kernels.gdn import normalise_qk
 from ignis.model.ops import apply_rope
 
+CONV_TILE = 8  # conv: columns a block (a prefill piece's columns spread over blocks; a decode's or verify's fit one)
+
 # --- references -------------------------------------------------------------------------------------------------
 
 
@@ -149,9 +151,10 @@ def conv(
     mixed = torch.empty((b, c, dim), dtype=torch.float32, device=raw.device)
     ba_out = torch.empty(ba.shape, dtype=torch.float32, device=raw.device)
     k = _compiled(raw.dtype, dk)["conv"]
-    launch(k, ((dim + dk - 1) // dk, b), _threads(dk),
+    tile = max(CONV_TILE, window.shape[1])  # a block's columns: at least the window's, so only the first reads it
+    launch(k, ((dim + dk - 1) // dk, b, (c + tile - 1) // tile), _threads(dk),
             (window, lanes, raw, weight, mixed, window if record is None else record, ba, ba_out, record is not None,
-             dk, 2 * key_heads, float(dk**-0.5)), raw.device)
+             dk, 2 * key_heads, float(dk**-0.5), tile), raw.device)
     return mixed, ba_out
 
 

@@ -110,27 +110,30 @@ def make_kernels(half: bool, head_threads: int, per: int = 1, norm_threads: int 
     ht = head_threads
 
     @cuda.jit
-    def conv(window, lanes, raw, weight, mixed, record, ba, ba_out, do_record, dk, qk_heads, qscale):
+    def conv(window, lanes, raw, weight, mixed, record, ba, ba_out, do_record, dk, qk_heads, qscale, tile):
         # window [L, Kc-1, D] (element); lanes [B] i64; raw [B, C, D] element: this round's conv inputs;
         # weight [D, Kc] f32; mixed [B, C, D] f32 out: silu(conv), the first qk_heads heads of dk channels (q then k)
         # l2-normalised and q scaled by qscale; record [L, C', D] element; ba [B, C, 2 Hv] element -> ba_out f32;
-        # grid (ceil(D / dk), B), block >= dk (one head of channels a block)
+        # grid (ceil(D / dk), B, ceil(C / tile)), block >= dk: one head of channels and `tile` columns a block.
+        # Only blocks z = 0 read the window (tile >= Kc - 1: later columns' taps are all in raw), and they alone
+        # write it, after their reads: no block reads a window slot another block writes.
         t = cuda.threadIdx.x
         head = cuda.blockIdx.x
         ch = head * dk + t
         b = cuda.blockIdx.y
+        z = cuda.blockIdx.z
         lane = lanes[b]
         kc1 = window.shape[1]
         cols = raw.shape[1]
         active = t < dk and ch < raw.shape[2]
         part = cuda.shared.array(ht, np.float32)
-        if head == 0:
+        if head == 0 and z == 0:
             i = t
             nba = ba.shape[2]
             while i < cols * nba:
                 ba_out[b, i // nba, i % nba] = load(ba[b, i // nba, i % nba])
                 i += ht
-        for j in range(cols):
+        for j in range(z * tile, min(cols, (z + 1) * tile)):
             acc = np.float32(0.0)
             if active:
                 for tap in range(kc1 + 1):
@@ -147,12 +150,10 @@ def make_kernels(half: bool, head_threads: int, per: int = 1, norm_threads: int 
                 mixed[b, j, ch] = acc
                 if do_record:
                     record[lane, j, ch] = raw[b, j, ch]
-        if active and not do_record:
+        if active and not do_record and z == 0:
             for i in range(kc1):  # the window after the round: slot i takes input cols + i (never a slot < i + 1)
                 src = cols + i
                 window[lane, i, ch] = window[lane, src, ch] if src < kc1 else raw[b, src - kc1, ch]
-
-    ht = head_threads
 
     @cuda.jit
     def gated_norm(out, z, weight, y, eps):

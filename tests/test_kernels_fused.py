@@ -33,6 +33,7 @@ def inputs(dtype: torch.dtype, seed: int) -> dict[str, object]:
     return {
         "x": r(t, 300), "d": r(t, 300), "scale": torch.rand(300, generator=g) + 0.5,
         "window": r(lanes, 3, dim), "lanes": torch.tensor([3, 0, 4]), "raw": r(b, c, dim),
+        "raw7": r(b, 7, dim), "ba7": r(b, 7, 2 * hv, s=2.0),  # a prefill's columns, over several blocks
         "weight": torch.randn(dim, 4, generator=g), "ba": r(b, c, 2 * hv, s=2.0),
         "record": r(lanes, c, dim), "out": torch.randn(t, hv, dv, generator=g), "z": r(t, hv * dv, s=2.0),
         "gweight": r(dv), "gu": r(t, 2 * 37, s=3.0),
@@ -62,6 +63,10 @@ def references(x: dict, eps: float = 1e-6, group: int = 3) -> dict[str, torch.Te
     out["mixed_r"], _ = fused.conv_reference(x["window"].clone(), x["lanes"], x["raw"], x["weight"], x["ba"], record,
                                              x["hk"], x["dk"])
     out["record"] = record
+    window = x["window"].clone()
+    out["mixed7"], out["ba7_f"] = fused.conv_reference(window, x["lanes"], x["raw7"], x["weight"], x["ba7"], None,
+                                                       x["hk"], x["dk"])
+    out["window7"] = window
     out["y"] = fused.gated_norm_reference(x["out"], x["z"], x["gweight"], eps)
     out["swiglu"] = fused.swiglu_reference(x["gu"])
     kc, vc = x["kc"].clone(), x["vc"].clone()
@@ -125,8 +130,8 @@ for dtype in (torch.bfloat16, torch.float32):
         window, record = n(x["window"]), n(x["record"])
         mixed = np.zeros((b, c, dim), np.float32)
         ba_f = np.zeros(x["ba"].shape, np.float32)
-        K["conv"][(dim // 8, b), 32](window, lanes, n(x["raw"]), x["weight"].numpy(), mixed, record, n(x["ba"]), ba_f,
-                                     rec, 8, 2, 8**-0.5)
+        K["conv"][(dim // 8, b, 1), 32](window, lanes, n(x["raw"]), x["weight"].numpy(), mixed, record, n(x["ba"]),
+                                        ba_f, rec, 8, 2, 8**-0.5, 8)
         close(torch.from_numpy(mixed), ref["mixed_r" if rec else "mixed"], "conv")
         close(torch.from_numpy(ba_f), ref["ba_f"], "ba")
         if rec:
@@ -135,6 +140,16 @@ for dtype in (torch.bfloat16, torch.float32):
             assert (window == n(x["window"])).all(), "a verify must leave the window alone"
         else:
             assert (back(window).float() == ref["window"].float()).all(), "window after a decode"
+    # seven columns in blocks of three (the first block reads the window and writes it after its reads)
+    window = n(x["window"])
+    mixed = np.zeros((b, 7, dim), np.float32)
+    ba_f = np.zeros(x["ba7"].shape, np.float32)
+    unused = n(x["record"])  # the simulator copies each argument back: the window must not be passed twice
+    K["conv"][(dim // 8, b, 3), 32](window, lanes, n(x["raw7"]), x["weight"].numpy(), mixed, unused, n(x["ba7"]), ba_f,
+                                    False, 8, 2, 8**-0.5, 3)
+    close(torch.from_numpy(mixed), ref["mixed7"], "conv over column blocks")
+    close(torch.from_numpy(ba_f), ref["ba7_f"], "ba over column blocks")
+    assert (back(window).float() == ref["window7"].float()).all(), "window after a prefill piece"
     hv, dv = x["out"].shape[1:]
     y = np.zeros((t, hv * dv), n(x["z"]).dtype)
     K["gated_norm"][(hv, t), 32](x["out"].numpy(), n(x["z"]), n(x["gweight"]), y, 1e-6)

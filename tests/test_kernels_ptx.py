@@ -30,7 +30,7 @@ def _kernels() -> list[tuple[str, Any, tuple[Any, ...]]]:
     return [
         ("add_rms_norm", k["add_rms_norm"], (a(e, 2), a(e, 2), a(f, 1), a(e, 2), a(e, 2), f, t.boolean)),
         ("conv", k["conv"], (a(e, 3), a(i, 1), a(e, 3), a(f, 2), a(f, 3), a(e, 3), a(e, 3), a(f, 3), t.boolean, i, i,
-                             f)),
+                             f, i)),
         ("gated_norm", k["gated_norm"], (a(f, 3), a(e, 2), a(e, 1), a(e, 2), f)),
         ("swiglu", k["swiglu"], (a(e, 2), a(e, 2))),
         ("qk_rope_write", k["qk_rope_write"], (a(e, 2), a(f, 1), a(f, 1), a(e, 2), a(e, 2), a(e, 4), a(e, 4), a(i, 1),

@@ -138,7 +138,7 @@ class DevicePrefill:
         for start, c in pieces(r.computed, end, self.largest):
             buf = self.buffers[c]
             buf.load(r, start, r.prompt[start + c] if start + c < len(r.prompt) else -1)
-            span = next(s for s in self.spans if s >= start + c)
+            span = self.span(start + c)
             graph = self.graphs.get((c, span))
             if graph is not None:
                 graph.replay()
@@ -173,16 +173,20 @@ class DevicePrefill:
         )
         self.out.copy_(first)
 
+    def span(self, end: int) -> int:
+        """The key span a piece ending before position `end` reads."""
+        return next(s for s in self.spans if s >= end)
+
     def keys(self) -> list[tuple[int, int]]:
         """Every (rows, span) a piece can take, the largest first."""
         return [(c, s) for c in reversed(self.sizes) for s in self.spans if c <= s]
 
-    def capture(self, pool: Any) -> float:
-        """Capture a graph for every key into the graph memory pool `pool`; returns the seconds it took. Runs on the
-        scratch lane only, so no lane's state changes."""
+    def capture(self, pool: Any, keys: list[tuple[int, int]] | None = None) -> float:
+        """Capture a graph for every key (default: all) into the graph memory pool `pool`; returns the seconds it
+        took. Runs on the scratch lane only, so no lane's state changes."""
         t0 = time.perf_counter()
         side = torch.cuda.Stream(self.device)
-        for c, span in self.keys():
+        for c, span in keys if keys is not None else self.keys():
             buf = self.buffers[c]
             buf.idle(self.cache.scratch)
             side.wait_stream(torch.cuda.current_stream(self.device))
