@@ -5,9 +5,11 @@ on torch's stream (ignis.kernels.gdn). Importing this module imports numba.cuda 
 the simulator); nothing here touches the driver.
 
 Block (TV * RS threads) = one value head of one lane, TV columns of its [dk, dv] state; thread (c, s) keeps rows
-s*dk/RS .. (s+1)*dk/RS - 1 of column c in registers, so the state is read once and every column's update and
-output are sums over a thread's own rows plus RS partials combined by warp shuffles (the simulator runs them through
-the test suite's warp shim). Per column j, with k and q l2-normalised (q also scaled) by the conv that
+s, s + RS, s + 2 RS, .. of column c in registers, so the state is read once and every column's update and output are
+sums over a thread's own rows plus RS partials combined by warp shuffles (the simulator runs them through the test
+suite's warp shim). Interleaved rows put the four threads of a state column on four shared-memory banks when they
+read k and q (rows in blocks of dk/RS put all four on one bank: a four-way conflict on every read, which bounded the
+verify's and a prefill's column loop on the H200), and each thread reads a column's k once. Per column j, with k and q l2-normalised (q also scaled) by the conv that
 produced them, beta = sigmoid(b) and g = rate * softplus(a + dt_bias) from the raw projections:
     S <- exp(g) S;  delta = beta (v - S^T k);  S <- S + k delta^T;  o = S^T q
 `columns` writes o for every column and either the final state (decode, one column) or, for a verify, each column's
@@ -57,6 +59,8 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
     """`columns` and `replay` for heads of dk x dv, staging `cmax` columns at a time (any column count runs)."""
     tv, threads = block_shape(dk, dv)
     rows = dk // RS
+    if dk % (2 * RS):
+        raise ValueError(f"the recurrence kernel takes key heads of a multiple of {2 * RS} channels, got {dk}")
 
     @cuda.jit
     def columns(state, lanes, mixed, ba, dt_bias, rate, out, record, ratio, key_dim, write_state, do_record):
@@ -82,9 +86,9 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
         bs = cuda.shared.array(cmax, float32)
         sv = cuda.shared.array((cmax, tv), float32)
         st = cuda.local.array(rows, float32)
-        base = s * rows
+        kr = cuda.local.array(rows, float32)  # column j's k at this thread's rows (registers: loops unroll)
         for i in range(rows):
-            st[i] = state[lane, h, base + i, c] if c < nv else float32(0.0)
+            st[i] = state[lane, h, i * RS + s, c] if c < nv else float32(0.0)
         j0 = 0
         while j0 < ncols:  # tiles of cmax columns: a prefill runs many more columns than shared memory holds
             nt = min(cmax, ncols - j0)
@@ -105,19 +109,25 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
             cuda.syncthreads()
             for j in range(nt):
                 decay = math.exp(gs[j])
-                mem = float32(0.0)
-                for i in range(rows):
+                mem, mem2 = float32(0.0), float32(0.0)  # two sums: half the dependent chain
+                for i in range(0, rows, 2):
+                    kr[i] = sk[j, i * RS + s]
+                    kr[i + 1] = sk[j, (i + 1) * RS + s]
                     st[i] *= decay
-                    mem += sk[j, base + i] * st[i]
-                mem = quad_sum(mem)
+                    st[i + 1] *= decay
+                    mem += kr[i] * st[i]
+                    mem2 += kr[i + 1] * st[i + 1]
+                mem = quad_sum(mem + mem2)
                 delta = bs[j] * (sv[j, cl] - mem)
                 if c >= nv:
                     delta = float32(0.0)
-                o = float32(0.0)
-                for i in range(rows):
-                    st[i] += sk[j, base + i] * delta
-                    o += sq[j, base + i] * st[i]
-                o = quad_sum(o)
+                o, o2 = float32(0.0), float32(0.0)
+                for i in range(0, rows, 2):
+                    st[i] += kr[i] * delta
+                    st[i + 1] += kr[i + 1] * delta
+                    o += sq[j, i * RS + s] * st[i]
+                    o2 += sq[j, (i + 1) * RS + s] * st[i + 1]
+                o = quad_sum(o + o2)
                 if s == 0 and c < nv:
                     out[b, j0 + j, h, c] = o
                 if do_record:
@@ -134,7 +144,7 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
             j0 += cmax
         if write_state and c < nv:
             for i in range(rows):
-                state[lane, h, base + i, c] = st[i]
+                state[lane, h, i * RS + s, c] = st[i]
 
     @cuda.jit
     def replay(state, lanes, record, last, nv):
@@ -148,9 +158,9 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
         kept = last[b] + 1
         sk = cuda.shared.array((cmax, dk), float32)
         st = cuda.local.array(rows, float32)
-        base = s * rows
+        kr = cuda.local.array(rows, float32)  # column j's k at this thread's rows (registers: loops unroll)
         for i in range(rows):
-            st[i] = state[lane, h, base + i, c] if c < nv else float32(0.0)
+            st[i] = state[lane, h, i * RS + s, c] if c < nv else float32(0.0)
         j0 = 0
         while j0 < kept:  # tiles of cmax columns, as in `columns`
             nt = min(cmax, kept - j0)
@@ -163,20 +173,24 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
             for j in range(nt):
                 decay = math.exp(record[lane, j0 + j, h, dk + nv])
                 bt = record[lane, j0 + j, h, dk + nv + 1]
-                mem = float32(0.0)
-                for i in range(rows):
+                mem, mem2 = float32(0.0), float32(0.0)
+                for i in range(0, rows, 2):
+                    kr[i] = sk[j, i * RS + s]
+                    kr[i + 1] = sk[j, (i + 1) * RS + s]
                     st[i] *= decay
-                    mem += sk[j, base + i] * st[i]
-                mem = quad_sum(mem)
+                    st[i + 1] *= decay
+                    mem += kr[i] * st[i]
+                    mem2 += kr[i + 1] * st[i + 1]
+                mem = quad_sum(mem + mem2)
                 delta = float32(0.0)
                 if c < nv:
                     delta = bt * (record[lane, j0 + j, h, dk + c] - mem)
                 for i in range(rows):
-                    st[i] += sk[j, base + i] * delta
+                    st[i] += kr[i] * delta
             j0 += cmax
         if c < nv:
             for i in range(rows):
-                state[lane, h, base + i, c] = st[i]
+                state[lane, h, i * RS + s, c] = st[i]
 
     return columns, replay
 

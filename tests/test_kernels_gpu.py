@@ -170,6 +170,7 @@ def _fused_inputs(b: int, c: int) -> dict[str, object]:
         "x": r(t, 5120), "d": r(t, 5120), "scale": torch.rand(5120, device="cuda", generator=g) + 0.5,
         "window": r(lanes, 3, dim), "lanes": torch.randperm(lanes, device="cuda", generator=g)[:b],
         "raw": r(t, 20000)[:, 3000 : 3000 + dim].reshape(b, c, dim),  # a view of a wider projection, as in the layer
+        "raw7": r(b, 21, dim), "ba7": r(b, 21, 2 * hv, s=2.0),  # a prefill piece's columns: three blocks of 8
         "weight": torch.randn(dim, 4, device="cuda", generator=g), "ba": r(b, c, 2 * hv, s=2.0),
         "record": r(lanes, c, dim), "out": torch.randn(t, hv, dv, device="cuda", generator=g),
         "z": r(t, 2 * hv * dv, s=2.0)[:, hv * dv :], "gweight": r(dv), "gu": r(t, 2 * 17408, s=3.0),
@@ -202,6 +203,10 @@ def _fused_kernels(x: dict, eps: float = 1e-6) -> dict[str, torch.Tensor]:
     out["mixed_r"], _ = fused.conv(x["window"].clone(), x["lanes"], x["raw"], x["weight"], x["ba"], record,
                                    key_heads=x["hk"], dk=x["dk"])
     out["record"] = record
+    window = x["window"].clone()
+    out["mixed7"], out["ba7_f"] = fused.conv(window, x["lanes"], x["raw7"], x["weight"], x["ba7"], None,
+                                             key_heads=x["hk"], dk=x["dk"])
+    out["window7"] = window
     out["y"] = fused.gated_norm(x["out"], x["z"], x["gweight"], eps)
     out["swiglu"] = fused.swiglu(x["gu"])
     kc, vc = x["kc"].clone(), x["vc"].clone()
