@@ -119,11 +119,13 @@ def _compiled(dk: int, dv: int, cols: int) -> tuple[Any, Any]:
 
 
 def _tile(dk: int, dv: int, cols: int) -> int:
-    """The staging tile a launch over `cols` columns compiles with: all of them for a decode or verify (at most 8),
-    else the largest tile that fits (a prefill), so a few compiled kernels serve every column count."""
+    """The staging tile a launch over `cols` columns compiles with: one column for a decode, 8 for a verify or a
+    short prefill piece, else the largest tile that fits: three compiled kernels serve every column count."""
     from ignis.kernels.gdn_kernel import column_tile
 
-    return cols if cols <= 8 else column_tile(dk, dv)
+    if cols == 1:
+        return 1
+    return 8 if cols <= 8 else column_tile(dk, dv)
 
 
 def _launch(kernel: Any, dv: int, hv: int, b: int, dk: int, args: tuple[Any, ...], device: torch.device) -> None:
