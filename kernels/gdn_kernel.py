@@ -62,6 +62,20 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
     if dk % (2 * RS):
         raise ValueError(f"the recurrence kernel takes key heads of a multiple of {2 * RS} channels, got {dk}")
 
+    @cuda.jit(device=True, inline=True)
+    def decay_memory(st, kr, sk, j, s, decay):  # numba device function: typed by numba, not annotated
+        """S <- decay S on this thread's rows, and S^T k of its state column (the RS partials summed), k being staged
+        column j; keeps that k in kr for the update. Two running sums: half the dependent chain."""
+        mem, mem2 = float32(0.0), float32(0.0)
+        for i in range(0, rows, 2):
+            kr[i] = sk[j, i * RS + s]
+            kr[i + 1] = sk[j, (i + 1) * RS + s]
+            st[i] *= decay
+            st[i + 1] *= decay
+            mem += kr[i] * st[i]
+            mem2 += kr[i + 1] * st[i + 1]
+        return quad_sum(mem + mem2)
+
     @cuda.jit
     def columns(state, lanes, mixed, ba, dt_bias, rate, out, record, ratio, key_dim, write_state, do_record):
         # state [L, Hv, dk, dv] f32; lanes [B] i64; mixed [B, C, 2 key_dim + Hv dv] f32: q | k | v, q and k
@@ -108,16 +122,7 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
                     sv[j, cl] = mixed[b, j0 + j, voff + c] if c < nv else float32(0.0)
             cuda.syncthreads()
             for j in range(nt):
-                decay = math.exp(gs[j])
-                mem, mem2 = float32(0.0), float32(0.0)  # two sums: half the dependent chain
-                for i in range(0, rows, 2):
-                    kr[i] = sk[j, i * RS + s]
-                    kr[i + 1] = sk[j, (i + 1) * RS + s]
-                    st[i] *= decay
-                    st[i + 1] *= decay
-                    mem += kr[i] * st[i]
-                    mem2 += kr[i + 1] * st[i + 1]
-                mem = quad_sum(mem + mem2)
+                mem = decay_memory(st, kr, sk, j, s, math.exp(gs[j]))
                 delta = bs[j] * (sv[j, cl] - mem)
                 if c >= nv:
                     delta = float32(0.0)
@@ -171,17 +176,8 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
                 i += threads
             cuda.syncthreads()
             for j in range(nt):
-                decay = math.exp(record[lane, j0 + j, h, dk + nv])
                 bt = record[lane, j0 + j, h, dk + nv + 1]
-                mem, mem2 = float32(0.0), float32(0.0)
-                for i in range(0, rows, 2):
-                    kr[i] = sk[j, i * RS + s]
-                    kr[i + 1] = sk[j, (i + 1) * RS + s]
-                    st[i] *= decay
-                    st[i + 1] *= decay
-                    mem += kr[i] * st[i]
-                    mem2 += kr[i + 1] * st[i + 1]
-                mem = quad_sum(mem + mem2)
+                mem = decay_memory(st, kr, sk, j, s, math.exp(record[lane, j0 + j, h, dk + nv]))
                 delta = float32(0.0)
                 if c < nv:
                     delta = bt * (record[lane, j0 + j, h, dk + c] - mem)

@@ -17,6 +17,7 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from ignis.model.cache import LaneCache
 from ignis.model.loader import load_model
 from ignis.model.random import random_model
 from ignis.params import SamplingParams
-from tools.bench_round import QWEN35_27B, build_backend
+from tools.bench_round import QWEN35_27B, build_backend, gpu_profile
 
 LENGTHS = [16, 100, 500, 2000]
 
@@ -57,22 +58,11 @@ def timed(fn: Any, iters: int) -> float:
 
 
 def piece_profile(dp: DevicePrefill, rows: int) -> tuple[float, list[dict[str, Any]]]:
-    from torch.profiler import ProfilerActivity, profile
-
+    """(GPU ms, costliest kernels) of one eager piece of `rows` rows on the scratch lane."""
     buf = dp.buffers[rows]
     buf.idle(dp.cache.scratch)
-    dp.forward(buf, dp.span(rows))
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as p:
-        dp.forward(buf, dp.span(rows))
-        torch.cuda.synchronize()
-    events = [e for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    by_name: dict[str, list[float]] = {}
-    for e in events:
-        by_name.setdefault(e.name[:90], []).append(e.device_time_total)
-    top = sorted(({"kernel": n, "count": len(t), "us": round(sum(t), 1)} for n, t in by_name.items()),
-                 key=lambda r: -float(r["us"]))[:15]
-    return sum(e.device_time_total for e in events) / 1e3, top
+    seconds, _, top = gpu_profile(partial(dp.forward, buf, dp.span(rows)), top=15)
+    return 1e3 * seconds, top
 
 
 def bench(label: str, model: Any, path: Path, backend_kind: str, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -89,13 +79,13 @@ def bench(label: str, model: Any, path: Path, backend_kind: str, args: argparse.
     capture_s = dp.capture(torch.cuda.graph_pool_handle(), keys) if device.type == "cuda" else 0.0
     rows = []
     for n in args.lengths:
-        def device_prefill() -> None:
+        def device_prefill(n: int = n) -> None:
             r = request(n)
             cache.reset(0)
             backend.reset(0)
             assert dp.run(r, n) is not None
 
-        def host_prefill() -> None:
+        def host_prefill(n: int = n) -> None:
             r = request(n)
             cache.reset(0)
             backend.reset(0)

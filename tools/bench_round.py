@@ -19,7 +19,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -167,24 +169,24 @@ def time_rounds(dr: DeviceRound, work: list[Decode], iters: int) -> float:
     return statistics.median(times)
 
 
-def profile(dr: DeviceRound, work: list[Decode]) -> tuple[float, int, list[dict[str, Any]]]:
-    """(GPU time in s, kernels and copies, the 25 costliest kernel names with their count and total µs) of one
-    round, from torch.profiler."""
+def gpu_profile(fn: Callable[[], object], top: int = 25) -> tuple[float, int, list[dict[str, Any]]]:
+    """(GPU time in s, kernels and copies, the `top` costliest kernel names with their count and total µs) of one
+    call of fn after a warm one, from torch.profiler."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as prof
 
-    dr.run(work)
+    fn()
     torch.cuda.synchronize()
     with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
-        dr.run(work)
+        fn()
         torch.cuda.synchronize()
     events = [e for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     by_name: dict[str, list[float]] = {}
     for e in events:
         by_name.setdefault(e.name[:90], []).append(e.device_time_total)
-    top = sorted(({"kernel": n, "count": len(t), "us": round(sum(t), 1)} for n, t in by_name.items()),
-                 key=lambda r: -float(r["us"]))[:25]
-    return sum(e.device_time_total for e in events) / 1e6, len(events), top
+    costliest = sorted(({"kernel": n, "count": len(t), "us": round(sum(t), 1)} for n, t in by_name.items()),
+                       key=lambda r: -float(r["us"]))[:top]
+    return sum(e.device_time_total for e in events) / 1e6, len(events), costliest
 
 
 def bench_model(label: str, model: HybridModel, path: Path, bw: float, args: argparse.Namespace,
@@ -199,7 +201,7 @@ def bench_model(label: str, model: HybridModel, path: Path, bw: float, args: arg
         dr = DeviceRound(model, cache, backend, device, sample_drafts=True)
         work = decodes(case.lanes, case.k)
         eager = time_rounds(dr, work, max(3, args.iters // 4))
-        gpu, kernels, top = profile(dr, work)
+        gpu, kernels, top = gpu_profile(partial(dr.run, work))
         span = next(s for s in dr.spans if s >= POSITION + 1 + case.k)
         bucket = next(b for b in dr.buckets if b >= case.lanes)
         capture_s = dr.capture([(bucket, span, False)])

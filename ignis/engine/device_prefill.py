@@ -23,12 +23,14 @@ the built-in model for any prompt length, on the H200), and every other lane wai
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import torch
 
 from ignis.backends.base import Committed, SpecBackend
-from ignis.engine.device_round import spans
+from ignis.engine.device_round import capture_graphs, spans
 from ignis.engine.device_sampling import STREAM_BONUS, draw, shape_probs, uniforms
 from ignis.engine.request import Request
 from ignis.model.cache import LaneCache
@@ -185,17 +187,12 @@ class DevicePrefill:
         """Capture a graph for every key (default: all) into the graph memory pool `pool`; returns the seconds it
         took. Runs on the scratch lane only, so no lane's state changes."""
         t0 = time.perf_counter()
-        side = torch.cuda.Stream(self.device)
-        for c, span in keys if keys is not None else self.keys():
-            buf = self.buffers[c]
-            buf.idle(self.cache.scratch)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                self.forward(buf, span)  # first use: library handles, kernel loads and compiles
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=side):
-                self.forward(buf, span)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            self.graphs[c, span] = graph
-        torch.cuda.synchronize(self.device)
+
+        def runs() -> Iterator[tuple[tuple[int, int], Callable[[], None]]]:
+            for c, span in keys if keys is not None else self.keys():
+                buf = self.buffers[c]
+                buf.idle(self.cache.scratch)
+                yield (c, span), partial(self.forward, buf, span)
+
+        self.graphs.update(capture_graphs(runs(), pool, self.device))
         return time.perf_counter() - t0

@@ -1,9 +1,10 @@
 """A decode/verify round for every decoding lane as device work only, captured as one CUDA graph per shape.
 
 Owns: `RoundBuffers` (a bucket's static inputs and outputs, with pinned host mirrors), `DeviceRound` (prepare the
-inputs, replay the bucket's graph or run it eagerly, fetch the committed tokens: one host sync a round) and the
-graph capture of every bucket at start-up. Does not own: which lanes decode (ignis.engine.scheduler), prefill and
-the host reference round (ignis.engine.round), the layer math (ignis.model) or drafting (ignis.backends).
+inputs, replay the bucket's graph or run it eagerly, fetch the committed tokens: one host sync a round), the
+graph capture of every bucket at start-up, and `capture_graphs` (which the device prefill's capture shares). Does not
+own: which lanes decode (ignis.engine.scheduler), prefill (ignis.engine.device_prefill, ignis.engine.round), the host
+reference round (ignis.engine.round), the layer math (ignis.model) or drafting (ignis.backends).
 
 Inside the device function, in order: propose (the backend's device form), verify (one static forward over B lanes x
 K+1 columns), accept (greedy longest prefix, and rejection sampling with counter-based uniforms when a lane samples),
@@ -16,8 +17,10 @@ positions), sampling adds the probability shaping that greedy rounds skip.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import torch
 
@@ -232,17 +235,35 @@ class DeviceRound:
         t0 = time.perf_counter()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        side = torch.cuda.Stream(self.device)
-        for size, span, sampling in keys if keys is not None else self.keys():
-            buf = self.buffers[size]
-            buf.idle()
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                self.forward(buf, span, sampling)  # first use: library handles, kernel loads
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool, stream=side):
-                self.forward(buf, span, sampling)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            self.graphs[size, span, sampling] = graph
-        torch.cuda.synchronize(self.device)
+
+        def runs() -> Iterator[tuple[tuple[int, int, bool], Callable[[], None]]]:
+            for size, span, sampling in keys if keys is not None else self.keys():
+                buf = self.buffers[size]
+                buf.idle()
+                yield (size, span, sampling), partial(self.forward, buf, span, sampling)
+
+        self.graphs.update(capture_graphs(runs(), self.pool, self.device))
         return time.perf_counter() - t0
+
+
+K = TypeVar("K")
+
+
+def capture_graphs(runs: Iterable[tuple[K, Callable[[], None]]], pool: Any, device: torch.device,
+                   ) -> dict[K, torch.cuda.CUDAGraph]:
+    """One CUDA graph per (key, device work): each run once on a side stream first (library handles, kernel loads and
+    compiles), then captured into the graph memory pool `pool`. The inputs each run reads must be ready when the
+    iterator yields it."""
+    graphs: dict[K, torch.cuda.CUDAGraph] = {}
+    side = torch.cuda.Stream(device)
+    for key, run in runs:
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            run()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool, stream=side):
+            run()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graphs[key] = graph
+    torch.cuda.synchronize(device)
+    return graphs
