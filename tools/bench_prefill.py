@@ -30,6 +30,7 @@ from ignis.engine.request import Request
 from ignis.engine.round import Runner
 from ignis.engine.sampling import make_generator
 from ignis.engine.scheduler import Prefill, RoundPlan
+from ignis.model import gdn
 from ignis.model.cache import LaneCache
 from ignis.model.loader import load_model
 from ignis.model.random import random_model
@@ -119,7 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--device", default="cuda", help="cuda; cpu runs the same code (no graphs) for a quick check")
     ap.add_argument("--model-path", default=None, help="a checkpoint to use for 'builtin' (default: the built-in)")
+    ap.add_argument("--chunked-columns", type=int, default=None,
+                    help="pieces of at least this many rows run fla's chunked recurrence (0: never; default: the "
+                         "model's own, ignis.model.gdn.CHUNKED_COLUMNS)")
     args = ap.parse_args(argv)
+    if args.chunked_columns is not None:
+        gdn.CHUNKED_COLUMNS = args.chunked_columns
     rows: list[dict[str, Any]] = []
     for label in args.models.split(","):
         if label == "builtin":

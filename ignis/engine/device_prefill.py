@@ -2,8 +2,8 @@
 
 Owns: `pieces` (where a prefill segment is cut), `PrefillBuffers` (a piece size's static inputs, with pinned host
 mirrors), `DevicePrefill` (run a segment piece by piece, replaying each piece's graph or running it eagerly, the
-first token chosen on the device, one host sync a prompt: after its last piece) and the capture of its graphs at
-start-up. Does not own: which lanes prefill and how many rows (ignis.engine.scheduler), the host prefill that serves
+first token chosen on the device and queued to the host after the prompt's last piece, read after the round's one
+sync) and the capture of its graphs at start-up. Does not own: which lanes prefill and how many rows (ignis.engine.scheduler), the host prefill that serves
 everything else (ignis.engine.round: exact mode, logits shaped on the host, teacher forcing, prompts past the largest
 captured span), the layer math (ignis.model) or drafting (ignis.backends).
 
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from ignis.backends.base import Committed, SpecBackend
-from ignis.engine.device_round import capture_graphs, spans
+from ignis.engine.device_round import capture_graphs, spans, synchronize
 from ignis.engine.device_sampling import STREAM_BONUS, draw, shape_probs, uniforms
 from ignis.engine.request import Request
 from ignis.model.cache import LaneCache
@@ -125,7 +125,10 @@ class DevicePrefill:
         self.kept = {c: torch.full((1,), c - 1, dtype=torch.int64, device=device) for c in self.sizes}  # [1] int64
         pin = device.type == "cuda"
         self.out = torch.zeros(1, dtype=torch.int64, device=device)  # [1] int64, device: the first token
-        self.host_out = torch.zeros(1, dtype=torch.int64, pin_memory=pin)  # [1] int64, cpu
+        # [lanes + 1] int64, cpu: each lane's first token, copied there after its prompt's last piece (a lane finishes
+        # at most one prompt a round, so the round's prompts need no sync of their own)
+        self.host_out = torch.zeros(cache.scratch + 1, dtype=torch.int64, pin_memory=pin)
+        self.kept_logits: dict[int, torch.Tensor] = {}  # lane -> [1, V] f32, device: last-row logits, for logprobs
         self.logits = torch.zeros((1, model.config.vocab_size), dtype=torch.float32, device=device)  # [1, V] f32
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
 
@@ -133,9 +136,16 @@ class DevicePrefill:
         """Whether rows r.computed.. r.computed+length-1 of r's prompt prefill here."""
         return r.forced is None and not r.needs_logits and r.computed + length <= self.limit
 
-    def run(self, r: Request, length: int) -> tuple[int, torch.Tensor] | None:
-        """Prefill `length` rows of r's prompt from r.computed (the caller advances r.computed). After the prompt's
-        last row: (the first token, its logits [1, V] float32, device, valid until the next prefill); else None."""
+    def run(self, r: Request, length: int) -> tuple[int, torch.Tensor | None] | None:
+        """`start`, then after the prompt's last row the sync and `first`; else None."""
+        if not self.start(r, length):
+            return None
+        synchronize(self.device)
+        return self.first(r)
+
+    def start(self, r: Request, length: int) -> bool:
+        """Queue the pieces of `length` rows of r's prompt from r.computed (the caller advances r.computed). True when
+        they end the prompt: its first token is then on its way to the host, for `first` after the caller's sync."""
         end = r.computed + length
         for start, c in pieces(r.computed, end, self.largest):
             buf = self.buffers[c]
@@ -147,11 +157,16 @@ class DevicePrefill:
             else:
                 self.forward(buf, span)
         if end < len(r.prompt):
-            return None
-        self.host_out.copy_(self.out, non_blocking=True)
-        if self.out.is_cuda:
-            torch.cuda.current_stream(self.device).synchronize()
-        return int(self.host_out[0]), self.logits
+            return False
+        self.host_out[r.lane : r.lane + 1].copy_(self.out, non_blocking=True)
+        if r.params.logprobs is not None:  # the next prompt's pieces overwrite self.logits
+            self.kept_logits[r.lane] = self.logits.clone()
+        return True
+
+    def first(self, r: Request) -> tuple[int, torch.Tensor | None]:
+        """(r's first token, its logits [1, V] float32 on the device if r asked for logprobs, else None), once the
+        work `start` queued has run."""
+        return int(self.host_out[r.lane]), self.kept_logits.pop(r.lane, None)
 
     @torch.inference_mode()
     def forward(self, buf: PrefillBuffers, span: int) -> None:

@@ -1,9 +1,9 @@
 """A decode/verify round for every decoding lane as device work only, captured as one CUDA graph per shape.
 
 Owns: `RoundBuffers` (a bucket's static inputs and outputs, with pinned host mirrors), `DeviceRound` (prepare the
-inputs, replay the bucket's graph or run it eagerly, fetch the committed tokens: one host sync a round), the
-graph capture of every bucket at start-up, and `capture_graphs` (which the device prefill's capture shares). Does not
-own: which lanes decode (ignis.engine.scheduler), prefill (ignis.engine.device_prefill, ignis.engine.round), the host
+inputs, replay the bucket's graph or run it eagerly, queue the copy of the committed tokens to the host, read them
+after the round's one sync), the graph capture of every bucket at start-up, and `capture_graphs` (which the device
+prefill's capture shares). Does not own: which lanes decode (ignis.engine.scheduler), prefill (ignis.engine.device_prefill, ignis.engine.round), the host
 reference round (ignis.engine.round), the layer math (ignis.model) or drafting (ignis.backends).
 
 Inside the device function, in order: propose (the backend's device form), verify (one static forward over B lanes x
@@ -100,12 +100,9 @@ class RoundBuffers:
         self.ints.copy_(self.host_ints, non_blocking=True)
         self.floats.copy_(self.host_floats, non_blocking=True)
 
-    def fetch(self) -> list[list[int]]:
-        """The committed tokens of the last run: one device-to-host copy and the round's one sync."""
+    def send(self) -> None:
+        """Queue the one device-to-host copy of the last run's committed tokens (read them after the round's sync)."""
         self.host_out.copy_(self.out, non_blocking=True)
-        if self.out.is_cuda:
-            torch.cuda.current_stream(self.out.device).synchronize()
-        return self.host_out.tolist()
 
     def _fill_host(self, decodes: list[Decode], sample_drafts: bool) -> None:
         """sample_drafts False: every lane drafts at temperature 0 (one-hot q), whatever it samples at."""
@@ -135,6 +132,20 @@ class Emitted:
     rows: torch.Tensor  # [K+1, V] float32, device: this lane's verify logits (logprobs read them)
 
 
+@dataclass(frozen=True)
+class Launched:
+    """A round queued on the device: its lanes and the bucket whose host mirror receives its committed tokens."""
+
+    decodes: list[Decode]
+    buffers: RoundBuffers
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on the device's current stream (nothing to wait for on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
 class DeviceRound:
     def __init__(
         self,
@@ -158,6 +169,13 @@ class DeviceRound:
 
     def run(self, decodes: list[Decode]) -> list[Emitted]:
         """One round for these lanes (at most `cache.lanes`): their committed tokens, in order."""
+        launched = self.start(decodes)
+        synchronize(self.device)
+        return self.collect(launched)
+
+    def start(self, decodes: list[Decode]) -> Launched:
+        """Queue the round for these lanes (at most `cache.lanes`) and the copy of its committed tokens to the host;
+        `collect` reads them after the caller's one sync."""
         reqs = [d.request for d in decodes]
         size = next(b for b in self.buckets if b >= len(reqs))
         span = next(s for s in self.spans if s >= max(len(r.tokens) for r in reqs) + self.k)
@@ -170,10 +188,14 @@ class DeviceRound:
             graph.replay()
         else:
             self.forward(buf, span, sampling)
-        logits = buf.logits
-        out = buf.fetch()
+        buf.send()
+        return Launched(decodes, buf)
+
+    def collect(self, launched: Launched) -> list[Emitted]:
+        """The committed tokens of a started round, in order; the caller has synchronised since `start`."""
+        out, logits = launched.buffers.host_out.tolist(), launched.buffers.logits
         emitted = []
-        for i, d in enumerate(decodes):
+        for i, d in enumerate(launched.decodes):
             accepted = out[i][0]
             tokens = out[i][1 : 1 + accepted] + [out[i][self.k + 1]]
             emitted.append(Emitted(d.request, tokens, d.drafts, accepted, logits[i]))

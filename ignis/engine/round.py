@@ -3,8 +3,8 @@
 Owns: turning a `RoundPlan` into each lane's committed tokens (first making the plan's retained-state copies, and
 resetting each admitted lane that does not resume), and the choice of how: when the model is not in exact mode and
 the backend is graph-safe, decoding lanes go through the device round (ignis.engine.device_round: static shapes,
-CUDA graphs, one sync) and prompts through the device prefill (ignis.engine.device_prefill: graph pieces, one sync a
-prompt); exact mode (the CPU reference), teacher-forced requests, logits shaped on the host and prompts longer than
+CUDA graphs, one sync) and prompts through the device prefill (ignis.engine.device_prefill: graph pieces), with one
+sync for the round and every prompt it ends; exact mode (the CPU reference), teacher-forced requests, logits shaped on the host and prompts longer than
 the device prefill's spans go through the host round below, one target forward over packed segments with
 acceptance on the host. Does not own: policy
 (which lanes, how many rows: ignis.engine.scheduler), stop rules (ignis.engine.request) or drafting (ignis.backends).
@@ -28,7 +28,7 @@ import torch
 from ignis.backends.base import Observation, Proposal, ProposeIn, SpecBackend
 from ignis.engine.accept import Verdict, accept_greedy, accept_sampled, teacher_forced
 from ignis.engine.device_prefill import DevicePrefill
-from ignis.engine.device_round import DeviceRound
+from ignis.engine.device_round import DeviceRound, synchronize
 from ignis.engine.lane_store import LaneStore
 from ignis.engine.request import Request
 from ignis.engine.sampling import draw, target_probs
@@ -93,32 +93,32 @@ class Runner:
             return []
         if self.device_round is None or any(d.request.forced is not None or d.request.needs_logits for d in plan.decode):
             return self.host_round(plan)
-        emissions: list[Emission] = []
-        if plan.decode:
-            for e in self.device_round.run(plan.decode):
-                r = e.request
-                r.computed += e.accepted + 1
-                lp = _logprobs(e.rows, e.tokens, r.params.logprobs)
-                emissions.append(Emission(r, e.tokens, e.drafted, e.accepted, lp))
+        # Queue the decode round and every prefill piece the device takes, then sync once and read them all.
+        launched = self.device_round.start(plan.decode) if plan.decode else None
+        dp = self.device_prefill
         host: list[Prefill] = []
+        firsts: list[Request] = []  # prompts whose last piece ran: their first token is on its way to the host
         for p in plan.prefill:
-            if self.device_prefill is not None and self.device_prefill.takes(p.request, p.length):
-                emissions += self._device_prefill(p)
+            if dp is not None and dp.takes(p.request, p.length):
+                if dp.start(p.request, p.length):
+                    firsts.append(p.request)
+                p.request.computed += p.length
             else:
                 host.append(p)
+        synchronize(self.device)
+        emissions: list[Emission] = []
+        for e in self.device_round.collect(launched) if launched is not None else []:
+            r = e.request
+            r.computed += e.accepted + 1
+            lp = _logprobs(e.rows, e.tokens, r.params.logprobs)
+            emissions.append(Emission(r, e.tokens, e.drafted, e.accepted, lp))
+        for r in firsts:
+            assert dp is not None
+            token, logits = dp.first(r)
+            emissions.append(Emission(r, [token], 0, 0, _logprobs(logits, [token], r.params.logprobs)))
         if host:
             emissions += self.host_round(RoundPlan([], [], host))
         return emissions
-
-    def _device_prefill(self, p: Prefill) -> list[Emission]:
-        assert self.device_prefill is not None
-        r = p.request
-        first = self.device_prefill.run(r, p.length)
-        r.computed += p.length
-        if first is None:
-            return []
-        token, logits = first
-        return [Emission(r, [token], 0, 0, _logprobs(logits, [token], r.params.logprobs))]
 
     def host_round(self, plan: RoundPlan) -> list[Emission]:
         proposal = self.propose(plan)
@@ -255,11 +255,12 @@ class Runner:
         )
 
 
-def _logprobs(logits: torch.Tensor, tokens: list[int], top: int | None) -> list[dict[int, float]] | None:
+def _logprobs(logits: torch.Tensor | None, tokens: list[int], top: int | None) -> list[dict[int, float]] | None:
     """Log-probabilities of the raw model distribution for each emitted token, plus the `top` most likely.
     logits: [>= len(tokens), V]: the rows that chose the tokens, first row first."""
     if top is None:
         return None
+    assert logits is not None, "logprobs asked for, and no logits kept"
     rows = torch.log_softmax(logits[: len(tokens)].float(), dim=-1)
     result = []
     for row, t in zip(rows, tokens):

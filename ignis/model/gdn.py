@@ -2,7 +2,8 @@
 
 Owns: `GatedDeltaNet` and the choice, per segment, between the recurrent form (record=True or one row: decode and
 verify share it, so their bits agree) and the chunked form (prefill; fla's kernel on CUDA when installed); and
-`decode`, the recurrent form over B lanes x C columns with device lane ids (static shapes, capturable). Does not
+`decode`, the recurrent form over B lanes x C columns with device lane ids (static shapes, capturable; a long
+one-lane piece that records nothing, as the device prefill runs, takes fla's chunked form there too). Does not
 own: the state tensors (ignis.model.cache) or the rule's arithmetic (ignis.model.delta_rule).
 """
 
@@ -29,6 +30,11 @@ from ignis.model.ops import (
     silu,
     softplus,
 )
+
+# Columns from which a one-lane piece that records nothing (a device prefill piece) runs fla's chunked form on CUDA,
+# where fla is installed and passes its check: the recurrent kernel loops over columns one after another, the chunked
+# form is matrix products over 64-column chunks. 0: never (tools.bench_prefill compares the two).
+CHUNKED_COLUMNS = 64
 
 
 class GatedDeltaNet(nn.Module):
@@ -133,12 +139,41 @@ class GatedDeltaNet(nn.Module):
             record = cache.rec_inputs[:, :c]
         mixed, ba = fused.conv(cache.conv, lanes, qkv, weight, ba.reshape(b, c, 2 * self.hv), record,
                                key_heads=self.hk, dk=self.dk)  # q and k come out l2-normalised
-        out = gdn_kernels.columns(cache.state, lanes, mixed, ba, self.dt_bias.float(), rate,
-                                  cache.rec_kv if step.record else None, key_heads=self.hk,
-                                  write_state=not step.record, normalised=True)
+        fla = None
+        if not step.record and b == 1 and c >= CHUNKED_COLUMNS > 0 and x.is_cuda:  # a long prefill piece
+            fla = delta_rule.fla_chunk(self.hk, self.hv, self.dk, self.dv, x.dtype, x.device)
+        if fla is not None:
+            out = self._fla_piece(fla, mixed, ba, rate, cache, lanes, x.dtype)
+        else:
+            out = gdn_kernels.columns(cache.state, lanes, mixed, ba, self.dt_bias.float(), rate,
+                                      cache.rec_kv if step.record else None, key_heads=self.hk,
+                                      write_state=not step.record, normalised=True)
         # The gated output norm (ops.gated_rms_norm: norm in fp32, cast, weight, then the gate in fp32).
         y = fused.gated_norm(out.view(t, self.hv, self.dv), z, self.norm.weight, self.eps)
         return linear(y, self.out_proj.weight, False)
+
+    def _fla_piece(self, fla: object, mixed: torch.Tensor, ba: torch.Tensor, rate: torch.Tensor, cache: GDNState,
+                   lanes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """A prefill piece's recurrence in fla's chunked form: matrix products over chunks of 64 columns instead of
+        a loop over the columns. mixed [1, C, conv_dim] f32 (q and k l2-normalised, q scaled, as the fused conv
+        leaves them); ba [1, C, 2 Hv] f32 raw; lanes [1] int64, device. Advances the lane's state; returns out
+        [1, C, Hv, dv] float32. Static shapes and no host sync: capturable like the rest of a piece."""
+        c = mixed.shape[1]
+        g, beta = gdn_kernels.gates(ba, self.dt_bias.float(), rate)  # [1, C, Hv] float32
+        q, k, v = torch.split(mixed.to(dtype), [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        o, state = fla(  # type: ignore[operator]
+            q.reshape(1, c, self.hk, self.dk),
+            k.reshape(1, c, self.hk, self.dk),
+            v.reshape(1, c, self.hv, self.dv),
+            g=g,
+            beta=beta.to(dtype),
+            scale=1.0,
+            initial_state=cache.state.index_select(0, lanes),
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=False,
+        )
+        cache.state.index_copy_(0, lanes, state.float())
+        return o.float()
 
     def _heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """mixed [n, L, conv_dim] f32 -> q, k [n, L, Hv, dk] (l2-normed, q scaled, repeated to value heads), v."""
