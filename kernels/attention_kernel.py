@@ -36,7 +36,7 @@ def make_kernels(half: bool, rows: int, hd: int, threads: int = THREADS) -> dict
     elt = np.int16 if half else np.float32
     width = hd + 2  # padded row of the staged tile: consecutive keys fall in different shared-memory banks
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def partial(q, kc, vc, lanes, positions, opart, mpart, lpart, scale, per_split):
         # q [B, nkv, R, hd] element: row r is column r % C of query head group r // C; kc, vc [L, S, nkv, hd];
         # lanes [B]; positions [B, C]; opart [B, nkv, NS, R, hd] f32 (unnormalised); mpart, lpart [B, nkv, NS, R];
@@ -114,7 +114,7 @@ def make_kernels(half: bool, rows: int, hd: int, threads: int = THREADS) -> dict
             mpart[b, kv, sp, t] = m_s[t]
             lpart[b, kv, sp, t] = l_s[t]
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def combine(opart, mpart, lpart, qkv, y, nh):
         # opart [B, nkv, NS, R, hd], mpart, lpart [B, nkv, NS, R] f32; qkv [T, ...]: query head h's gate is
         # qkv[row, h * 2 hd + hd :][:hd]; y [T, nh * hd] = attention * sigmoid(gate); grid (nh, T), block >= hd

@@ -78,7 +78,7 @@ def make_kernels(half: bool, head_threads: int, per: int = 1, norm_threads: int 
     load, store = _converters(half)
     nt = norm_threads
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def add_rms_norm(x, d, scale, resid, normed, eps, add):
         # x, d [T, H]: the residual and what the last block added to it; scale [H] f32 (1 + w); grid (T,)
         # resid = x + d (rounded), normed = rms_norm(resid) * scale (rounded); add=False: resid is x.
@@ -109,7 +109,7 @@ def make_kernels(half: bool, head_threads: int, per: int = 1, norm_threads: int 
 
     ht = head_threads
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def conv(window, lanes, raw, weight, mixed, record, ba, ba_out, do_record, dk, qk_heads, qscale, tile):
         # window [L, Kc-1, D] (element); lanes [B] i64; raw [B, C, D] element: this round's conv inputs;
         # weight [D, Kc] f32; mixed [B, C, D] f32 out: silu(conv), the first qk_heads heads of dk channels (q then k)
@@ -155,7 +155,7 @@ def make_kernels(half: bool, head_threads: int, per: int = 1, norm_threads: int 
                 src = cols + i
                 window[lane, i, ch] = window[lane, src, ch] if src < kc1 else raw[b, src - kc1, ch]
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def gated_norm(out, z, weight, y, eps):
         # out [T, Hv, dv] f32 (the recurrence); z [T, Hv * dv] element (the gate); weight [dv] element;
         # y [T, Hv * dv] element = w * rms_norm(out) * silu(z); grid (Hv, T), block >= dv
@@ -173,7 +173,7 @@ def make_kernels(half: bool, head_threads: int, per: int = 1, norm_threads: int 
             g = load(z[row, h * dv + t])
             y[row, h * dv + t] = store(wh * (g / (np.float32(1.0) + math.exp(-g))))
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def swiglu(gu, y):
         # gu [T, 2 I] element: gate | up; y [T, I] = silu(gate) * up, each rounded; grid (ceil(I / EW_THREADS), T)
         i = cuda.blockIdx.x * EW_THREADS + cuda.threadIdx.x
@@ -184,7 +184,7 @@ def make_kernels(half: bool, head_threads: int, per: int = 1, norm_threads: int 
             s = load(store(g / (np.float32(1.0) + math.exp(-g))))
             y[row, i] = store(s * load(gu[row, inner + i]))
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def qk_rope_write(qkv, qscale, kscale, cos, sin, kc, vc, lanes, positions, qh, eps, nh, nkv):
         # qkv [T, (2 nh + 2 nkv) hd] element: per query head [q | gate], then k, then v; qscale, kscale [hd] f32;
         # cos, sin [T, rd] element; kc, vc [L, S, nkv, hd]; lanes [B]; positions [B, C];
@@ -225,7 +225,7 @@ def make_kernels(half: bool, head_threads: int, per: int = 1, norm_threads: int 
             else:
                 kc[lanes[b], positions[b, c], hh - nh, t] = store(e)
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def grouped_conv(x, base, dyn, y, group):
         # x [n, R, H] element; base [Kt, H] element; dyn [n, R, Kt, H / group] element; grid (ceil(H / EW), n * R)
         # y[i, t, c] = sum over taps j <= t of (base[j, c] + dyn[i, t, j, c // group]) * x[i, t - j, c], every

@@ -76,7 +76,7 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
             mem2 += kr[i + 1] * st[i + 1]
         return quad_sum(mem + mem2)
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def columns(state, lanes, mixed, ba, dt_bias, rate, out, record, ratio, key_dim, write_state, do_record):
         # state [L, Hv, dk, dv] f32; lanes [B] i64; mixed [B, C, 2 key_dim + Hv dv] f32: q | k | v, q and k
         # l2-normalised (q scaled); ba [B, C, 2 Hv] f32: the raw beta and decay projections; dt_bias, rate [Hv] f32;
@@ -151,7 +151,7 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
             for i in range(rows):
                 state[lane, h, i * RS + s, c] = st[i]
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def replay(state, lanes, record, last, nv):
         # state [L, Hv, dk, dv] f32; lanes, last [B] i64; record [L, C, Hv, dk + dv + 2] with C <= cmax;
         # grid (dv / TV, Hv, B). The kept columns' k are staged once; no block barrier inside the loop.
@@ -195,7 +195,7 @@ WINDOW_THREADS = 128  # conv channels a block in `window`
 
 
 def make_window_kernel() -> Any:
-    @cuda.jit
+    @cuda.jit(cache=True)
     def window(conv, inputs, lanes, last):
         # conv [L, Kc-1, D]: each lane's conv window; inputs [L, C, D]: the verify's raw conv input per column (same
         # element type); lanes, last [B] i64; grid (ceil(D / WINDOW_THREADS), B). The window after a commit ends at

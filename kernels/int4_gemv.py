@@ -115,7 +115,7 @@ def kernel(xkind: str, skind: str, rt: int, ot: int, warps: int) -> Any:
             from ignis.kernels.int4_gemv_kernel import make_kernel, signature
 
             types: Any = numba_types
-            _kernels[key] = cuda.jit(types.void(*signature(xkind, skind)))(make_kernel(*key))
+            _kernels[key] = cuda.jit(types.void(*signature(xkind, skind)), cache=True)(make_kernel(*key))
         return _kernels[key]
 
 

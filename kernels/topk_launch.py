@@ -93,7 +93,7 @@ def kernel(half: bool, two: bool) -> Any:
 
             types: Any = numba_types
             sig = types.void(*signature(half))
-            _kernels[half, two] = cuda.jit(sig)(make_kernel(half, two, BLOCK))
+            _kernels[half, two] = cuda.jit(sig, cache=True)(make_kernel(half, two, BLOCK))
         return _kernels[half, two]
 
 
