@@ -22,6 +22,7 @@ import torch
 from ignis.backends.base import BackendContext, Choice, Committed, Observation, Proposal, ProposeIn
 from ignis.errors import ArtifactError
 from ignis.model.batch import Segment
+from ignis.model.pool import AttnState
 
 
 class Mtp:
@@ -43,19 +44,19 @@ class Mtp:
         slots = ctx.context + self.draft_tokens + 1
         rows = ctx.lanes + 1  # + the scratch lane
         shape = (rows, slots, cfg.num_key_value_heads, cfg.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=ctx.dtype, device=ctx.device)  # [lanes + 1, slots, nkv, hd]
-        self.v_cache = torch.zeros(shape, dtype=ctx.dtype, device=ctx.device)  # [lanes + 1, slots, nkv, hd]
+        k = torch.zeros(shape, dtype=ctx.dtype, device=ctx.device)  # [lanes + 1, slots, nkv, hd]
+        self.kv = AttnState.contiguous(k, torch.zeros_like(k))
         self.last = torch.zeros((rows, cfg.hidden_size), dtype=ctx.dtype, device=ctx.device)  # [lanes + 1, H]
 
     def nbytes(self) -> int:
-        return self.k_cache.nbytes + self.v_cache.nbytes + self.last.nbytes
+        return self.kv.k.nbytes + self.kv.v.nbytes + self.last.nbytes
 
     def reset(self, lane: int) -> None:
         self.last[lane].zero_()
 
     def lane_views(self, lane: int, length: int) -> dict[str, torch.Tensor] | None:
         # Row t's keys read the token after t: the state of 0..length-1 holds token `length` too (the slot's last id).
-        return {"k": self.k_cache[lane, :length], "v": self.v_cache[lane, :length], "last": self.last[lane]}
+        return {"k": self.kv.k[lane, :length], "v": self.kv.v[lane, :length], "last": self.last[lane]}
 
     def observe(self, obs: list[Observation]) -> None:
         segments, embeds_ids, offset = [], [], 0
@@ -68,7 +69,7 @@ class Mtp:
         hidden = torch.cat([o.hidden for o in obs])  # [T, H]
         positions = torch.cat([torch.arange(s.start, s.start + s.length) for s in segments]).to(hidden.device)
         out = self.mtp(
-            self.model.embed(torch.cat(embeds_ids)), hidden, positions, tuple(segments), self.k_cache, self.v_cache
+            self.model.embed(torch.cat(embeds_ids)), hidden, positions, tuple(segments), self.kv
         )
         for s in segments:
             self.last[s.lane] = out[s.offset + s.length - 1]
@@ -82,7 +83,7 @@ class Mtp:
             segments = tuple(
                 Segment(lane=lane, offset=i, start=int(p), length=1) for i, (lane, p) in enumerate(zip(lanes, positions.tolist()))
             )
-            hidden = self.mtp(self.model.embed(drafts[-1]), hidden, positions, segments, self.k_cache, self.v_cache)
+            hidden = self.mtp(self.model.embed(drafts[-1]), hidden, positions, segments, self.kv)
             drafts.append(self.model.logits(hidden).argmax(dim=-1))
         return Proposal(tokens=torch.stack(drafts, dim=1), q=None)
 
@@ -93,7 +94,7 @@ class Mtp:
         for step in range(1, k):
             at = (positions + (step - 1))[:, None]  # [B, 1]
             dstep = self.model.decode_step(lanes, at, span=span, record=False)
-            hidden = self.mtp.decode(self.model.embed(drafts[-1]), hidden, dstep, self.k_cache, self.v_cache)
+            hidden = self.mtp.decode(self.model.embed(drafts[-1]), hidden, dstep, self.kv)
             drafts.append(self.model.logits(hidden).argmax(dim=-1))
         return Proposal(tokens=torch.stack(drafts, dim=1), q=None)
 
@@ -101,7 +102,7 @@ class Mtp:
         b, c = rows.tokens.shape
         dstep = self.model.decode_step(rows.lanes, rows.positions, span=span, record=False)
         out = self.mtp.decode(self.model.embed(rows.following.reshape(-1)), rows.hidden.reshape(b * c, -1), dstep,
-                              self.k_cache, self.v_cache)
+                              self.kv)
         kept = out.view(b, c, -1).gather(1, rows.accepted[:, None, None].expand(b, 1, out.shape[-1]))[:, 0]
         self.last.index_copy_(0, rows.lanes, kept)
 

@@ -25,7 +25,7 @@ import torch
 from ignis.config import IgnisConfig
 from ignis.config.schema import AUTO
 from ignis.errors import ConfigError
-from ignis.model.cache import AttnState, LaneCache
+from ignis.model.cache import LaneCache
 from ignis.model.config import ModelConfig
 from ignis.model.model import HybridModel
 from ignis.quant.format import QuantConfig, quantized_name
@@ -163,14 +163,15 @@ def _plan(cfg: IgnisConfig, model_dir: Path, *, fitted: bool) -> MemoryPlan:
 
     ec, k = cfg.engine, cfg.spec.draft_tokens
     cache = LaneCache(config, lanes=ec.lanes, context=ec.context, max_cols=k + 1, device="meta", dtype=dtype)
-    kv = sum(s.k.nbytes + s.v.nbytes for s in cache.layers if isinstance(s, AttnState))
-    recurrent = cache.nbytes() - kv
+    pool = cache.pool
+    kv = pool.nbytes()
+    recurrent = cache.nbytes() - sum(s.k.nbytes + s.v.nbytes for s in pool.layers)
     fmt = (f"int4 (group {quant.group_size})" if quant is not None else "fp8 e4m3 (made at load)" if fp8
            else str(dtype).removeprefix("torch."))
     items = [
         Item("weights", weights, f"target, {fmt}" + (" with its MTP layer" if mtp else "")),
-        Item("kv cache", kv, f"{sum(1 for t in config.layer_types if t == 'full_attention')} attention layers x "
-                             f"{ec.lanes + 1} lanes x {ec.context + k + 1} positions"
+        Item("kv cache", kv, f"{len(pool.layers)} attention layers x {pool.pages} pages of {pool.page} positions "
+                             f"({ec.lanes} lanes x {ec.context + k + 1} positions)"
                              + (f" (engine.context = 0: {fit})" if fitted else "")),
         Item("recurrent states", recurrent, f"{sum(1 for t in config.layer_types if t != 'full_attention')} Gated "
                                             f"DeltaNet layers x {ec.lanes + 1} lanes, fp32, with the verify record"),

@@ -1,4 +1,4 @@
-"""Decode attention over each lane's key slots, split over the context, with the output gate: `attend`.
+"""Decode attention over each lane's key slots in a page pool, split over the context, with the output gate: `attend`.
 
 Owns: `attend` (two numba-cuda launches on CUDA tensors, on torch's current stream so a CUDA graph captures them:
 the splits' partial softmax-weighted sums, then their merge times sigmoid(gate)), the split plan (`splits`) and the
@@ -8,7 +8,11 @@ projections, q/k norms and the K/V write before it (ignis.kernels.fused.qk_rope_
 
 Why not SDPA on the GPU: a decode or verify round has few query rows per KV head (query heads of the group x
 columns), and the library kernels spread work over (lane, KV head) only, a handful of blocks on 132 SMs, after a
-gather of every lane's keys; here a block takes (context split, KV head, lane) and reads the cache in place.
+gather of every lane's keys; here a block takes (context split, KV head, lane) and reads the pages in place.
+
+Keys live in pages (ignis.model.pool): slot s of lane l is kc[table[l, s // page], s % page]. The reference gathers
+the span's pages of each lane into a contiguous [B, span, nkv, hd] first (static shapes: capturable) and runs SDPA;
+the kernel looks each staged key's page up in the table instead.
 """
 
 from __future__ import annotations
@@ -37,13 +41,20 @@ def gate_heads_reference(o: torch.Tensor, qkv: torch.Tensor, nh: int) -> torch.T
     return o * torch.sigmoid(gate.reshape(t, -1))
 
 
+def gather_span(kc: torch.Tensor, table: torch.Tensor, lanes: torch.Tensor, span: int) -> torch.Tensor:
+    """kc [pages, page, nkv, hd] read through table [L, width] -> each lane's slots 0..span-1 as [B, span, nkv, hd]."""
+    b, page = lanes.shape[0], kc.shape[1]
+    pages = table.index_select(0, lanes)[:, : -(-span // page)]  # [B, n] int64
+    return kc.index_select(0, pages.reshape(-1)).view(b, -1, *kc.shape[2:])[:, :span]
+
+
 def attend_reference(
-    q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, lanes: torch.Tensor, mask: torch.Tensor, scale: float,
-    qkv: torch.Tensor, nh: int,
+    q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, table: torch.Tensor, lanes: torch.Tensor, mask: torch.Tensor,
+    scale: float, qkv: torch.Tensor, nh: int,
 ) -> torch.Tensor:
     span = mask.shape[-1]
-    keys = kc[:, :span].index_select(0, lanes).transpose(1, 2)  # [B, nkv, span, hd]
-    vals = vc[:, :span].index_select(0, lanes).transpose(1, 2)
+    keys = gather_span(kc, table, lanes, span).transpose(1, 2)  # [B, nkv, span, hd]
+    vals = gather_span(vc, table, lanes, span).transpose(1, 2)
     o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, scale=scale)
     return gate_heads_reference(o, qkv, nh)
 
@@ -83,8 +94,9 @@ def usable(q: torch.Tensor) -> bool:
 
 def attend(
     q: torch.Tensor,  # [B, nkv, R, hd] model dtype: rows g * C + c (query head g of the KV head, column c)
-    kc: torch.Tensor,  # [L, S, nkv, hd] model dtype: the K cache
+    kc: torch.Tensor,  # [pages, page, nkv, hd] model dtype: the K pages
     vc: torch.Tensor,
+    table: torch.Tensor,  # [L, width] int64: the page of each lane's slots i*page..(i+1)*page-1
     lanes: torch.Tensor,  # [B] int64
     positions: torch.Tensor,  # [B, C] int64: column c sees key slots 0..positions[b, c]
     mask: torch.Tensor,  # [B, 1, R, span] bool: the same visibility, for the reference
@@ -94,7 +106,7 @@ def attend(
 ) -> torch.Tensor:
     """softmax(q k^T * scale) v over each lane's visible slots, times sigmoid(gate): [T, nh * hd] model dtype."""
     if not usable(q):
-        return attend_reference(q, kc, vc, lanes, mask, scale, qkv, nh)
+        return attend_reference(q, kc, vc, table, lanes, mask, scale, qkv, nh)
     from ignis.kernels.attention_kernel import THREADS
 
     b, nkv, rows, hd = q.shape
@@ -103,7 +115,7 @@ def attend(
     opart = torch.empty((b, nkv, ns, rows, hd), dtype=torch.float32, device=q.device)
     mpart = torch.empty((b, nkv, ns, rows), dtype=torch.float32, device=q.device)
     lpart = torch.empty_like(mpart)
-    launch(ks["partial"], (ns, nkv, b), THREADS, (q, kc, vc, lanes, positions, opart, mpart, lpart, float(scale), per),
+    launch(ks["partial"], (ns, nkv, b), THREADS, (q, kc, vc, table, lanes, positions, opart, mpart, lpart, float(scale), per),
             q.device)
     t = b * rows // (nh // nkv)
     y = torch.empty((t, nh * hd), dtype=q.dtype, device=q.device)

@@ -7,8 +7,9 @@ touches the driver.
 
 `partial`: one block per (context split, KV head, lane). The block's R query rows (the query heads of its KV head x
 the round's columns) attend to the split's key slots, 32 at a time: the 32 keys (and later values) are staged in
-shared memory, every (row, key) score is one thread's dot product, then an online softmax keeps per row the running
-max m, sum l and, per thread, one output dimension o of every row. Rows see slot s iff s <= their column's position.
+shared memory, each read from its page (slot s of the lane: page table[lane, s // page], row s % page), every
+(row, key) score is one thread's dot product, then an online softmax keeps per row the running max m, sum l and, per
+thread, one output dimension o of every row. Rows see slot s iff s <= their column's position.
 `combine`: one block per (query head, row of the round): merges the splits' (m, l, o) and applies the output gate,
 rounding where the torch path (attention output in the model dtype, then o * sigmoid(gate)) rounds.
 Element type as in ignis.kernels.fused_kernel: bf16 as int16 bits, widened by their bits; no warp intrinsics.
@@ -37,13 +38,15 @@ def make_kernels(half: bool, rows: int, hd: int, threads: int = THREADS) -> dict
     width = hd + 2  # padded row of the staged tile: consecutive keys fall in different shared-memory banks
 
     @cuda.jit(cache=True)
-    def partial(q, kc, vc, lanes, positions, opart, mpart, lpart, scale, per_split):
-        # q [B, nkv, R, hd] element: row r is column r % C of query head group r // C; kc, vc [L, S, nkv, hd];
-        # lanes [B]; positions [B, C]; opart [B, nkv, NS, R, hd] f32 (unnormalised); mpart, lpart [B, nkv, NS, R];
+    def partial(q, kc, vc, table, lanes, positions, opart, mpart, lpart, scale, per_split):
+        # q [B, nkv, R, hd] element: row r is column r % C of query head group r // C; kc, vc [pages, page, nkv, hd];
+        # table [L, width]: the page of each lane's slots; lanes [B]; positions [B, C];
+        # opart [B, nkv, NS, R, hd] f32 (unnormalised); mpart, lpart [B, nkv, NS, R];
         # grid (NS, nkv, B), `threads` threads; split s covers slots s * per_split .. (s + 1) * per_split - 1
         t = cuda.threadIdx.x
         sp, kv, b = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
         lane = lanes[b]
+        page = kc.shape[1]
         cols = positions.shape[1]
         tile = cuda.shared.array((KEYS, width), elt)
         sc = cuda.shared.array((rows, KEYS), np.float32)
@@ -64,7 +67,8 @@ def make_kernels(half: bool, rows: int, hd: int, threads: int = THREADS) -> dict
             cuda.syncthreads()  # the last tile's values are read
             i = t
             while i < n * hd:
-                tile[i // hd, i % hd] = kc[lane, k0 + i // hd, kv, i % hd]
+                slot = k0 + i // hd
+                tile[i // hd, i % hd] = kc[table[lane, slot // page], slot % page, kv, i % hd]
                 i += threads
             cuda.syncthreads()
             p = t
@@ -96,7 +100,8 @@ def make_kernels(half: bool, rows: int, hd: int, threads: int = THREADS) -> dict
                 corr[t] = c
             i = t
             while i < n * hd:  # the scores are read from sc now: the tile can take the values
-                tile[i // hd, i % hd] = vc[lane, k0 + i // hd, kv, i % hd]
+                slot = k0 + i // hd
+                tile[i // hd, i % hd] = vc[table[lane, slot // page], slot % page, kv, i % hd]
                 i += threads
             cuda.syncthreads()
             if t < hd:

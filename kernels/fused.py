@@ -63,16 +63,17 @@ def swiglu_reference(gu: torch.Tensor) -> torch.Tensor:
 
 def qk_rope_write_reference(
     qkv: torch.Tensor, qscale: torch.Tensor, kscale: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
-    kc: torch.Tensor, vc: torch.Tensor, lanes: torch.Tensor, positions: torch.Tensor, nh: int, nkv: int,
+    kc: torch.Tensor, vc: torch.Tensor, table: torch.Tensor, lanes: torch.Tensor, positions: torch.Tensor, nh: int,
+    nkv: int,
 ) -> torch.Tensor:
     b, c = positions.shape
-    t, hd = b * c, kc.shape[-1]
+    t, hd, page = b * c, kc.shape[-1], kc.shape[1]
     qg, k, v = torch.split(qkv, [2 * nh * hd, nkv * hd, nkv * hd], dim=-1)
     qg = qg.reshape(t, nh, 2 * hd)
     q = F.rms_norm(qg[..., :hd].float(), (hd,), qscale, eps).to(qkv.dtype)
     k = F.rms_norm(k.reshape(t, nkv, hd).float(), (hd,), kscale, eps).to(qkv.dtype)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    where = (lanes[:, None].expand(b, c), positions)
+    where = (table[lanes[:, None].expand(b, c), positions // page], positions % page)  # (page, row) of each column
     kc.index_put_(where, k.view(b, c, nkv, hd))
     vc.index_put_(where, v.reshape(b, c, nkv, hd))
     group = nh // nkv
@@ -192,22 +193,23 @@ def qk_rope_write(
     eps: float,
     cos: torch.Tensor,  # [T, rd] model dtype
     sin: torch.Tensor,
-    kc: torch.Tensor,  # [L, S, nkv, hd] model dtype: the K cache
+    kc: torch.Tensor,  # [pages, page, nkv, hd] model dtype: the K pages
     vc: torch.Tensor,
+    table: torch.Tensor,  # [L, width] int64: the page of each lane's positions i*page..(i+1)*page-1
     lanes: torch.Tensor,  # [B] int64
     positions: torch.Tensor,  # [B, C] int64
     nh: int,
     nkv: int,
 ) -> torch.Tensor:
-    """Normalise and rotate q and k, write k and v at each column's position in its lane, and return the queries as
-    [B, nkv, group * C, hd] (the heads of one KV head together, as attention reads them)."""
+    """Normalise and rotate q and k, write k and v at each column's position in its lane's pages, and return the
+    queries as [B, nkv, group * C, hd] (the heads of one KV head together, as attention reads them)."""
     if not qkv.is_cuda:
-        return qk_rope_write_reference(qkv, qscale, kscale, eps, cos, sin, kc, vc, lanes, positions, nh, nkv)
+        return qk_rope_write_reference(qkv, qscale, kscale, eps, cos, sin, kc, vc, table, lanes, positions, nh, nkv)
     b, c = positions.shape
     hd = kc.shape[-1]
     qh = torch.empty((b, nkv, nh // nkv * c, hd), dtype=qkv.dtype, device=qkv.device)
     launch(_compiled(qkv.dtype, hd)["qk_rope_write"], (nh + 2 * nkv, b * c), _threads(hd),
-            (qkv, qscale, kscale, cos, sin, kc, vc, lanes, positions, qh, float(eps), nh, nkv), qkv.device)
+            (qkv, qscale, kscale, cos, sin, kc, vc, table, lanes, positions, qh, float(eps), nh, nkv), qkv.device)
     return qh
 
 

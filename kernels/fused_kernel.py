@@ -185,15 +185,18 @@ def make_kernels(half: bool, head_threads: int, per: int = 1, norm_threads: int 
             y[row, i] = store(s * load(gu[row, inner + i]))
 
     @cuda.jit(cache=True)
-    def qk_rope_write(qkv, qscale, kscale, cos, sin, kc, vc, lanes, positions, qh, eps, nh, nkv):
+    def qk_rope_write(qkv, qscale, kscale, cos, sin, kc, vc, table, lanes, positions, qh, eps, nh, nkv):
         # qkv [T, (2 nh + 2 nkv) hd] element: per query head [q | gate], then k, then v; qscale, kscale [hd] f32;
-        # cos, sin [T, rd] element; kc, vc [L, S, nkv, hd]; lanes [B]; positions [B, C];
+        # cos, sin [T, rd] element; kc, vc [pages, page, nkv, hd]; table [L, width]: the page of each lane's
+        # positions; lanes [B]; positions [B, C];
         # qh [B, nkv, group * C, hd] out: normed, rotated queries, the heads of a KV head together; grid (nh + 2 nkv, T)
         t = cuda.threadIdx.x
         hh, row = cuda.blockIdx.x, cuda.blockIdx.y
         hd = qh.shape[3]
         cols = positions.shape[1]
         b, c = row // cols, row % cols
+        pos = positions[b, c]
+        pg, slot = table[lanes[b], pos // kc.shape[1]], pos % kc.shape[1]  # the column's page and row in it
         rd = cos.shape[1]
         half_rd = rd // 2
         part = cuda.shared.array(ht, np.float32)
@@ -207,7 +210,7 @@ def make_kernels(half: bool, head_threads: int, per: int = 1, norm_threads: int 
             v = load(qkv[row, src + t])
         if hh >= nh + nkv:  # a value head: stored as it is
             if t < hd:
-                vc[lanes[b], positions[b, c], hh - nh - nkv, t] = qkv[row, src + t]
+                vc[pg, slot, hh - nh - nkv, t] = qkv[row, src + t]
             return
         r = np.float32(1.0) / math.sqrt(block_sum(part, t, v * v, ht) / np.float32(hd) + np.float32(eps))
         if t < hd:
@@ -223,7 +226,7 @@ def make_kernels(half: bool, head_threads: int, per: int = 1, norm_threads: int 
                 group = nh // nkv
                 qh[b, hh // group, (hh % group) * cols + c, t] = store(e)
             else:
-                kc[lanes[b], positions[b, c], hh - nh, t] = store(e)
+                kc[pg, slot, hh - nh, t] = store(e)
 
     @cuda.jit(cache=True)
     def grouped_conv(x, base, dyn, y, group):

@@ -14,7 +14,7 @@ from transformers import Qwen3_5ForCausalLM
 
 from ignis.builtin import PATH
 from ignis.model.batch import Batch, Segment
-from ignis.model.cache import LaneCache
+from ignis.model.cache import AttnState, LaneCache
 from ignis.model.loader import load_model
 from ignis.model.model import HybridModel
 from tools.artifact import corpus
@@ -101,8 +101,8 @@ def test_ignis_mtp_head_computes_the_trained_head(
     hidden = ours(Batch(ids, torch.arange(n), (Segment(0, 0, 0, n, prefill=True),), torch.arange(n)), cache).hidden
     assert ours.mtp is not None
     k = torch.zeros(1, 128, ours.config.num_key_value_heads, ours.config.head_dim)
-    got = ours.mtp(ours.embed(ids[1:]), hidden[:-1], torch.arange(n - 1), (Segment(0, 0, 0, n - 1, prefill=True),), k,
-                   torch.zeros_like(k))
+    got = ours.mtp(ours.embed(ids[1:]), hidden[:-1], torch.arange(n - 1), (Segment(0, 0, 0, n - 1, prefill=True),),
+                   AttnState.contiguous(k, torch.zeros_like(k)))
 
     trained = MTPHead(hf.config)
     trained.load_state_dict({k.removeprefix("mtp."): v for k, v in ours.state_dict().items() if k.startswith("mtp.")})

@@ -15,13 +15,35 @@ import subprocess
 import sys
 
 import torch
+import torch.nn.functional as F
 from ignis.kernels import fused
 from ignis.kernels.attention import attend_reference, splits
 
 
+def paged(caches: list[torch.Tensor], page: int, g: torch.Generator, held: dict[int, int] | None = None,
+          ) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Per-lane caches [L, S, nkv, hd] (K and V) as pages of `page` positions in one shuffled order: (pages
+    [1 + L * n, page, nkv, hd] each, table [L, n] int64). The null page 0 holds large garbage, so a read of it shows;
+    held[l] = n' leaves lane l's entries past its first n' pages on the null page."""
+    lanes, slots = caches[0].shape[:2]
+    n = -(-slots // page)
+    table = (torch.randperm(lanes * n, generator=g) + 1).view(lanes, n)
+    stores = []
+    for cont in caches:
+        padded = F.pad(cont, (0, 0, 0, 0, 0, n * page - slots))
+        store = (torch.randn(1 + lanes * n, page, *cont.shape[2:], generator=g) * 100).to(cont.dtype)
+        store[table.reshape(-1)] = padded.reshape(lanes * n, page, *cont.shape[2:])
+        stores.append(store)
+    for lane, keep in (held or {}).items():
+        table[lane, keep:] = 0
+    return stores, table
+
+
 def inputs(dtype: torch.dtype, seed: int) -> dict[str, object]:
     """Tiny shapes with the real structure: 3 lanes of 5 (not in order), 2 columns, Kc = 4, 2 KV heads of 3 query
-    heads, head width 16 with a rotary part of 8, GDN heads of 8 (odd numbers where a kernel must not assume)."""
+    heads, head width 16 with a rotary part of 8, GDN heads of 8 (odd numbers where a kernel must not assume). The K/V
+    caches are pages in shuffled order (pages of 4 positions for the write, of 6 for attention, so its 32-key tiles
+    straddle pages), lane 0 holding only the pages its positions need."""
     g = torch.Generator().manual_seed(seed)
     b, c, lanes, nh, nkv, hd, rd, hv, dv, dim = 3, 2, 5, 6, 2, 16, 8, 3, 8, 40
     t = b * c
@@ -30,6 +52,9 @@ def inputs(dtype: torch.dtype, seed: int) -> dict[str, object]:
         return (torch.randn(*shape, generator=g) * s).to(dtype)
 
     angles = torch.rand(t, rd // 2, generator=g) * 6
+    (kc, vc), table = paged([r(lanes, 12, nkv, hd), r(lanes, 12, nkv, hd)], 4, g, {0: 1})
+    akc_lanes, avc_lanes = r(lanes, 70, nkv, hd), r(lanes, 70, nkv, hd)
+    (akc, avc), atable = paged([akc_lanes, avc_lanes], 6, g, {0: 1})
     return {
         "x": r(t, 300), "d": r(t, 300), "scale": torch.rand(300, generator=g) + 0.5,
         "window": r(lanes, 3, dim), "lanes": torch.tensor([3, 0, 4]), "raw": r(b, c, dim),
@@ -41,11 +66,12 @@ def inputs(dtype: torch.dtype, seed: int) -> dict[str, object]:
         "kscale": torch.rand(hd, generator=g) + 0.5,
         "cos": torch.cat([angles.cos(), angles.cos()], -1).to(dtype),
         "sin": torch.cat([angles.sin(), angles.sin()], -1).to(dtype),
-        "kc": r(lanes, 12, nkv, hd), "vc": r(lanes, 12, nkv, hd),
+        "kc": kc, "vc": vc, "table": table,
         "positions": torch.tensor([[4, 5], [0, 1], [9, 10]]), "o": r(b, nkv, nh // nkv * c, hd),
         "nh": nh, "nkv": nkv, "hk": 1, "dk": 8,  # conv channels: q (8) | k (8) | v (24)
         # attention over 70 key slots (three tiles of 32), "o" as the queries
-        "akc": r(lanes, 70, nkv, hd), "avc": r(lanes, 70, nkv, hd), "apos": torch.tensor([[40, 41], [0, 1], [66, 67]]),
+        "akc": akc, "avc": avc, "atable": atable, "apos": torch.tensor([[40, 41], [0, 1], [66, 67]]),
+        "akc_lanes": akc_lanes, "avc_lanes": avc_lanes,
         "cx": r(2, 5, 12), "cbase": r(4, 12), "cdyn": r(2, 5, 2, 4, 4, s=0.5)[:, :, 1],  # 2 blocks of 5 rows, 4 taps
     }
 
@@ -71,11 +97,14 @@ def references(x: dict, eps: float = 1e-6, group: int = 3) -> dict[str, torch.Te
     out["swiglu"] = fused.swiglu_reference(x["gu"])
     kc, vc = x["kc"].clone(), x["vc"].clone()
     out["qh"] = fused.qk_rope_write_reference(x["qkv"], x["qscale"], x["kscale"], eps, x["cos"], x["sin"], kc, vc,
-                                              x["lanes"], x["positions"], x["nh"], x["nkv"])
+                                              x["table"], x["lanes"], x["positions"], x["nh"], x["nkv"])
     out["kc"], out["vc"] = kc, vc
-    out["attn"] = attend_reference(x["o"], x["akc"], x["avc"], x["lanes"], visible(x["apos"], x["nh"] // x["nkv"],
-                                                                                    x["akc"].shape[1]),
+    mask = visible(x["apos"], x["nh"] // x["nkv"], 70)
+    out["attn"] = attend_reference(x["o"], x["akc"], x["avc"], x["atable"], x["lanes"], mask,
                                    x["o"].shape[-1] ** -0.5, x["qkv"], x["nh"])
+    identity = torch.arange(x["akc_lanes"].shape[0])[:, None]  # a per-lane cache: one page of 70 slots a lane
+    out["attn_lanes"] = attend_reference(x["o"], x["akc_lanes"], x["avc_lanes"], identity, x["lanes"], mask,
+                                         x["o"].shape[-1] ** -0.5, x["qkv"], x["nh"])
     out["gconv"] = fused.grouped_conv_reference(x["cx"], x["cbase"], x["cdyn"], group)
     out["gconv3"] = fused.grouped_conv_reference(x["cx"][:, :3], x["cbase"], x["cdyn"][:, :3], group)  # rows < taps
     return out
@@ -162,7 +191,7 @@ for dtype in (torch.bfloat16, torch.float32):
     qh = np.zeros(ref["qh"].shape, kc.dtype)
     nh, nkv = x["nh"], x["nkv"]
     K["qk_rope_write"][(nh + 2 * nkv, t), 32](n(x["qkv"]), x["qscale"].numpy(), x["kscale"].numpy(), n(x["cos"]),
-                                              n(x["sin"]), kc, vc, lanes, pos, qh, 1e-6, nh, nkv)
+                                              n(x["sin"]), kc, vc, x["table"].numpy(), lanes, pos, qh, 1e-6, nh, nkv)
     close(back(qh), ref["qh"], "queries"); close(back(kc), ref["kc"], "K cache"); close(back(vc), ref["vc"], "V cache")
     from ignis.kernels.attention_kernel import make_kernels as attention_kernels
     bq, _, rows, hd = x["o"].shape
@@ -171,11 +200,12 @@ for dtype in (torch.bfloat16, torch.float32):
         opart = np.zeros((bq, nkv, ns, rows, hd), np.float32)
         mpart = np.zeros((bq, nkv, ns, rows), np.float32)
         lpart = np.zeros_like(mpart)
-        A["partial"][(ns, nkv, bq), 32](n(x["o"]), n(x["akc"]), n(x["avc"]), lanes, x["apos"].numpy(), opart, mpart,
-                                        lpart, hd**-0.5, per)
+        A["partial"][(ns, nkv, bq), 32](n(x["o"]), n(x["akc"]), n(x["avc"]), x["atable"].numpy(), lanes,
+                                        x["apos"].numpy(), opart, mpart, lpart, hd**-0.5, per)
         y = np.zeros(ref["attn"].shape, kc.dtype)
         A["combine"][(nh, t), 32](opart, mpart, lpart, n(x["qkv"]), y, nh)
         close(back(y), ref["attn"], f"attention in {ns} splits", bits=0.0)
+        close(back(y), ref["attn_lanes"], f"attention in {ns} splits against a per-lane cache", bits=0.0)
     for rows, name in ((5, "gconv"), (3, "gconv3")):
         cx = n(x["cx"][:, :rows].contiguous())
         y = np.zeros_like(cx)
@@ -209,12 +239,16 @@ def test_references_are_the_layers_torch_ops() -> None:
     torch.testing.assert_close(ref["resid"], x["x"] + x["d"])
     gate, up = x["gu"].chunk(2, dim=-1)
     torch.testing.assert_close(ref["swiglu"], torch.nn.functional.silu(gate) * up)
-    # the K/V writes land at each column's position in its lane, nowhere else
+    # the K/V writes land at each column's position in its lane's page, nowhere else
     written = (ref["kc"] != x["kc"]).any(-1).any(-1)
     want = torch.zeros_like(written)
+    page = x["kc"].shape[1]
     for i, lane in enumerate(x["lanes"].tolist()):
-        want[lane, x["positions"][i]] = True
+        for p in x["positions"][i].tolist():
+            want[x["table"][lane, p // page], p % page] = True
     assert torch.equal(written, want)
+    # attention through shuffled pages (lane 0 holding one page, the rest on the null page) is the per-lane cache's
+    assert torch.equal(ref["attn"], ref["attn_lanes"])
     # a decode moves the window on by the round's columns
     lane = int(x["lanes"][0])
     torch.testing.assert_close(ref["window"][lane], torch.cat([x["window"][lane], x["raw"][0]])[-3:])

@@ -52,7 +52,7 @@ def lane_state(cache: LaneCache, lane: int, length: int) -> list[torch.Tensor]:
     out = []
     for s in cache.layers:
         if isinstance(s, AttnState):
-            out += [s.k[lane, :length].clone(), s.v[lane, :length].clone()]
+            out += list(s.read(lane, length))
         else:
             out += [s.conv[lane].clone(), s.state[lane].clone()]
     return out

@@ -13,7 +13,7 @@ from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer, Qwen3_5TextRotaryEmbedding
 
 from ignis.model.batch import Batch, Segment
-from ignis.model.cache import LaneCache
+from ignis.model.cache import AttnState, LaneCache
 from ignis.model.loader import load_model
 from ignis.model.model import HybridModel
 
@@ -177,7 +177,8 @@ def test_mtp_head_is_fc_then_a_transformers_attention_layer(tmp_path: Path) -> N
     positions = torch.arange(n)
     k = torch.zeros(2, 64, model.config.num_key_value_heads, model.config.head_dim)
     v = torch.zeros_like(k)
-    got = mtp(embeds, hidden, positions, (Segment(lane=1, offset=0, start=0, length=n, prefill=True),), k, v)
+    got = mtp(embeds, hidden, positions, (Segment(lane=1, offset=0, start=0, length=n, prefill=True),),
+              AttnState.contiguous(k, v))
     with torch.no_grad():
         u = torch.cat([mtp.pre_fc_norm_embedding(embeds), mtp.pre_fc_norm_hidden(hidden)], -1) @ mtp.fc.weight.T
         rope = Qwen3_5TextRotaryEmbedding(hf_config)
@@ -186,6 +187,7 @@ def test_mtp_head_is_fc_then_a_transformers_attention_layer(tmp_path: Path) -> N
     assert rel_err(got, want) < 1e-4
     # Decoding the last row alone against the K/V the first n-1 rows left gives the same bits as the full pass.
     k2, v2 = torch.zeros_like(k), torch.zeros_like(v)
-    mtp(embeds[:-1], hidden[:-1], positions[:-1], (Segment(1, 0, 0, n - 1, prefill=True),), k2, v2)
-    last = mtp(embeds[-1:], hidden[-1:], positions[-1:], (Segment(1, 0, n - 1, 1),), k2, v2)
+    kv2 = AttnState.contiguous(k2, v2)
+    mtp(embeds[:-1], hidden[:-1], positions[:-1], (Segment(1, 0, 0, n - 1, prefill=True),), kv2)
+    last = mtp(embeds[-1:], hidden[-1:], positions[-1:], (Segment(1, 0, n - 1, 1),), kv2)
     assert torch.equal(last[0], got[-1])

@@ -107,13 +107,13 @@ def fit_context(model: ModelConfig, lanes: int, draft_tokens: int, device: torch
 def cache_bytes(model: ModelConfig, draft_tokens: int, dtype: torch.dtype) -> tuple[int, int]:
     """(bytes per lane whatever its length, bytes per lane per position) of the target's caches.
 
-    Measured on the meta device from LaneCache itself, so the figures follow its layout without copying it."""
-    def size(context: int) -> int:
-        cache = LaneCache(model, lanes=1, context=context, max_cols=draft_tokens + 1, device="meta", dtype=dtype)
-        return cache.nbytes()
-
-    one, two = size(1), size(2)
-    return one - (two - one), two - one
+    Measured on the meta device from LaneCache itself, so the figures follow its layout without copying it: the
+    recurrent states and verify records are per lane, the attention layers' pages per position (a lane holds its
+    verify columns' positions past its context too)."""
+    cache = LaneCache(model, lanes=1, context=1, max_cols=draft_tokens + 1, device="meta", dtype=dtype)
+    per_position = cache.pool.page_bytes() // cache.pool.page
+    fixed = cache.nbytes() - sum(s.k.nbytes + s.v.nbytes for s in cache.pool.layers)
+    return fixed + (draft_tokens + 1) * per_position, per_position
 
 
 def available_memory(device: torch.device) -> tuple[int, str]:

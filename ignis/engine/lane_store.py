@@ -1,7 +1,8 @@
 """Host copies of retained lane states: the tensor side of ignis.engine.retain's decisions.
 
-Owns: copying a lane's state (the target's caches for the covered positions, the recurrent state at their end, and
-the backend's per-lane state) to host memory and back, and the host bytes in use. Pinned memory on a GPU, so the
+Owns: copying a lane's state (the target's K/V of the covered positions, read from and written to the lane's pages
+through its block-table row, the recurrent state at their end, and the backend's per-lane state) to host memory and
+back, and the host bytes in use. Pinned memory on a GPU, so the
 copies are asynchronous on the current stream: a copy out is ordered before any later kernel that overwrites the
 lane, and a copy in before any kernel that reads it, with no host wait. Does not own: which state to move, when, or
 the bound (ignis.engine.retain).
@@ -25,30 +26,46 @@ class LaneStore:
         views = getattr(backend, "lane_views", None)  # a third-party backend may predate the method
         self.retains = views is not None and views(cache.scratch, 1) is not None
 
-    def views(self, lane: int, length: int) -> dict[str, torch.Tensor]:
-        """Every tensor a lane's state for positions 0..length-1 lives in, by name (device views)."""
-        out = {f"target.{k}": t for k, t in self.cache.lane_views(lane, length).items()}
-        backend = self.backend.lane_views(lane, length)
-        assert backend is not None, "a backend that cannot retain gets no retained slots"
-        return out | {f"backend.{k}": t for k, t in backend.items()}
+    def read(self, lane: int, length: int) -> dict[str, torch.Tensor]:
+        """Every tensor of a lane's state for positions 0..length-1, by name: the target's K/V read from the lane's
+        pages (copies), its recurrent state and the backend's per-lane state (views)."""
+        out = {f"target.{k}": t for k, t in self.cache.lane_read(lane, length).items()}
+        return out | {f"backend.{k}": t for k, t in self._backend(lane, length).items()}
 
     def state_bytes(self, length: int) -> int:
         """Host bytes one retained state covering `length` positions takes (the same for every lane)."""
-        return sum(t.nbytes for t in self.views(self.cache.scratch, length).values())
+        own = sum(t.nbytes for t in self._backend(self.cache.scratch, length).values())
+        return self.cache.state_bytes(length) + own
 
     @property
     def nbytes(self) -> int:
         return sum(t.nbytes for saved in self.host.values() for t in saved.values())
 
     def apply(self, moves: Moves) -> None:
+        self.save(moves)
+        self.restore(moves)
+
+    def save(self, moves: Moves) -> None:
+        """The plan's saves and drops: before the round frees or maps any page, since a save reads the slot's K/V
+        through its lane's table row as it stands."""
         for s in moves.saves:
-            self.host[s.key] = {name: self._copy_out(t) for name, t in self.views(s.lane, s.length).items()}
+            self.host[s.key] = {name: self._copy_out(t) for name, t in self.read(s.lane, s.length).items()}
         for key in moves.drops:
             del self.host[key]
+
+    def restore(self, moves: Moves) -> None:
+        """The plan's restores: after the pages the restoring lanes were given are in the table."""
         for r in moves.restores:
             saved = self.host.pop(r.key)
-            for name, t in self.views(r.lane, r.length).items():
-                t.copy_(saved[name], non_blocking=self.pinned)
+            self.cache.lane_write(r.lane, r.length, {k.removeprefix("target."): t for k, t in saved.items()
+                                                     if k.startswith("target.")})
+            for name, t in self._backend(r.lane, r.length).items():
+                t.copy_(saved[f"backend.{name}"], non_blocking=self.pinned)
+
+    def _backend(self, lane: int, length: int) -> dict[str, torch.Tensor]:
+        views = self.backend.lane_views(lane, length)
+        assert views is not None, "a backend that cannot retain gets no retained slots"
+        return views
 
     def _copy_out(self, t: torch.Tensor) -> torch.Tensor:
         host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=self.pinned)

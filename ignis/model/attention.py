@@ -1,9 +1,11 @@
-"""Gated full attention (Qwen3.5's `self_attn` layers, and the MTP layer) over a per-lane K/V cache.
+"""Gated full attention (Qwen3.5's `self_attn` layers, and the MTP layer) over each lane's keys in a page pool.
 
 Owns: `GatedAttention` (projections, q/k norms, partial RoPE, output gate) and the three ways of attending: exact
 (each query row alone against its causal prefix), SDPA per segment, and `decode` (B lanes x C columns against their
 key slots with a position mask: static shapes, so a round can be captured). Does not own: the cache tensors (passed in
-as `AttnState`, so the MTP backend can hand its own) or the lane bookkeeping.
+as `AttnState`: pages and the block table that maps each lane's positions to them, ignis.model.pool) or the lane
+bookkeeping. The exact and SDPA forms read a segment's keys through the table into a contiguous copy first (the
+reference: the same values, in the same order, as a per-lane cache); `decode` reads the pages in place.
 """
 
 from __future__ import annotations
@@ -68,13 +70,13 @@ class GatedAttention(nn.Module):
         k = apply_rope(k, step.cos, step.sin)
         for seg in step.segments:
             rows = slice(seg.offset, seg.offset + seg.length)
-            cache.k[seg.lane, seg.start : seg.start + seg.length] = k[rows]
-            cache.v[seg.lane, seg.start : seg.start + seg.length] = v[rows]
+            cache.write(seg.lane, seg.start, k[rows], v[rows])
         out = torch.empty_like(q)
         attend = self._attend_exact if ex else self._attend_sdpa
         for seg in step.segments:
             rows = slice(seg.offset, seg.offset + seg.length)
-            out[rows] = attend(q[rows], cache.k[seg.lane], cache.v[seg.lane], seg.start)
+            keys, values = cache.read(seg.lane, seg.start + seg.length)  # [start + length, nkv, hd] each
+            out[rows] = attend(q[rows], keys, values, seg.start)
         out = out.reshape(t, self.num_heads * self.head_dim) * sigmoid(gate.reshape(t, -1), ex)
         return linear(out, self.o_proj.weight, ex)
 
@@ -88,12 +90,13 @@ class GatedAttention(nn.Module):
         # q/k norms, RoPE and the K/V write, one launch on CUDA; queries come back as [B, nkv, group*C, hd]: the
         # query heads of one KV head attend together as group*C rows, with no copy of K/V per query head.
         qh = fused.qk_rope_write(qkv, _scale(self.q_norm), _scale(self.k_norm), self.q_norm.eps, step.cos, step.sin,
-                                 cache.k, cache.v, step.lanes, step.positions, nh, nkv)
-        o = attention.attend(qh, cache.k, cache.v, step.lanes, step.positions, step.mask, self.scale, qkv, nh)
+                                 cache.k, cache.v, cache.table, step.lanes, step.positions, nh, nkv)
+        o = attention.attend(qh, cache.k, cache.v, cache.table, step.lanes, step.positions, step.mask, self.scale, qkv,
+                             nh)
         return linear(o, self.o_proj.weight, False)  # o: the gated heads [B*C, nh * hd]
 
     def _attend_exact(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
-        """q [L, nh, hd] at positions start..start+L-1; k/v [context, nkv, hd] of the lane -> [L, nh, hd].
+        """q [L, nh, hd] at positions start..start+L-1; k/v [start + L, nkv, hd] of the lane -> [L, nh, hd].
 
         One row at a time, against exactly its causal prefix, so every op's shape depends only on the row's position:
         a row's bits are the same in a decode, a verify or a prefill chunk."""

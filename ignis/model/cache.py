@@ -1,8 +1,9 @@
 """Per-lane state of every layer of the hybrid model, and how a speculative verify keeps only its accepted prefix.
 
-Owns: `LaneCache` (K/V of the attention layers, conv window and fp32 recurrent state of the Gated DeltaNet layers,
-and the scratch a record=True segment writes), `AttnState`, `GDNState`. Does not own: which lane serves which request
-or how long a lane's sequence is (ignis.engine); the math that fills the state (ignis.model.attention, .gdn).
+Owns: `LaneCache` (the attention layers' K/V in a page pool, the conv window and fp32 recurrent state of the Gated
+DeltaNet layers, and the scratch a record=True segment writes), `GDNState`. Does not own: the pages and the block
+table (ignis.model.pool: `AttnState`, `KVPool`), which lane serves which request, how long a lane's sequence is or which
+pages it holds (ignis.engine); the math that fills the state (ignis.model.attention, .gdn).
 
 Attention K/V need no rollback: a rejected column's keys sit past the lane's length and are overwritten later. The
 recurrent layers do: a record=True segment leaves the lane's state alone and keeps, per column, the state after it
@@ -10,9 +11,11 @@ and the raw conv input, so `commit` (one lane, host count) or `commit_lanes` (ma
 state after the last accepted column.
 
 Every tensor has one lane more than asked for, the scratch lane (index `lanes`): the padding rows of a static decode
-bucket and start-up warm-ups point there, so they never touch a request's state. Attention keeps `context + max_cols`
-slots per lane: a verify near the end of the context writes its overhanging columns' keys there, past any position a
-lane can commit.
+bucket and start-up warm-ups point there, so they never touch a request's state (its attention keys go to the pool's
+null page). A lane may hold up to `context + max_cols` attention positions: a verify near the end of the context
+writes its overhanging columns' keys there, past any position a lane can commit. Without a pool given, every lane's
+positions are mapped to pages of their own at construction (`KVPool.full`): code that drives the model directly
+needs no page bookkeeping; the engine passes a shared pool whose pages the scheduler hands out.
 """
 
 from __future__ import annotations
@@ -23,12 +26,9 @@ import torch
 
 from ignis.kernels.gdn import record_width, replay, window
 from ignis.model.config import ModelConfig
+from ignis.model.pool import AttnState, KVPool
 
-
-@dataclass
-class AttnState:
-    k: torch.Tensor  # [lanes + 1, context + max_cols, nkv, hd] model dtype, device
-    v: torch.Tensor  # [lanes + 1, context + max_cols, nkv, hd] model dtype, device
+__all__ = ["AttnState", "GDNState", "LaneCache"]
 
 
 @dataclass
@@ -54,9 +54,17 @@ class LaneCache:
         max_cols: int,
         device: str | torch.device,
         dtype: torch.dtype,
+        pool: KVPool | None = None,
     ) -> None:
+        """pool: where the attention layers' K/V go (None: a pool of this cache's own, every lane's positions mapped)."""
         if lanes < 1 or context < 1 or max_cols < 1:
             raise ValueError(f"LaneCache needs lanes, context, max_cols >= 1, got {lanes}, {context}, {max_cols}")
+        if pool is None:
+            pool = KVPool.full(config, lanes=lanes, positions=context + max_cols, device=device, dtype=dtype)
+        elif pool.lanes != lanes or pool.width * pool.page < context + max_cols:
+            raise ValueError(f"the pool serves {pool.lanes} lanes of {pool.width * pool.page} positions; this cache "
+                             f"needs {lanes} lanes of {context + max_cols}")
+        self.pool = pool
         self.config = config
         self.lanes = lanes
         self.scratch = lanes  # the extra lane padding rows and warm-ups write to
@@ -72,9 +80,7 @@ class LaneCache:
         self.layers: list[AttnState | GDNState] = []
         for kind in c.layer_types:
             if kind == "full_attention":
-                shape = (rows, context + max_cols, c.num_key_value_heads, c.head_dim)
-                k = torch.zeros(shape, dtype=dtype, device=device)
-                self.layers.append(AttnState(k, torch.zeros_like(k)))
+                self.layers.append(pool.layer())
             else:
                 self.layers.append(
                     GDNState(
@@ -136,23 +142,45 @@ class LaneCache:
 
     def lane_state(self, lane: int, upto: int) -> dict[str, torch.Tensor]:
         """Copies of everything the lane carries for positions 0..upto-1, by name (for inspection and tests)."""
-        return {name: t.clone() for name, t in self.lane_views(lane, upto).items()}
+        return {name: t.clone() for name, t in self.lane_read(lane, upto).items()}
 
-    def lane_views(self, lane: int, upto: int) -> dict[str, torch.Tensor]:
-        """Views of everything the lane carries for positions 0..upto-1, by name: K/V of those positions, and the
-        recurrent state and conv window after position upto-1 (valid only when the lane has run exactly that far).
-        Copying saved tensors back into them restores the lane (retained slots, ignis.engine.lane_store)."""
+    def lane_read(self, lane: int, upto: int) -> dict[str, torch.Tensor]:
+        """Everything the lane carries for positions 0..upto-1, by name: copies of the K/V of those positions (read
+        through its pages), and views of the recurrent state and conv window after position upto-1 (valid only when
+        the lane has run exactly that far). `lane_write` puts them back (retained slots, ignis.engine.lane_store)."""
         out: dict[str, torch.Tensor] = {}
         for i, s in enumerate(self.layers):
             if isinstance(s, AttnState):
-                out[f"layers.{i}.k"] = s.k[lane, :upto]
-                out[f"layers.{i}.v"] = s.v[lane, :upto]
+                out[f"layers.{i}.k"], out[f"layers.{i}.v"] = s.read(lane, upto)
             else:
                 out[f"layers.{i}.conv"] = s.conv[lane]
                 out[f"layers.{i}.state"] = s.state[lane]
         return out
 
+    def lane_write(self, lane: int, upto: int, saved: dict[str, torch.Tensor]) -> None:
+        """Restore what `lane_read` gave (or host copies of it) into `lane`, whose pages must cover 0..upto-1. On a
+        GPU the copies are asynchronous from pinned memory, ordered on the current stream."""
+        pinned = self.pool.table.is_cuda
+        for i, s in enumerate(self.layers):
+            if isinstance(s, AttnState):
+                k, v = (saved[f"layers.{i}.{n}"].to(s.k.device, non_blocking=pinned) for n in "kv")
+                s.write(lane, 0, k, v)
+            else:
+                s.conv[lane].copy_(saved[f"layers.{i}.conv"], non_blocking=pinned)
+                s.state[lane].copy_(saved[f"layers.{i}.state"], non_blocking=pinned)
+
+    def state_bytes(self, upto: int) -> int:
+        """Bytes `lane_read(lane, upto)` gives."""
+        total = 0
+        for s in self.layers:
+            if isinstance(s, AttnState):
+                total += 2 * upto * s.k[0, 0].nbytes
+            else:
+                total += s.conv[0].nbytes + s.state[0].nbytes
+        return total
+
     def nbytes(self) -> int:
+        """Device bytes of this cache's layers (the attention layers' page storage included)."""
         total = 0
         for s in self.layers:
             parts = (s.k, s.v) if isinstance(s, AttnState) else (s.conv, s.state, s.rec_inputs, s.rec_kv, s.rec_states)
@@ -164,6 +192,9 @@ class LaneCache:
         self._check_lane(lane)
         if start < 0 or length < 1 or start + length > self.context:
             raise ValueError(f"segment of lane {lane} at {start}..{start + length - 1} exceeds context {self.context}")
+        if lane != self.scratch and start + length > self.pool.held(lane) * self.pool.page:
+            raise ValueError(f"segment of lane {lane} at {start}..{start + length - 1} reaches past the "
+                             f"{self.pool.held(lane)} pages it holds")
         if record and length > self.max_cols:
             raise ValueError(f"record=True segment of {length} columns exceeds max_cols={self.max_cols}")
 

@@ -227,14 +227,13 @@ class MTPHead(nn.Module):
         hidden: torch.Tensor,  # [T, H] model dtype: final-normed hidden state of the row (or previous MTP output)
         positions: torch.Tensor,  # [T] int64
         segments: tuple[Segment, ...],
-        k_cache: torch.Tensor,  # [lanes, context, nkv, hd] model dtype
-        v_cache: torch.Tensor,  # [lanes, context, nkv, hd] model dtype
+        kv: AttnState,  # the layer's own K/V (pages and block table; AttnState.contiguous for a per-lane cache)
     ) -> torch.Tensor:
         """-> [T, H]: mtp.norm(layer(fc(cat[norm_e(embeds), norm_h(hidden)]))); the embedding comes first."""
         u = torch.cat([self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)], dim=-1)
         x = linear(u, self.fc.weight, self.exact)
         step = Step.build(tuple(segments), positions, self.rope, x.dtype, self.exact)
-        x = self.layers[0](x, step, AttnState(k_cache, v_cache))
+        x = self.layers[0](x, step, kv)
         return self.norm(x)
 
     @torch.no_grad()
@@ -243,11 +242,9 @@ class MTPHead(nn.Module):
         embeds: torch.Tensor,  # [B*C, H] model dtype
         hidden: torch.Tensor,  # [B*C, H] model dtype
         step: DecodeStep,  # over the MTP layer's own K/V slots
-        k_cache: torch.Tensor,  # [lanes + 1, slots, nkv, hd] model dtype
-        v_cache: torch.Tensor,  # [lanes + 1, slots, nkv, hd] model dtype
+        kv: AttnState,  # the layer's own K/V (pages and block table)
     ) -> torch.Tensor:
         """`forward` for B lanes x C columns at device positions (static shapes, capturable)."""
         u = torch.cat([self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)], dim=-1)
-        x, d = cast(DecoderLayer, self.layers[0]).decode(F.linear(u, self.fc.weight), None, step,
-                                                         AttnState(k_cache, v_cache))
+        x, d = cast(DecoderLayer, self.layers[0]).decode(F.linear(u, self.fc.weight), None, step, kv)
         return add_norm(x, d, self.norm)[1]

@@ -1,0 +1,162 @@
+"""The attention layers' keys and values as one pool of fixed-size pages shared by the lanes, and the block table
+that maps each lane's positions to pages.
+
+Owns: `AttnState` (one attention layer's page storage and the table it reads through), `KVPool` (the table and its
+host mirror, the storage of every pooled layer, writing table entries, reading and writing a lane's keys by
+position). Does not own: which lane holds which pages or when they are given and taken back (ignis.engine.pages, the
+scheduler), or the attention math (ignis.model.attention, ignis.kernels.attention). docs/adr/0008-paged-kv.md has
+the why.
+
+Position p of lane l lives in slot p % page of page table[l, p // page]. Page 0 is the null page: never given to a
+lane, it is where every unmapped table entry points (the scratch lane's whole row, and each lane's entries past the
+pages it holds), so a masked read past a lane's positions and a padding row's write land in a page no lane owns. The
+table has a static shape [lanes + 1, width], so the device round and the prefill pieces read it inside captured
+graphs; the host changes it only between rounds (`map`), with one small upload on the current stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ignis.model.config import ModelConfig
+
+PAGE = 64  # positions a page holds (docs/adr/0008-paged-kv.md)
+NULL = 0  # the null page
+
+
+@dataclass
+class AttnState:
+    """One attention layer's keys and values, read and written through a block table."""
+
+    k: torch.Tensor  # [pages + 1, page, nkv, hd] model dtype, device: page 0 is the null page
+    v: torch.Tensor  # [pages + 1, page, nkv, hd] model dtype, device
+    table: torch.Tensor  # [lanes + 1, width] int64, device: the page of each lane's positions i*page..(i+1)*page-1
+
+    @staticmethod
+    def contiguous(k: torch.Tensor, v: torch.Tensor) -> AttnState:
+        """A per-lane cache k, v [rows, slots, nkv, hd] as pages: one page of `slots` positions a row, row l lane l's."""
+        table = torch.arange(k.shape[0], dtype=torch.int64, device=k.device)[:, None]  # [rows, 1] int64
+        return AttnState(k, v, table)
+
+    @property
+    def page(self) -> int:
+        return self.k.shape[1]
+
+    def slots(self, lane: int, start: int, end: int) -> torch.Tensor:
+        """[end - start] int64, device: where positions start..end-1 of `lane` live, as rows of the flat storage
+        [(pages + 1) * page, nkv, hd]. Device work only: no host read of the table."""
+        pos = torch.arange(start, end, device=self.table.device)
+        return self.table[lane].index_select(0, pos // self.page) * self.page + pos % self.page
+
+    def write(self, lane: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [n, nkv, hd] become positions start..start+n-1 of `lane`."""
+        at = self.slots(lane, start, start + k.shape[0])
+        _flat(self.k).index_copy_(0, at, k)
+        _flat(self.v).index_copy_(0, at, v)
+
+    def read(self, lane: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of positions 0..end-1 of `lane`: k, v [end, nkv, hd] (what a contiguous cache's k[lane, :end] was)."""
+        at = self.slots(lane, 0, end)
+        return _flat(self.k).index_select(0, at), _flat(self.v).index_select(0, at)
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t.view(-1, *t.shape[2:])  # [(pages + 1) * page, nkv, hd]: a view of the same storage
+
+
+class KVPool:
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        lanes: int,
+        positions: int,
+        pages: int,
+        device: str | torch.device,
+        dtype: torch.dtype,
+        page: int = PAGE,
+    ) -> None:
+        """A pool of `pages` pages of `page` positions (plus the null page) for lanes 0..lanes-1 and the scratch lane
+        `lanes`, each lane holding at most `positions` positions. Layers are added by `layer()`; nothing is mapped."""
+        if lanes < 1 or positions < 1 or pages < 1 or page < 1:
+            raise ValueError(f"KVPool needs lanes, positions, pages, page >= 1, got {lanes}, {positions}, {pages}, {page}")
+        self.config = config
+        self.lanes = lanes
+        self.page = page
+        self.pages = pages
+        self.width = -(-positions // page)  # table entries a lane
+        self.device, self.dtype = torch.device(device), dtype
+        self.table = torch.zeros((lanes + 1, self.width), dtype=torch.int64, device=device)  # [lanes + 1, width]
+        self.host = np.zeros((lanes + 1, self.width), dtype=np.int64)  # the table's host mirror
+        self.layers: list[AttnState] = []
+
+    @staticmethod
+    def full(config: ModelConfig, *, lanes: int, positions: int, device: str | torch.device, dtype: torch.dtype,
+             page: int = PAGE) -> KVPool:
+        """A pool with every lane's positions mapped once and for all (lane l: pages 1 + l * width ...): a per-lane
+        cache for code that drives the model without a scheduler (tools, tests, training)."""
+        width = -(-positions // page)
+        pool = KVPool(config, lanes=lanes, positions=positions, pages=lanes * width, device=device, dtype=dtype,
+                      page=page)
+        pool.map([(lane, i, 1 + lane * width + i) for lane in range(lanes) for i in range(width)])
+        return pool
+
+    def layer(self) -> AttnState:
+        """Storage for one more attention layer's keys and values, read through this pool's table."""
+        c = self.config
+        shape = (self.pages + 1, self.page, c.num_key_value_heads, c.head_dim)
+        k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        state = AttnState(k, torch.zeros_like(k), self.table)
+        self.layers.append(state)
+        return state
+
+    def page_bytes(self, layers: int | None = None) -> int:
+        """Bytes one page takes over `layers` pooled layers (default: those added so far)."""
+        c = self.config
+        n = len(self.layers) if layers is None else layers
+        return 2 * n * self.page * c.num_key_value_heads * c.head_dim * torch.finfo(self.dtype).bits // 8
+
+    def nbytes(self) -> int:
+        return sum(s.k.nbytes + s.v.nbytes for s in self.layers) + self.table.nbytes
+
+    def map(self, entries: list[tuple[int, int, int]]) -> None:
+        """Write table entries (lane, index, page); page NULL unmaps. Between rounds only: on a GPU one upload from
+        pinned memory on the current stream, ordered after the work already queued and before what follows."""
+        if not entries:
+            return
+        at = np.asarray(entries, dtype=np.int64).T  # [3, n]: lanes, indices, pages
+        self.host[at[0], at[1]] = at[2]
+        t = torch.from_numpy(at.copy())
+        if self.table.is_cuda:
+            t = t.pin_memory().to(self.table.device, non_blocking=True)
+        elif self.table.device != t.device:
+            t = t.to(self.table.device)
+        self.table[t[0], t[1]] = t[2]
+
+    def held(self, lane: int) -> int:
+        """Pages mapped at the start of `lane`'s row (from the host mirror): its positions 0..held*page-1."""
+        row = self.host[lane]
+        empty = np.flatnonzero(row == NULL)
+        return int(empty[0]) if empty.size else self.width
+
+    def read(self, lane: int, end: int) -> dict[str, torch.Tensor]:
+        """Copies of every pooled layer's keys and values of `lane`'s positions 0..end-1, by name."""
+        out: dict[str, torch.Tensor] = {}
+        for i, s in enumerate(self.layers):
+            out[f"{i}.k"], out[f"{i}.v"] = s.read(lane, end)
+        return out
+
+    def write(self, lane: int, end: int, saved: dict[str, torch.Tensor]) -> None:
+        """Put what `read` gave (possibly host copies) back as `lane`'s positions 0..end-1, through its table row."""
+        pinned = self.table.is_cuda
+        for i, s in enumerate(self.layers):
+            k, v = (saved[f"{i}.{n}"].to(self.device, non_blocking=pinned) for n in "kv")
+            s.write(lane, 0, k, v)
+
+    def bytes_for(self, positions: int) -> int:
+        """Bytes `read` gives for that many positions."""
+        c = self.config
+        return 2 * len(self.layers) * positions * c.num_key_value_heads * c.head_dim * torch.finfo(self.dtype).bits // 8
