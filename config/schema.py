@@ -61,6 +61,9 @@ class EngineSection:
     cuda_graphs: bool = flag(True)  # capture the decode/verify rounds at start-up and replay them (CUDA only)
     # Device memory the memory plan must fit, in MiB: 0 = the CUDA device's own total. Profiles state their card's.
     memory_mib: int = integer(0, 0)
+    # Bytes for the attention layers' K/V, a pool of 64-position pages the lanes share (one long context, many short
+    # ones); 0 = auto: every lane's whole context, or the memory left after the weights and states if that is less.
+    kv_memory: int = integer(0, 0)
     # Host memory (bytes; pinned on a GPU) for retained slots moved off their lanes, least recently kept dropped
     # first; 0 = keep retained state only on free lanes.
     retained_host_memory: int = integer(8 * 2**30, 0)

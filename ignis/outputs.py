@@ -25,4 +25,5 @@ class RequestOutput:
     finished: bool
     metrics: dict[str, Any] = field(default_factory=dict)
     # prompt_tokens, prompt_tokens_resumed (held by a retained slot, not prefilled), prompt_ms, decode_tokens,
-    # decode_ms, tokens_per_s, rounds, drafted, accepted, position_drafted, position_accepted (summed over the n samples)
+    # decode_ms, tokens_per_s, rounds, drafted, accepted, position_drafted, position_accepted, preemptions (times it
+    # gave its K/V pages up and was prefilled again) (summed over the n samples)

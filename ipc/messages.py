@@ -27,6 +27,7 @@ class RequestStats(msgspec.Struct, kw_only=True):
     accepted: int = 0
     position_drafted: list[int] = msgspec.field(default_factory=list)
     position_accepted: list[int] = msgspec.field(default_factory=list)
+    preemptions: int = 0  # times it gave its lane and K/V pages up and was prefilled again (ignis.engine.scheduler)
 
     @property
     def tokens_per_s(self) -> float:
@@ -109,7 +110,11 @@ class EngineStats(msgspec.Struct, kw_only=True):
     prompt_tokens_resumed_total: int = 0  # prompt tokens the hits did not prefill again
     retained_host_bytes: int = 0  # host memory the retained slots moved off their lanes take
     retained_host_capacity_bytes: int = 0  # its bound (engine.retained_host_memory; 0 when nothing is retained)
-    preemptions: int = 0  # requests pushed out of a lane to make room (none yet: a lane holds its request to the end)
+    preemptions: int = 0  # requests pushed out of a lane to free K/V pages (requeued, prefilled again)
+    kv_pages: int = 0  # pages in the attention K/V pool
+    kv_pages_used: int = 0  # pages held by running requests and retained slots
+    kv_pages_retained: int = 0  # of those, pages held by retained slots (given up first when pages run short)
+    kv_page_positions: int = 0  # positions a page holds
     errors: dict[str, int] = msgspec.field(default_factory=dict)  # kind -> requests refused or ended by it
     histograms: dict[str, Histogram] = msgspec.field(default_factory=dict)  # name (ignis.engine.telemetry) -> data
 

@@ -1,5 +1,6 @@
-"""Defaults that fit: the context follows the model's max_position_embeddings and the memory left, speculation is on
-when the model carries a drafter (dflash2 at 7 on every GPU profile), and each choice is logged with its reason."""
+"""Defaults that fit: the context follows the model's max_position_embeddings and the K/V pool, the pool holds every
+lane's whole context or the memory left, speculation is on when the model carries a drafter (dflash2 at 7 on every
+GPU profile), and each choice is logged with its reason."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ import ignis.engine.defaults as defaults
 from ignis.artifact import BUILTIN
 from ignis.config import PROFILES, load_config
 from ignis.engine.core import Engine
-from ignis.engine.defaults import CPU_AUTO, cache_bytes, fit_context, settle
-from ignis.errors import ArtifactError
+from ignis.engine.defaults import CPU_AUTO, cache_bytes, fit_pool, settle
+from ignis.errors import ArtifactError, ConfigError
+from ignis.model.pool import PAGE
 from ignis.model.config import ModelConfig
 from serving import tiny_artifact
 
@@ -44,40 +46,55 @@ def builtin() -> ModelConfig:
     return ModelConfig.from_dir(BUILTIN)
 
 
-def test_context_is_the_models_own_when_memory_allows(memory: dict[str, int]) -> None:
+def test_context_is_the_models_own_and_the_pool_every_lanes_when_memory_allows(memory: dict[str, int]) -> None:
     model = builtin()
-    context, why = fit_context(model, 8, 7, CUDA, torch.bfloat16)
-    assert context == model.max_position_embeddings == 4096
-    assert "max_position_embeddings" in why and "8 lanes x 4096 positions" in why
+    context, kv_memory, why, pool_why = fit_pool(model, 8, 0, 0, 7, CUDA, torch.bfloat16)
+    assert context == model.max_position_embeddings == 4096 and "max_position_embeddings" in why
+    _, per_position = cache_bytes(model, 7, torch.bfloat16)
+    assert kv_memory == 8 * -(-(4096 + 8) // PAGE) * PAGE * per_position  # 8 lanes' pages of 4096 + 8 columns
+    assert "every lane's whole context: 8 lanes x 4096 positions" in pool_why
 
 
-def test_context_is_fitted_to_the_memory_left_and_says_so(memory: dict[str, int]) -> None:
+def test_context_is_fitted_to_the_pool_left_and_says_so(memory: dict[str, int]) -> None:
     model = dataclasses.replace(builtin(), max_position_embeddings=262144)
     fixed, per_position = cache_bytes(model, 7, torch.bfloat16)
-    lanes = 8
-    memory["bytes"] = int((lanes * (fixed + 10_000 * per_position)) / defaults.GPU_MEMORY_FRACTION) + 1
-    context, why = fit_context(model, lanes, 7, CUDA, torch.bfloat16)
-    assert context == 9984  # 10,000 positions fit; rounded down to a multiple of 256
+    page_bytes, lanes = per_position * PAGE, 8
+    memory["bytes"] = int(((lanes + 1) * fixed + 160 * page_bytes) / defaults.GPU_MEMORY_FRACTION) + 1  # 160 pages
+    context, kv_memory, why, pool_why = fit_pool(model, lanes, 0, 0, 7, CUDA, torch.bfloat16)
+    assert context == 9984  # one lane's 10,240 positions less 8 columns, rounded down to a multiple of 256
+    assert kv_memory == 160 * page_bytes and "the memory left: 160 pages" in pool_why
     assert "fitted to memory" in why and "the model allows 262144" in why
     # Less memory, shorter context; the drafter's weights still to come are taken off first.
-    shorter, _ = fit_context(model, lanes, 7, CUDA, torch.bfloat16, reserved=memory["bytes"] // 20)
+    shorter, *_ = fit_pool(model, lanes, 0, 0, 7, CUDA, torch.bfloat16, reserved=memory["bytes"] // 20)
     assert 0 < shorter < context
     # The CPU keeps half of the available memory for everything else.
     memory["bytes"] *= 3
-    on_gpu, _ = fit_context(model, lanes, 7, CUDA, torch.bfloat16)
-    on_cpu, why = fit_context(model, lanes, 7, torch.device("cpu"), torch.bfloat16)
-    assert context < on_cpu < on_gpu and "50% usable" in why
+    on_gpu, *_ = fit_pool(model, lanes, 0, 0, 7, CUDA, torch.bfloat16)
+    on_cpu, _, _, pool_why = fit_pool(model, lanes, 0, 0, 7, torch.device("cpu"), torch.bfloat16)
+    assert context < on_cpu < on_gpu and "50% usable" in pool_why
+    # A stated pool decides the context: one lane's whole context fits it.
+    stated, kv_memory, *_ = fit_pool(model, lanes, 0, 64 * page_bytes, 7, CUDA, torch.bfloat16)
+    assert (stated, kv_memory) == (3840, 64 * page_bytes)
 
 
 def test_too_little_memory_is_a_clear_error(memory: dict[str, int]) -> None:
     memory["bytes"] = 2**20
     with pytest.raises(ArtifactError, match="not enough memory for 8 lanes.*lower engine.lanes or set engine.context"):
-        fit_context(builtin(), 8, 7, CUDA, torch.bfloat16)
+        fit_pool(builtin(), 8, 0, 0, 7, CUDA, torch.bfloat16)
+    memory["bytes"] = 64 * 2**30
+    with pytest.raises(ConfigError, match="engine.kv_memory.*fewer than one lane's context of 4096"):
+        fit_pool(builtin(), 8, 4096, 2**20, 7, CUDA, torch.bfloat16)
 
 
-def test_an_explicit_context_is_kept(memory: dict[str, int]) -> None:
+def test_an_explicit_context_is_kept_and_the_pool_holds_every_lane(memory: dict[str, int]) -> None:
     cfg = load_config(profile="cpu", overrides={"engine.context": 512, "spec.backend": "off"})
-    assert settle(cfg, BUILTIN, torch.device("cpu"), torch.float32, builtin()) == cfg
+    settled = settle(cfg, BUILTIN, torch.device("cpu"), torch.float32, builtin())
+    _, per_position = cache_bytes(builtin(), 0, torch.float32)
+    assert settled.engine.context == 512 and settled.engine.kv_memory == 4 * 9 * PAGE * per_position
+    assert dataclasses.replace(settled, engine=cfg.engine) == cfg
+    stated = load_config(profile="cpu", overrides={"engine.context": 512, "spec.backend": "off",
+                                                   "engine.kv_memory": 10 * PAGE * per_position})
+    assert settle(stated, BUILTIN, torch.device("cpu"), torch.float32, builtin()) == stated
 
 
 @pytest.mark.parametrize("profile", GPU_PROFILES)

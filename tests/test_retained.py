@@ -86,8 +86,8 @@ def test_second_and_third_turns_resume_and_equal_a_full_prefill(ckpt: Path, draf
     rng = random.Random(len(backend))  # the same conversations for one lane and two
     e = engine(ckpt, drafter, backend, lanes=lanes)
     restored: list[int] = []
-    apply = e.store.apply
-    e.store.apply = lambda moves: (restored.extend(r.key for r in moves.restores), apply(moves))[1]  # type: ignore[method-assign]
+    restore = e.store.restore
+    e.store.restore = lambda moves: (restored.extend(r.key for r in moves.restores), restore(moves))[1]  # type: ignore[method-assign]
     starts = [(1, 3), (63, 1), (64, 70), (65, 2), (126, 1)]
     conversations = [(rand(rng, a), b) for a, b in starts]
     for pair in (conversations[:2], conversations[2:4], conversations[4:]):

@@ -49,14 +49,14 @@ def test_churn_never_shares_a_lane_or_leaks_host_memory_and_outputs_stay_exact(c
     bound = probe.store.state_bytes(300)  # room for two or three states
     e = make_engine(ckpt, backend, k, lanes=2, max_rows=64, retained_host_memory=bound)
     moved = {"saves": 0, "drops": 0, "restores": 0}
-    apply = e.store.apply
+    save = e.store.save
 
-    def counting(moves: Moves) -> None:
+    def counting(moves: Moves) -> None:  # every plan's moves pass through save (restores come after the table writes)
         for name in moved:
             moved[name] += len(getattr(moves, name))
-        apply(moves)
+        save(moves)
 
-    e.store.apply = counting  # type: ignore[method-assign]
+    e.store.save = counting  # type: ignore[method-assign]
     sequences: list[list[int]] = []  # prompts and what they produced so far: what follow-ups extend
     prompts: dict[str, list[int]] = {}
     outputs: dict[str, list[int]] = {}

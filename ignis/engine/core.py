@@ -22,6 +22,7 @@ from ignis.engine.device_round import DeviceRound
 from ignis.engine.grammar import Grammars
 from ignis.engine.lane_store import LaneStore
 from ignis.engine.logits import LogitsShaper
+from ignis.engine.pages import Pages
 from ignis.engine.request import Request
 from ignis.engine.retain import Retained
 from ignis.engine.round import Emission, Runner
@@ -29,12 +30,13 @@ from ignis.engine.warmup import warm_prefill
 from ignis.engine.sampling import make_generator
 from ignis.engine.scheduler import Scheduler
 from ignis.engine.telemetry import Telemetry
-from ignis.errors import InputError, QueueFullError
+from ignis.errors import ConfigError, InputError, QueueFullError
 from ignis.params import check_prompt
 from ignis.ipc.messages import EngineInfo, EngineRequest, EngineStats, RequestDelta
 from ignis.logging import get_logger
 from ignis.model.cache import LaneCache
 from ignis.model.loader import load_model
+from ignis.model.pool import KVPool
 from ignis.progress import Progress, StartupProgress, memory_probe
 
 log = get_logger(__name__)
@@ -70,9 +72,15 @@ class Engine:
         report("drafter", 1, 1, memory_bytes=self.backend.nbytes())
         k = self.backend.draft_tokens
         report("caches", 0, ec.lanes, unit="lanes")
-        cache = LaneCache(
-            self.model.config, lanes=ec.lanes, context=ec.context, max_cols=k + 1, device=device, dtype=dtype
-        )
+        mc = self.model.config
+        attention = sum(1 for kind in mc.layer_types if kind == "full_attention")
+        pages = KVPool.count(mc, ec.kv_memory, layers=attention, dtype=dtype)
+        pool = KVPool(mc, lanes=ec.lanes, positions=ec.context + k + 1, pages=pages, device=device, dtype=dtype)
+        if pages < pool.width:
+            raise ConfigError("engine.kv_memory", f"{ec.kv_memory} bytes hold {pages} pages of {pool.page} positions, "
+                              f"fewer than one lane's context of {ec.context} and a round's {k + 1} columns: raise "
+                              f"engine.kv_memory or lower engine.context")
+        cache = LaneCache(mc, lanes=ec.lanes, context=ec.context, max_cols=k + 1, device=device, dtype=dtype, pool=pool)
         self._cache_bytes = cache.nbytes()
         report("caches", ec.lanes, ec.lanes, unit="lanes", memory_bytes=self._cache_bytes)
         self.telemetry = Telemetry(*cache_bytes(self.model.config, k, dtype))
@@ -100,6 +108,7 @@ class Engine:
         self.runner = Runner(self.model, cache, self.backend, device, sample_drafts, device_round, self.store,
                              device_prefill)
         retained = Retained(ec.retained_host_memory, self.store.state_bytes) if self.store.retains else None
+        self.pages = Pages(pages=pool.pages, page=pool.page, lanes=ec.lanes, width=pool.width)
         self.scheduler = Scheduler(
             lanes=ec.lanes,
             max_rows=ec.max_rows,
@@ -108,6 +117,7 @@ class Engine:
             draft_tokens=k,
             context=ec.context,
             retained=retained,
+            pages=self.pages,
         )
         self.info = EngineInfo(
             model_name=model_name(config, path),
@@ -131,6 +141,9 @@ class Engine:
             lanes=ec.lanes,
             context=ec.context,
             cache_mib=round(self._cache_bytes / 2**20, 1),
+            kv_pages=pool.pages,
+            kv_positions=pool.pages * pool.page,
+            kv_whole_contexts=pool.pages // pool.width,  # lanes that can hold a whole context at once
             backend_mib=round(self.backend.nbytes() / 2**20, 1),
             round="device" if device_round is not None else "host",
             cuda_graphs=graphs,
@@ -219,7 +232,10 @@ class Engine:
         s.running = len(self.scheduler.running)
         s.waiting = len(self.scheduler.waiting)
         self.telemetry.fill(s, self.scheduler.running, self.config.engine.lanes, self._cache_bytes)
-        kept = self.scheduler.retained
+        pages, kept = self.pages, self.scheduler.retained
+        s.preemptions = self.scheduler.preemptions
+        s.kv_pages, s.kv_pages_used, s.kv_page_positions = pages.total, pages.used, pages.page
+        s.kv_pages_retained = sum(pages.held(k.lane) for k in kept.slots.values() if k.lane >= 0) if kept else 0
         if kept is not None:
             s.retained_slots = len(kept.slots)
             s.retained_hits, s.retained_misses = kept.counts.hits, kept.counts.misses

@@ -1,9 +1,10 @@
 """The defaults the engine settles at start-up, once it knows the model, the device and the memory left.
 
-Owns: `spec.backend = "auto"` (which backend, at how many drafts) and `engine.context = 0` (the model's
-max_position_embeddings, fitted to the memory left), each chosen once and logged once with the reason, and the
-memory figures behind them. Does not own: the config rules (ignis.config) or allocating anything
-(ignis.model.cache, the backends).
+Owns: `spec.backend = "auto"` (which backend, at how many drafts), `engine.context = 0` (the model's
+max_position_embeddings, or fewer so that one lane's whole context fits the K/V pool) and `engine.kv_memory = 0` (the
+pool: every lane's whole context, or the memory left if that is less), each chosen once and logged once with the
+reason, and the memory figures behind them. Does not own: the config rules (ignis.config) or allocating anything
+(ignis.model.cache, ignis.model.pool, the backends).
 
 Speculation is the point of ignis, so a model that carries a DFlash drafter (`<model>/drafter` or `spec.drafter`)
 decodes with it: dflash2 at its trained width (at most 7) on a GPU. On the CPU the choice is `CPU_AUTO`, measured on
@@ -23,15 +24,16 @@ import torch
 
 from ignis.config import MAX_DRAFT_TOKENS, IgnisConfig
 from ignis.config.schema import AUTO
-from ignis.errors import ArtifactError
+from ignis.errors import ArtifactError, ConfigError
 from ignis.logging import get_logger
 from ignis.model.cache import LaneCache
 from ignis.model.config import ModelConfig
+from ignis.model.pool import PAGE
 
 log = get_logger("ignis.engine.defaults")
 
 CPU_AUTO: tuple[str, int] = ("dflash2", 7)  # measured on the built-in model: see the module docstring
-GPU_MEMORY_FRACTION = 0.9  # of the device memory free after the weights; the rest is activations and workspace
+GPU_MEMORY_FRACTION = 0.9  # of the device memory free after the weights; the rest is activations, workspace, graphs
 CPU_MEMORY_FRACTION = 0.5  # of the available system memory: the host runs more than ignis
 CONTEXT_STEP = 256  # a fitted context is rounded down to a multiple of this
 MIN_FITTED_CONTEXT = 256  # fewer positions than this per lane is not worth serving
@@ -40,21 +42,26 @@ MIN_FITTED_CONTEXT = 256  # fewer positions than this per lane is not worth serv
 def settle(
     config: IgnisConfig, path: Path, device: torch.device, dtype: torch.dtype, model: ModelConfig
 ) -> IgnisConfig:
-    """The config with `spec.backend = "auto"` and `engine.context = 0` replaced by what they resolve to here.
+    """The config with `spec.backend = "auto"`, `engine.context = 0` and `engine.kv_memory = 0` replaced by what they
+    resolve to here.
 
     Called after the target's weights are loaded (so the memory left is what the caches can have) and before the
-    backend and the caches are made. Raises ArtifactError when not even MIN_FITTED_CONTEXT positions fit."""
+    backend and the caches are made. Raises ArtifactError when not even MIN_FITTED_CONTEXT positions fit, ConfigError
+    when a stated engine.kv_memory cannot hold one lane's whole context."""
     spec = config.spec
     if spec.backend == AUTO:
         backend, k, why = choose_backend(config, path, device)
         spec = dataclasses.replace(spec, backend=backend, draft_tokens=k)
         log.info("ignis.engine.spec_default", backend=backend, draft_tokens=k, reason=why)
     engine = config.engine
+    context, kv_memory, why, pool_why = fit_pool(model, engine.lanes, engine.context, engine.kv_memory,
+                                                 spec.draft_tokens, device, dtype,
+                                                 _drafter_bytes(config, path, spec.backend))
     if engine.context == 0:
-        context, why = fit_context(model, engine.lanes, spec.draft_tokens, device, dtype,
-                                   _drafter_bytes(config, path, spec.backend))
-        engine = dataclasses.replace(engine, context=context)
         log.info("ignis.engine.context_default", context=context, reason=why)
+    if engine.kv_memory == 0:
+        log.info("ignis.engine.kv_memory_default", kv_memory=kv_memory, reason=pool_why)
+    engine = dataclasses.replace(engine, context=context, kv_memory=kv_memory)
     return dataclasses.replace(config, spec=spec, engine=engine)
 
 
@@ -80,40 +87,68 @@ def choose_backend(config: IgnisConfig, path: Path, device: torch.device) -> tup
     return backend, (k if backend != "off" else 0), why
 
 
-def fit_context(model: ModelConfig, lanes: int, draft_tokens: int, device: torch.device, dtype: torch.dtype,
-                reserved: int = 0) -> tuple[int, str]:
-    """(positions per lane, why): the model's max_position_embeddings, or fewer so that every lane's caches fit in
-    the memory left (minus `reserved` bytes still to come, such as the drafter's weights)."""
-    wanted = model.max_position_embeddings
+def fit_pool(model: ModelConfig, lanes: int, context: int, kv_memory: int, draft_tokens: int, device: torch.device,
+             dtype: torch.dtype, reserved: int = 0) -> tuple[int, int, str, str]:
+    """(context, kv_memory, why the context, why the pool): `context` and `kv_memory` with their 0s (auto) settled.
+
+    The memory left is the free device memory (GPU_MEMORY_FRACTION of it; CPU_MEMORY_FRACTION of the available
+    system memory on the CPU), less `reserved` bytes still to come (the drafter's weights) and every lane's recurrent
+    state. The pool (engine.kv_memory) defaults to every lane's whole context, so no request ever waits for pages, or
+    to the memory left when that is less. An automatic context is the model's max_position_embeddings, or fewer so that
+    one lane's whole context (and a round's verify columns past it) fits the pool. Raises when the pool cannot hold one
+    lane's whole context: a request alone must always be able to run to the end of its context."""
+    wanted = context or model.max_position_embeddings
     fixed, per_position = cache_bytes(model, draft_tokens, dtype)
+    page_bytes = per_position * PAGE
+    cols = draft_tokens + 1
     free, where = available_memory(device)
     fraction = CPU_MEMORY_FRACTION if device.type == "cpu" else GPU_MEMORY_FRACTION
-    budget = int(free * fraction) - reserved - lanes * fixed
-    fits = budget // (lanes * per_position) if budget > 0 else 0
+    left = max(0, int(free * fraction) - reserved - (lanes + 1) * fixed)  # + the scratch lane
     memory = f"{_gib(free)} {where} ({fraction:.0%} usable)"
-    if fits >= wanted:
-        used = lanes * (fixed + wanted * per_position)
-        return wanted, (f"the model's max_position_embeddings; {lanes} lanes x {wanted} positions take "
-                        f"{_gib(used)} of {memory}")
-    context = fits // CONTEXT_STEP * CONTEXT_STEP
-    if context < MIN_FITTED_CONTEXT:
-        raise ArtifactError(
-            f"not enough memory for {lanes} lanes: {memory} holds fewer than {MIN_FITTED_CONTEXT} positions per lane "
-            f"({_gib(per_position * 1024)} per 1024 positions); lower engine.lanes or set engine.context")
-    return context, (f"fitted to memory: {lanes} lanes x {context} positions fill {memory}; the model allows "
-                     f"{wanted} (set engine.context or lower engine.lanes for more)")
+    pool = kv_memory or left
+    why = f"engine.context = {context}"
+    if context == 0:
+        fits = pool // page_bytes * PAGE - cols  # positions one lane's pages can hold, less a round's columns
+        if fits >= wanted:
+            context, why = wanted, "the model's max_position_embeddings"
+        else:
+            context = fits // CONTEXT_STEP * CONTEXT_STEP
+            if context < MIN_FITTED_CONTEXT:
+                raise ArtifactError(
+                    f"not enough memory for {lanes} lanes: {memory} holds fewer than {MIN_FITTED_CONTEXT} positions "
+                    f"per lane ({_gib(per_position * 1024)} per 1024 positions); lower engine.lanes or set "
+                    f"engine.context")
+            why = (f"fitted to memory: one lane's {context} positions fill the K/V pool of {_gib(pool)}; the model "
+                   f"allows {wanted} (set engine.context or engine.kv_memory, or lower engine.lanes, for more)")
+    lane_pages = -(-(context + cols) // PAGE)
+    if kv_memory == 0:
+        pages = min(lanes * lane_pages, left // page_bytes)
+        kv_memory = pages * page_bytes
+        pool_why = (f"every lane's whole context: {lanes} lanes x {context} positions take {_gib(kv_memory)} of "
+                    f"{memory}" if pages == lanes * lane_pages else
+                    f"the memory left: {pages} pages of {PAGE} positions ({pages // lane_pages} lanes' whole "
+                    f"contexts of {context}) in {memory}")
+    else:
+        pool_why = f"engine.kv_memory = {kv_memory}"
+    if kv_memory // page_bytes < lane_pages:
+        held = kv_memory // page_bytes * PAGE
+        if pool_why.startswith("engine.kv_memory"):
+            raise ConfigError("engine.kv_memory", f"got {kv_memory} bytes, {held} positions of K/V, fewer than one "
+                              f"lane's context of {context} and a round's {cols} columns ({_gib(lane_pages * page_bytes)}"
+                              f"); raise engine.kv_memory or lower engine.context")
+        raise ArtifactError(f"not enough memory for one lane's context of {context}: {memory} holds {held} positions "
+                            f"of K/V after {lanes} lanes' recurrent state; lower engine.context or engine.lanes")
+    return context, kv_memory, why, pool_why
 
 
 def cache_bytes(model: ModelConfig, draft_tokens: int, dtype: torch.dtype) -> tuple[int, int]:
-    """(bytes per lane whatever its length, bytes per lane per position) of the target's caches.
+    """(bytes per lane whatever its length, bytes per position held) of the target's caches: the recurrent state
+    and verify record of a lane, and the attention layers' K/V of one position in the pool.
 
-    Measured on the meta device from LaneCache itself, so the figures follow its layout without copying it: the
-    recurrent states and verify records are per lane, the attention layers' pages per position (a lane holds its
-    verify columns' positions past its context too)."""
+    Measured on the meta device from LaneCache itself, so the figures follow its layout without copying it."""
     cache = LaneCache(model, lanes=1, context=1, max_cols=draft_tokens + 1, device="meta", dtype=dtype)
     per_position = cache.pool.page_bytes() // cache.pool.page
-    fixed = cache.nbytes() - sum(s.k.nbytes + s.v.nbytes for s in cache.pool.layers)
-    return fixed + (draft_tokens + 1) * per_position, per_position
+    return cache.nbytes() - sum(s.k.nbytes + s.v.nbytes for s in cache.pool.layers), per_position
 
 
 def available_memory(device: torch.device) -> tuple[int, str]:

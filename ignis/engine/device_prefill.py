@@ -90,13 +90,13 @@ class PrefillBuffers:
         self.floats.copy_(self.host_floats)
 
     def load(self, r: Request, start: int, following: int) -> None:
-        """Write one piece of `r`'s prompt (rows start..start+C-1; `following`: the prompt token after them, -1 after
-        the last) into the host mirrors and start the upload. Waits only while the last upload from these mirrors
+        """Write one piece of `r`'s prompt (rows start..start+C-1 of tokens[:fill]; `following`: the token after them,
+        -1 after the last) into the host mirrors and start the upload. Waits only while the last upload from these mirrors
         is still queued (a long prompt's repeated largest piece)."""
         if self.uploaded is not None:
             self.uploaded.synchronize()
         p = r.params
-        self._write(r.lane, start, following, r.prompt[start : start + self.rows], r.seed, p.top_k, p.greedy,
+        self._write(r.lane, start, following, r.tokens[start : start + self.rows], r.seed, p.top_k, p.greedy,
                     (p.temperature, p.top_p, p.min_p))
         self.ints.copy_(self.host_ints, non_blocking=True)
         self.floats.copy_(self.host_floats, non_blocking=True)
@@ -149,14 +149,14 @@ class DevicePrefill:
         end = r.computed + length
         for start, c in pieces(r.computed, end, self.largest):
             buf = self.buffers[c]
-            buf.load(r, start, r.prompt[start + c] if start + c < len(r.prompt) else -1)
+            buf.load(r, start, r.tokens[start + c] if start + c < r.fill else -1)
             span = self.span(start + c)
             graph = self.graphs.get((c, span))
             if graph is not None:
                 graph.replay()
             else:
                 self.forward(buf, span)
-        if end < len(r.prompt):
+        if end < r.fill:
             return False
         self.host_out[r.lane : r.lane + 1].copy_(self.out, non_blocking=True)
         if r.params.logprobs is not None:  # the next prompt's pieces overwrite self.logits

@@ -41,10 +41,6 @@ class LaneStore:
     def nbytes(self) -> int:
         return sum(t.nbytes for saved in self.host.values() for t in saved.values())
 
-    def apply(self, moves: Moves) -> None:
-        self.save(moves)
-        self.restore(moves)
-
     def save(self, moves: Moves) -> None:
         """The plan's saves and drops: before the round frees or maps any page, since a save reads the slot's K/V
         through its lane's table row as it stands."""

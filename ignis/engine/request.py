@@ -1,7 +1,11 @@
 """One request as the engine tracks it: its tokens, how far the lane has run them, its generator and its stats.
 
-Owns: per-request bookkeeping and the stop rules (stop token, max_tokens, context). Does not own: lanes or rows
-(ignis.engine.scheduler) or tensors (ignis.engine.round).
+Owns: per-request bookkeeping, the stop rules (stop token, max_tokens, context) and what a preempted request must
+prefill again. Does not own: lanes, rows or pages (ignis.engine.scheduler) or tensors (ignis.engine.round).
+
+A request preempted to free K/V pages (ignis.engine.scheduler) keeps every token it emitted; it is prefilled again
+from all of them (`fill` = its prompt and output so far), and the logits of the last one choose its next token, as a
+decode round would have. Nothing it emitted is emitted again.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ class Request:
     tokens: list[int] = field(default_factory=list)  # prompt + generated; the last generated one is the anchor
     computed: int = 0  # positions 0..computed-1 are in the lane's caches
     resumed: int = 0  # of those, the positions a retained slot held when the request took its lane
+    refill: int = 0  # after a preemption: tokens[:refill] to prefill again (0: the prompt)
     unemitted: list[int] = field(default_factory=list)  # committed by the model after a stop rule ended the output
     lane: int = -1
     stats: RequestStats = field(default_factory=RequestStats)
@@ -44,8 +49,20 @@ class Request:
             self.tokens = list(self.prompt)
 
     @property
+    def fill(self) -> int:
+        """Tokens prefilled before decoding: the prompt, or after a preemption everything up to the last emitted."""
+        return self.refill or len(self.prompt)
+
+    @property
     def prefilling(self) -> bool:
-        return self.computed < len(self.prompt)
+        return self.computed < self.fill
+
+    def preempt(self) -> None:
+        """The request leaves its lane and pages to wait for new ones; it will prefill tokens[:fill] again."""
+        self.refill = len(self.tokens)
+        self.computed = self.resumed = 0
+        self.lane = -1
+        self.stats.preemptions += 1
 
     @property
     def needs_logits(self) -> bool:

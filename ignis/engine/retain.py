@@ -23,6 +23,11 @@ Where a slot lives. A released lane keeps its state in place and stays reserved 
 new request needs that lane, the state is copied to host memory first (if it fits the bound, dropping the least
 recently used host slots to make room; a state larger than the whole bound is dropped instead). A host slot is
 copied back into whichever lane the request that resumes from it takes.
+
+Pages. A slot on its lane keeps the K/V pages that hold its positions (ignis.engine.pages), and only while they are
+not wanted: when the pool runs short, slots on lanes give their pages up before any request is preempted, the least
+recently kept first, going to the host (or dropped) exactly as when a request takes their lane. A host slot holds no
+pages; resuming from it takes pages for its positions again.
 """
 
 from __future__ import annotations
@@ -102,13 +107,15 @@ class Retained:
                 return s
         return None
 
-    def keep(self, lane: int, ids: list[int]) -> None:
-        """A request released `lane`, whose state covers ids[:-1] with ids[-1] the token after them."""
+    def keep(self, lane: int, ids: list[int]) -> bool:
+        """A request released `lane`, whose state covers ids[:-1] with ids[-1] the token after them; False when it
+        is not kept (nothing covered)."""
         if len(ids) < 2:
-            return
+            return False
         self._next += 1
         self._clock += 1
         self.slots[self._next] = Slot(key=self._next, ids=ids, lane=lane, used=self._clock)
+        return True
 
     def match(self, prompt: list[int]) -> Slot | None:
         """The slot covering the longest prefix of `prompt` whose ids all equal the prompt's, or None."""
@@ -132,15 +139,16 @@ class Retained:
             self._pending.append(slot)
         return slot.length
 
-    def vacate(self, lane: int, moves: Moves) -> None:
-        """A request takes `lane` without resuming from its slot: the slot goes to the host, or is dropped."""
+    def vacate(self, lane: int, moves: Moves) -> bool:
+        """A request takes `lane` without resuming from its slot, or its pages are wanted: the slot goes to the host,
+        or is dropped. False when no slot was on the lane."""
         slot = self.on_lane(lane)
         if slot is None:
-            return
+            return False
         nbytes = self.state_bytes(slot.length)
         if nbytes + sum(s.nbytes for s in self._pending) > self.host_bytes:  # no room even with every host slot gone
             del self.slots[slot.key]
-            return
+            return True
         host = sorted((s for s in self.slots.values() if s.lane < 0), key=lambda s: s.used)
         while self.host_used + nbytes > self.host_bytes:
             victim = host.pop(0)
@@ -148,6 +156,7 @@ class Retained:
             moves.drops.append(victim.key)
         moves.saves.append(Save(slot.key, lane, slot.length))
         slot.lane, slot.nbytes = -1, nbytes
+        return True
 
     def settle(self) -> None:
         """The plan's restores are done: their host copies no longer count."""

@@ -1,7 +1,7 @@
 """One round for every lane: propose -> verify -> accept -> commit.
 
-Owns: turning a `RoundPlan` into each lane's committed tokens (first making the plan's retained-state copies, and
-resetting each admitted lane that does not resume), and the choice of how: when the model is not in exact mode and
+Owns: turning a `RoundPlan` into each lane's committed tokens (first making the plan's retained-state copies and
+block-table writes, and resetting each admitted lane that does not resume), and the choice of how: when the model is not in exact mode and
 the backend is graph-safe, decoding lanes go through the device round (ignis.engine.device_round: static shapes,
 CUDA graphs, one sync) and prompts through the device prefill (ignis.engine.device_prefill: graph pieces), with one
 sync for the round and every prompt it ends; exact mode (the CPU reference), teacher-forced requests, logits shaped on the host and prompts longer than
@@ -82,15 +82,20 @@ class Runner:
 
     @torch.inference_mode()
     def run(self, plan: RoundPlan) -> list[Emission]:
+        store = self.store
         if plan.moves:
-            assert self.store is not None, "a plan moved retained state, and the runner has no store"
-            self.store.apply(plan.moves)  # before any admitted lane is reset or written
+            assert store is not None, "a plan moved retained state, and the runner has no store"
+            store.save(plan.moves)  # reads through the table rows as they stand, before pages change hands
+        self.cache.pool.map(plan.pages)
+        if plan.moves and store is not None:
+            store.restore(plan.moves)  # into the pages just mapped, before any admitted lane is reset or written
         for r in plan.admitted:
             if r.resumed == 0:  # else the lane holds the state of tokens 0..resumed-1, kept or just restored
                 self.cache.reset(r.lane)
                 self.backend.reset(r.lane)
         if not plan.decode and not plan.prefill:
             return []
+        self._check_pages(plan)
         if self.device_round is None or any(d.request.forced is not None or d.request.needs_logits for d in plan.decode):
             return self.host_round(plan)
         # Queue the decode round and every prefill piece the device takes, then sync once and read them all.
@@ -119,6 +124,15 @@ class Runner:
         if host:
             emissions += self.host_round(RoundPlan([], [], host))
         return emissions
+
+    def _check_pages(self, plan: RoundPlan) -> None:
+        """Every position the round writes has a page (host ints only: the table's host mirror)."""
+        pool = self.cache.pool
+        for r, end in [(d.request, d.request.computed + 1 + d.drafts) for d in plan.decode] + [
+                (p.request, p.request.computed + p.length) for p in plan.prefill]:
+            if end > pool.held(r.lane) * pool.page:
+                raise AssertionError(f"lane {r.lane} writes positions up to {end - 1} past its "
+                                     f"{pool.held(r.lane)} pages")
 
     def host_round(self, plan: RoundPlan) -> list[Emission]:
         proposal = self.propose(plan)
@@ -161,9 +175,9 @@ class Runner:
             offset += n
         for p in plan.prefill:
             r, n = p.request, p.length
-            tokens.append(torch.tensor(r.prompt[r.computed : r.computed + n], dtype=torch.long, device=self.device))
+            tokens.append(torch.tensor(r.tokens[r.computed : r.computed + n], dtype=torch.long, device=self.device))
             segments.append(Segment(lane=r.lane, offset=offset, start=r.computed, length=n, prefill=True))
-            finishes = r.computed + n == len(r.prompt)
+            finishes = r.computed + n == r.fill
             prefill_rows.append(_Rows(r, offset, n, len(logit_rows) if finishes else -1))
             if finishes:
                 logit_rows.append(offset + n - 1)
@@ -222,14 +236,14 @@ class Runner:
         for p, lr in zip(plan.prefill, prefill_rows):
             r = p.request
             if lr.logit_offset < 0:
-                observed.append(self._observe(r, batch, out, lr.offset, lr.length, following=r.prompt[r.computed + lr.length]))
+                observed.append(self._observe(r, batch, out, lr.offset, lr.length, following=r.tokens[r.computed + lr.length]))
                 r.computed += lr.length
                 continue
             row = out.logits[lr.logit_offset]
             if r.shaper is not None:
                 row = r.shaper.shape(row[None], r.tokens, [])[0]
             if r.forced is not None:
-                first = r.forced[0]
+                first = r.forced[r.generated]
             elif r.params.greedy:
                 first = int(row.argmax())
             else:

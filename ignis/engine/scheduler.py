@@ -1,8 +1,10 @@
-"""Which requests hold lanes, and how many rows each gets this round. The scheduler never touches tensors.
+"""Which requests hold lanes, how many rows each gets this round and which K/V pages it holds. The scheduler never
+touches tensors.
 
 Owns: the waiting queue, lane assignment (first come, first served; a request that extends a retained slot resumes
-from it, see ignis.engine.retain) and the row budget. Does not own: what the rows contain (ignis.engine.round) or the
-tensors a retained slot moves (ignis.engine.lane_store).
+from it, see ignis.engine.retain), the row budget, and who gets K/V pages when there are too few (the pool's
+bookkeeping is ignis.engine.pages). Does not own: what the rows contain (ignis.engine.round), the tensors a retained
+slot moves (ignis.engine.lane_store) or the pages themselves (ignis.model.pool).
 
 Prefill is split only at multiples of `prefill_chunk` counted from position 0, so where a prompt is cut never depends
 on its neighbours: with exact arithmetic, a request's output is the same alone or beside others. A request resumed
@@ -13,6 +15,15 @@ every other lane keeps decoding in the same rounds.
 
 Lanes: a free lane with no retained state is taken first; then the free lane whose retained state is the least
 recently kept (that state moves to the host or is dropped, per ignis.engine.retain).
+
+Pages (with a shared pool): before a round, every lane holds pages for every position the round writes (its verify
+columns, or its prefill chunk). They come from the free list first, then from retained slots (least recently kept
+first: the state goes to the host or is dropped, and its lane's pages are freed), then, for a decoding lane or the
+first prefilling lane, from the newest running request: it is preempted (its pages freed, its tokens kept, and it is
+put back at the front of the queue to prefill its prompt and output again; a request newer than every other gives
+way itself). Older requests are never preempted for newer ones, so the oldest always runs to its end: the pool holds
+at least one lane's whole context. Other prefilling lanes take fewer chunks, or wait a round. A waiting request is
+admitted only when the pool can hold its whole prompt beside what the prompts already running still need.
 """
 
 from __future__ import annotations
@@ -21,8 +32,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from ignis.engine.pages import Pages
 from ignis.engine.request import Request
-from ignis.engine.retain import Moves, Retained
+from ignis.engine.retain import Moves, Retained, Slot
 
 
 @dataclass(frozen=True)
@@ -43,19 +55,22 @@ class RoundPlan:
     decode: list[Decode]
     prefill: list[Prefill]
     moves: Moves = field(default_factory=Moves)  # retained state to copy before the round runs
+    pages: list[tuple[int, int, int]] = field(default_factory=list)  # block-table writes (lane, index, page), in order
 
     @property
     def empty(self) -> bool:
-        return not self.decode and not self.prefill and not self.moves
+        return not self.decode and not self.prefill and not self.moves and not self.pages
 
 
 class Scheduler:
     def __init__(
         self, *, lanes: int, max_rows: int, prefill_chunk: int, max_waiting: int, draft_tokens: int, context: int,
-        retained: Retained | None = None,
+        retained: Retained | None = None, pages: Pages | None = None,
     ) -> None:
-        """retained: where finished requests' states are kept (None: never kept, every prompt is prefilled whole)."""
+        """retained: where finished requests' states are kept (None: never kept, every prompt is prefilled whole);
+        pages: the K/V pool's pages (None: every lane holds its whole context, nothing is ever short)."""
         self.retained = retained
+        self.pages = pages
         self.draft_tokens = draft_tokens
         self.context = context
         self.lanes: list[Request | None] = [None] * lanes
@@ -63,6 +78,7 @@ class Scheduler:
         self.max_rows = max_rows
         self.prefill_chunk = prefill_chunk
         self.max_waiting = max_waiting
+        self.preemptions = 0
 
     @property
     def running(self) -> list[Request]:
@@ -84,53 +100,149 @@ class Scheduler:
         return None
 
     def release(self, request: Request) -> None:
-        """The request leaves its lane (finished or aborted, between rounds); its state is retained when it can be."""
-        if 0 <= request.lane < len(self.lanes) and self.lanes[request.lane] is request:
-            self.lanes[request.lane] = None
+        """The request leaves its lane (finished or aborted, between rounds); its state is retained when it can be,
+        with the pages that hold it, and its other pages are freed."""
+        lane = request.lane
+        if 0 <= lane < len(self.lanes) and self.lanes[lane] is request:
+            self.lanes[lane] = None
             ids = request.state_ids()
-            if self.retained is not None and ids is not None:
-                self.retained.keep(request.lane, ids)
+            kept = self.retained is not None and ids is not None and self.retained.keep(lane, ids)
+            if self.pages is not None:
+                self.pages.trim(lane, request.computed if kept else 0)
         elif request in self.waiting:
             self.waiting.remove(request)
         request.lane = -1
 
     def plan(self) -> RoundPlan:
         moves = Moves()
-        admitted = self._admit(moves)
-        decode = [Decode(r, r.drafts_allowed(self.draft_tokens, self.context)) for r in self.running if not r.prefilling]
-        budget = self.max_rows - sum(1 + d.drafts for d in decode)
-        prefill: list[Prefill] = []
-        for r in sorted((r for r in self.running if r.prefilling), key=lambda r: r.t_admit):
-            chunks = max(budget // self.prefill_chunk, 0 if prefill else 1)
-            if chunks == 0:
-                break
-            pc, start = self.prefill_chunk, r.computed
-            end = (start // pc + (chunks if start % pc == 0 else 1)) * pc  # a multiple of prefill_chunk
-            length = min(len(r.prompt), end) - start
-            prefill.append(Prefill(r, length))
+        if self.retained is not None:
+            self.retained.settle()  # the last plan's restores have run
+        plan = _Plan(moves)
+        for r in self._by_age():  # every decoding lane gets its verify columns' pages, oldest first
+            if r.lane >= 0 and not r.prefilling:
+                d = Decode(r, r.drafts_allowed(self.draft_tokens, self.context))
+                if self._room(r, r.computed + 1 + d.drafts, plan, preempt=True):
+                    plan.decode.append(d)
+        self._admit(plan)
+        budget = self.max_rows - sum(1 + d.drafts for d in plan.decode)
+        for r in self._by_age():
+            if r.lane < 0 or not r.prefilling:
+                continue
+            first = not plan.prefill
+            chunks = max(budget // self.prefill_chunk, 0 if plan.prefill else 1)
+            length = 0
+            while chunks > 0 and length == 0:
+                length = self._chunk(r, chunks)
+                if not self._room(r, r.computed + length, plan, preempt=False):
+                    length, chunks = 0, chunks - 1
+            if length == 0 and first and self._room(r, r.computed + self._chunk(r, 1), plan, preempt=True):
+                length = self._chunk(r, 1)
+            if length == 0:
+                break  # it waits a round, holding its pages; no later prompt jumps ahead of it
+            plan.prefill.append(Prefill(r, length))
             budget -= length
-        return RoundPlan(admitted, decode, prefill, moves)
+        gone = set(map(id, plan.preempted))
+        return RoundPlan([r for r in plan.admitted if id(r) not in gone],
+                         [d for d in plan.decode if id(d.request) not in gone],
+                         [p for p in plan.prefill if id(p.request) not in gone], moves,
+                         self.pages.take_updates() if self.pages is not None else [])
 
-    def _admit(self, moves: Moves) -> list[Request]:
-        admitted = []
-        kept = self.retained
-        if kept is not None:
-            kept.settle()  # the last plan's restores have run
+    def _chunk(self, r: Request, chunks: int) -> int:
+        """Rows of r's prefill this round when it takes `chunks` chunks (one if it starts inside a chunk)."""
+        pc, start = self.prefill_chunk, r.computed
+        end = (start // pc + (chunks if start % pc == 0 else 1)) * pc  # a multiple of prefill_chunk
+        return min(r.fill, end) - start
+
+    def _by_age(self) -> list[Request]:
+        return sorted(self.running, key=lambda r: r.t_admit)
+
+    def _room(self, r: Request, positions: int, plan: _Plan, *, preempt: bool) -> bool:
+        """Pages for r's positions 0..positions-1: free ones, then retained slots' (least recently kept first), then
+        (preempt) the newest running request's not admitted this round, while it is newer than r. False: r gets none
+        this round (and was preempted itself when it was the newest, unless it was admitted this round)."""
+        pages = self.pages
+        if pages is None:
+            return True
+        while not pages.grow(r.lane, positions):
+            if self._evict(plan.moves):
+                continue
+            if not preempt:
+                return False
+            protected = [q for q in self.running if q is not r and any(q is a for a in plan.admitted)]
+            victim = max((q for q in self.running if not any(q is p for p in protected)), key=lambda q: q.t_admit)
+            if victim is r:
+                if not any(r is a for a in plan.admitted):
+                    self._preempt(r, plan)
+                return False
+            self._preempt(victim, plan)
+        return True
+
+    def _evict(self, moves: Moves) -> bool:
+        """Free the pages of the least recently kept retained slot on a lane (the state goes to the host, or is
+        dropped); False when no lane holds one."""
+        kept, pages = self.retained, self.pages
+        if kept is None or pages is None:
+            return False
+        on_lanes = [s for s in kept.slots.values() if s.lane >= 0 and pages.held(s.lane)]
+        if not on_lanes:
+            return False
+        lane = min(on_lanes, key=lambda s: s.used).lane
+        kept.vacate(lane, moves)
+        pages.release(lane)
+        return True
+
+    def _preempt(self, r: Request, plan: _Plan) -> None:
+        assert self.pages is not None
+        self.lanes[r.lane] = None
+        self.pages.release(r.lane)
+        r.preempt()
+        self.waiting.appendleft(r)  # newest first: the older of two preempted requests ends up in front
+        plan.preempted.append(r)
+        self.preemptions += 1
+
+    def _admit(self, plan: _Plan) -> None:
+        kept, pages = self.retained, self.pages
+        # Pages the prompts already running still need to finish prefilling (and take their first decode round).
+        owed = sum(pages.needs(r.lane, r.fill + 1) for r in self.running if r.prefilling) if pages is not None else 0
         while self.waiting and None in self.lanes:
-            r = self.waiting.popleft()
-            slot = kept.match(r.prompt) if kept is not None else None
+            r = self.waiting[0]
+            fill = r.tokens[: r.fill]
+            slot = kept.match(fill) if kept is not None else None
             lane = slot.lane if slot is not None and slot.lane >= 0 else self._free_lane()
+            if pages is not None:
+                need = pages.covering(len(fill) + 1) - (pages.held(lane) if slot is not None and slot.lane >= 0 else 0)
+                if owed + need > self._spare(slot):
+                    break  # it waits for pages, first in line
+                owed += need
+            self.waiting.popleft()
             if kept is not None:
                 if slot is not None:
-                    r.computed = r.resumed = kept.claim(slot, moves, lane)
+                    r.computed = r.resumed = kept.claim(slot, plan.moves, lane)
                 else:
                     kept.counts.misses += 1
-                kept.vacate(lane, moves)
+                if kept.vacate(lane, plan.moves) and pages is not None:
+                    pages.release(lane)
+            if pages is not None and r.resumed and not pages.grow(lane, r.resumed):
+                self._make_room(lane, r.resumed, plan.moves)  # a host slot's restore: the retained slots give way
             r.lane, r.t_admit = lane, time.perf_counter()
             r.stats.prompt_tokens_resumed = r.resumed
             self.lanes[lane] = r
-            admitted.append(r)
-        return admitted
+            plan.admitted.append(r)
+
+    def _spare(self, resuming: Slot | None) -> int:
+        """Pages free or held by retained slots on lanes (but the one `resuming` takes over)."""
+        assert self.pages is not None
+        spare = len(self.pages.free)
+        if self.retained is not None:
+            spare += sum(self.pages.held(s.lane) for s in self.retained.slots.values()
+                         if s.lane >= 0 and s is not resuming)
+        return spare
+
+    def _make_room(self, lane: int, positions: int, moves: Moves) -> None:
+        assert self.pages is not None
+        while not self.pages.grow(lane, positions):
+            if not self._evict(moves):
+                raise AssertionError("admitted a request the pool cannot hold")
 
     def _free_lane(self) -> int:
         """A free lane: one with no retained state first, else the one whose retained state was kept longest ago."""
@@ -142,3 +254,14 @@ class Scheduler:
         if empty:
             return empty[0]
         return min(free, key=lambda lane: slots[lane].used)  # type: ignore[union-attr]
+
+
+@dataclass
+class _Plan:
+    """A plan as it is made."""
+
+    moves: Moves
+    admitted: list[Request] = field(default_factory=list)
+    decode: list[Decode] = field(default_factory=list)
+    prefill: list[Prefill] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)

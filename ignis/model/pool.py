@@ -104,6 +104,12 @@ class KVPool:
         pool.map([(lane, i, 1 + lane * width + i) for lane in range(lanes) for i in range(width)])
         return pool
 
+    @staticmethod
+    def count(config: ModelConfig, nbytes: int, *, layers: int, dtype: torch.dtype, page: int = PAGE) -> int:
+        """Pages `nbytes` bytes hold for `layers` pooled layers."""
+        per_page = 2 * layers * page * config.num_key_value_heads * config.head_dim * torch.finfo(dtype).bits // 8
+        return nbytes // per_page
+
     def layer(self) -> AttnState:
         """Storage for one more attention layer's keys and values, read through this pool's table."""
         c = self.config
@@ -113,21 +119,22 @@ class KVPool:
         self.layers.append(state)
         return state
 
-    def page_bytes(self, layers: int | None = None) -> int:
-        """Bytes one page takes over `layers` pooled layers (default: those added so far)."""
+    def page_bytes(self) -> int:
+        """Bytes one page takes over the pooled layers."""
         c = self.config
-        n = len(self.layers) if layers is None else layers
-        return 2 * n * self.page * c.num_key_value_heads * c.head_dim * torch.finfo(self.dtype).bits // 8
+        return 2 * len(self.layers) * self.page * c.num_key_value_heads * c.head_dim * torch.finfo(self.dtype).bits // 8
 
     def nbytes(self) -> int:
         return sum(s.k.nbytes + s.v.nbytes for s in self.layers) + self.table.nbytes
 
     def map(self, entries: list[tuple[int, int, int]]) -> None:
-        """Write table entries (lane, index, page); page NULL unmaps. Between rounds only: on a GPU one upload from
-        pinned memory on the current stream, ordered after the work already queued and before what follows."""
+        """Write table entries (lane, index, page) in order (the last write of an entry wins); page NULL unmaps.
+        Between rounds only: on a GPU one upload from pinned memory on the current stream, ordered after the work
+        already queued and before what follows."""
         if not entries:
             return
-        at = np.asarray(entries, dtype=np.int64).T  # [3, n]: lanes, indices, pages
+        last = {(lane, index): page for lane, index, page in entries}  # one write an entry: no order to rely on
+        at = np.asarray([(lane, index, page) for (lane, index), page in last.items()], dtype=np.int64).T  # [3, n]
         self.host[at[0], at[1]] = at[2]
         t = torch.from_numpy(at.copy())
         if self.table.is_cuda:

@@ -1,0 +1,124 @@
+"""The K/V pool under churn: random prompt lengths and max_tokens, follow-ups that extend earlier sequences (retained
+slots), aborts at random rounds and finishes, on three lanes whose pool holds little more than one lane's whole
+context, so requests wait for pages and are preempted all the time.
+
+After every round: no page is held by two lanes, free + held pages are every page (no leak), the block table the
+kernels read maps exactly the pages each lane holds (the scratch lane only the null page), every running request
+holds the pages of every position it has run, a retained slot on a lane exactly those of its positions, and a lane
+with neither holds none. Every greedy request that ran to its end, preempted or not, equals the same request alone on
+an engine whose pool holds every lane's context. The host round (exact mode: off, mtp) and the device round (dflash2,
+exact off) both run.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engines import make_engine, run
+from ignis.backends.dflash2.weights import save_random_drafter
+from ignis.engine.core import Engine
+from ignis.ipc.messages import EngineRequest
+from ignis.model.config import ModelConfig
+from ignis.params import SamplingParams
+from tiny import tiny_checkpoint
+
+VOCAB = 512
+CONTEXT = 256
+CASES = {"off": (0, "on"), "mtp": (2, "on"), "dflash2": (3, "off")}  # backend: (draft tokens, model.exact)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tiny_checkpoint(tmp_path_factory.mktemp("ckpt"), seed=31, mtp=True, vocab_size=VOCAB)
+    save_random_drafter(path / "drafter", ModelConfig.from_dir(path), block_size=8, seed=2)
+    return path
+
+
+def check(e: Engine) -> None:
+    pages, pool, sched = e.pages, e.runner.cache.pool, e.scheduler
+    held = [p for lane in pages.lanes for p in lane]
+    assert len(held) == len(set(held)), "a page held by two lanes"
+    assert sorted(held + pages.free) == list(range(1, pages.total + 1)), "a page leaked or was made up"
+    table = pool.table.cpu().numpy().copy()
+    assert (table == pool.host).all(), "the device table and its host mirror differ"
+    for lane, index, page in pages.updates:  # writes the next plan makes: releases since the last round
+        table[lane, index] = page
+    for lane, mine in enumerate(pages.lanes):
+        assert list(table[lane, : len(mine)]) == mine and not table[lane, len(mine) :].any(), f"lane {lane}'s row"
+    assert not table[sched.lanes.__len__()].any(), "the scratch lane maps a page"
+    kept = sched.retained
+    on_lanes = {s.lane: s for s in kept.slots.values() if s.lane >= 0} if kept is not None else {}
+    for lane, r in enumerate(sched.lanes):
+        if r is not None:
+            assert pages.held(lane) * pages.page >= r.computed, f"lane {lane} ran positions it holds no page for"
+        elif lane in on_lanes:
+            assert pages.held(lane) == pages.covering(on_lanes[lane].length), f"retained slot on lane {lane}"
+        else:
+            assert pages.held(lane) == 0, f"free lane {lane} holds pages"
+    stats = e.stats()
+    assert stats.kv_pages == pages.total and stats.kv_pages_used == len(held)
+    assert stats.kv_pages_retained == sum(pages.held(lane) for lane in on_lanes)
+
+
+@pytest.mark.parametrize("backend", sorted(CASES))
+def test_churn_on_a_small_pool_never_shares_or_leaks_a_page_and_preempted_outputs_stay_exact(
+    ckpt: Path, backend: str
+) -> None:
+    k, exact = CASES[backend]
+    rng = random.Random(len(backend))
+    probe = make_engine(ckpt, backend, k, model={"exact": exact}, lanes=1, context=CONTEXT)
+    lane_pages = probe.pages.width  # one lane's whole context and a round's columns
+    page_bytes = probe.runner.cache.pool.page_bytes()
+    e = make_engine(ckpt, backend, k, model={"exact": exact}, lanes=3, context=CONTEXT, max_rows=128,
+                    kv_memory=(lane_pages + 1) * page_bytes)
+    assert e.pages.total == lane_pages + 1
+    sequences: list[list[int]] = []
+    prompts: dict[str, list[int]] = {}
+    outputs: dict[str, list[int]] = {}
+    finished: dict[str, str | None] = {}
+    preempted: set[str] = set()
+    live: set[str] = set()
+    n, total = 0, 36
+    while n < total or live:
+        if n < total and rng.random() < 0.5:
+            recent = [q for q in sequences[-4:] if len(q) < 120]
+            base = rng.choice(recent) if recent and rng.random() < 0.4 else []
+            prompt = base + [rng.randrange(3, VOCAB) for _ in range(rng.randrange(1, 150 - len(base) // 2))]
+            rid = f"r{n}"
+            e.add(EngineRequest(id=rid, prompt_token_ids=prompt,
+                                params=SamplingParams(max_tokens=rng.randrange(1, 70), temperature=0.0,
+                                                      ignore_eos=True)))
+            prompts[rid], outputs[rid] = prompt, []
+            live.add(rid)
+            n += 1
+        if live and rng.random() < 0.03:
+            rid = rng.choice(sorted(live))
+            for d in e.abort([rid]):
+                finished[d.id] = d.finish_reason
+            live.discard(rid)
+            sequences.append(prompts[rid] + outputs[rid])
+        for d in e.step():
+            outputs[d.id] += d.token_ids
+            if d.finished:
+                finished[d.id] = d.finish_reason
+                live.discard(d.id)
+                sequences.append(prompts[d.id] + outputs[d.id])
+                assert d.stats is not None
+                if d.stats.preemptions:
+                    preempted.add(d.id)
+        check(e)
+    stats = e.stats()
+    assert stats.preemptions >= 5 and len(preempted) >= 3, (stats.preemptions, preempted)
+    assert stats.retained_hits >= 1
+    assert stats.kv_pages_used == stats.kv_pages_retained  # nothing runs: only retained slots hold pages
+    done = sorted(rid for rid, reason in finished.items() if reason == "length")
+    assert preempted <= set(done) and len(done) >= 18
+    for rid in done:
+        alone = run(make_engine(ckpt, backend, k, model={"exact": exact}, lanes=1, context=CONTEXT), [prompts[rid]],
+                    SamplingParams(max_tokens=len(outputs[rid]), temperature=0.0, ignore_eos=True))["0"]
+        assert alone.token_ids == outputs[rid], (rid, rid in preempted)
+    assert np.array_equal(e.runner.cache.pool.host, e.runner.cache.pool.table.cpu().numpy())
