@@ -1,6 +1,6 @@
 """The contract between the round and a speculation backend: one struct in, one struct out.
 
-Owns: `BackendContext` (what a backend gets at load), `Observation` (what was committed), `ProposeIn` / `Proposal`
+Owns: `BackendContext` (what a backend gets at load, the target's K/V pool among it), `Observation` (what was committed), `ProposeIn` / `Proposal`
 (drafts for the lanes decoding this round), `Choice` (how each lane picks its drafts), `Committed` (a device round's
 verify rows and how many each lane kept) and the `SpecBackend` protocol. Does not own: the round itself
 (ignis.engine.round, ignis.engine.device_round), acceptance or discovery (ignis.backends.registry).
@@ -35,6 +35,7 @@ import torch
 if TYPE_CHECKING:
     from ignis.config import IgnisConfig
     from ignis.model.model import HybridModel
+    from ignis.model.pool import KVPool
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,10 @@ class BackendContext:
     context: int
     device: torch.device
     dtype: torch.dtype
+    # The target's K/V pool (ignis.model.pool): a backend layer that attends at the target's positions can keep its
+    # keys there (`kv.layer()`), in the pages the target's lane holds, read through the same block table; the engine
+    # sizes the pool once every layer is known. None: no pool (a backend built outside an engine keeps its own).
+    kv: KVPool | None = None
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """The `mtp` backend: the checkpoint's own multi-token-prediction layer, applied recursively for K drafts.
 
-Owns: the MTP layer's per-lane attention cache and the drafting loop, in the host form and the device form (see
-ignis.backends.base). Does not own: the MTP weights or layer math (ignis.model.model.MTPHead, loaded with the
-target) or acceptance.
+Owns: the MTP layer's attention cache (in the target's K/V pool when the engine gives one: the layer attends at the
+target's positions, so it reads and writes the pages the target's lane holds) and the drafting loop, in the host
+form and the device form (see ignis.backends.base). Does not own: the MTP weights or layer math
+(ignis.model.model.MTPHead, loaded with the target), the pool's pages, or acceptance.
 
 At committed position t the layer reads the target's final-normed hidden h_t and the embedding of the token after it,
 x_{t+1}, and predicts x_{t+2}. `observe` runs it over every committed row (filling its cache at those positions) and
@@ -41,21 +42,28 @@ class Mtp:
         self.mtp = model.mtp
         self.draft_tokens = ctx.config.spec.draft_tokens or 1
         cfg = model.config
-        slots = ctx.context + self.draft_tokens + 1
         rows = ctx.lanes + 1  # + the scratch lane
-        shape = (rows, slots, cfg.num_key_value_heads, cfg.head_dim)
-        k = torch.zeros(shape, dtype=ctx.dtype, device=ctx.device)  # [lanes + 1, slots, nkv, hd]
-        self.kv = AttnState.contiguous(k, torch.zeros_like(k))
+        self.pooled = ctx.kv is not None
+        if ctx.kv is not None:
+            self.kv = ctx.kv.layer()
+        else:  # a cache of its own: every lane's whole context
+            shape = (rows, ctx.context + self.draft_tokens + 1, cfg.num_key_value_heads, cfg.head_dim)
+            k = torch.zeros(shape, dtype=ctx.dtype, device=ctx.device)  # [lanes + 1, slots, nkv, hd]
+            self.kv = AttnState.contiguous(k, torch.zeros_like(k))
         self.last = torch.zeros((rows, cfg.hidden_size), dtype=ctx.dtype, device=ctx.device)  # [lanes + 1, H]
 
     def nbytes(self) -> int:
-        return self.kv.k.nbytes + self.kv.v.nbytes + self.last.nbytes
+        own = 0 if self.pooled else self.kv.k.nbytes + self.kv.v.nbytes  # pooled: counted with the pool
+        return own + self.last.nbytes
 
     def reset(self, lane: int) -> None:
         self.last[lane].zero_()
 
     def lane_views(self, lane: int, length: int) -> dict[str, torch.Tensor] | None:
         # Row t's keys read the token after t: the state of 0..length-1 holds token `length` too (the slot's last id).
+        # Pooled keys move with the target's (ignis.model.cache.LaneCache.lane_read reads every pooled layer).
+        if self.pooled:
+            return {"last": self.last[lane]}
         return {"k": self.kv.k[lane, :length], "v": self.kv.v[lane, :length], "last": self.last[lane]}
 
     def observe(self, obs: list[Observation]) -> None:

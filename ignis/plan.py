@@ -165,7 +165,7 @@ def _plan(cfg: IgnisConfig, model_dir: Path, *, fitted: bool) -> MemoryPlan:
     cache = LaneCache(config, lanes=ec.lanes, context=ec.context, max_cols=k + 1, device="meta", dtype=dtype)
     pool = cache.pool
     kv = pool.nbytes()
-    recurrent = cache.nbytes() - sum(s.k.nbytes + s.v.nbytes for s in pool.layers)
+    recurrent = cache.nbytes() - kv
     fmt = (f"int4 (group {quant.group_size})" if quant is not None else "fp8 e4m3 (made at load)" if fp8
            else str(dtype).removeprefix("torch."))
     items = [

@@ -15,7 +15,7 @@ import torch
 from ignis.artifact import model_name, resolve_device, resolve_dtype, resolve_exact, resolve_model_path
 from ignis.backends.base import BackendContext
 from ignis.backends.registry import load_backend
-from ignis.config import IgnisConfig
+from ignis.config import MAX_DRAFT_TOKENS, IgnisConfig
 from ignis.engine.defaults import cache_bytes, settle
 from ignis.engine.device_prefill import DevicePrefill
 from ignis.engine.device_round import DeviceRound
@@ -66,21 +66,23 @@ class Engine:
         config = settle(config, path, device, dtype, self.model.config)
         self.config = config
         ec = config.engine
-        ctx = BackendContext(self.model, config, path, ec.lanes, ec.context, device, dtype)
+        # The K/V pool's storage waits until the backend has added its layers (mtp's): its page count depends on them.
+        pool = KVPool(self.model.config, lanes=ec.lanes, positions=ec.context + MAX_DRAFT_TOKENS + 1, pages=0,
+                      device=device, dtype=dtype)
+        ctx = BackendContext(self.model, config, path, ec.lanes, ec.context, device, dtype, kv=pool)
         report("drafter", 0, 1)
         self.backend = load_backend(config.spec.backend, ctx)
         report("drafter", 1, 1, memory_bytes=self.backend.nbytes())
         k = self.backend.draft_tokens
         report("caches", 0, ec.lanes, unit="lanes")
-        mc = self.model.config
-        attention = sum(1 for kind in mc.layer_types if kind == "full_attention")
-        pages = KVPool.count(mc, ec.kv_memory, layers=attention, dtype=dtype)
-        pool = KVPool(mc, lanes=ec.lanes, positions=ec.context + k + 1, pages=pages, device=device, dtype=dtype)
-        if pages < pool.width:
-            raise ConfigError("engine.kv_memory", f"{ec.kv_memory} bytes hold {pages} pages of {pool.page} positions, "
-                              f"fewer than one lane's context of {ec.context} and a round's {k + 1} columns: raise "
-                              f"engine.kv_memory or lower engine.context")
-        cache = LaneCache(mc, lanes=ec.lanes, context=ec.context, max_cols=k + 1, device=device, dtype=dtype, pool=pool)
+        cache = LaneCache(self.model.config, lanes=ec.lanes, context=ec.context, max_cols=k + 1, device=device,
+                          dtype=dtype, pool=pool)
+        pages, lane_pages = ec.kv_memory // pool.page_bytes(), -(-(ec.context + k + 1) // pool.page)
+        if pages < lane_pages:
+            raise ConfigError("engine.kv_memory", f"{ec.kv_memory} bytes hold {pages} pages of {pool.page} positions "
+                              f"in {len(pool.layers)} attention layers, fewer than one lane's context of {ec.context} "
+                              f"and a round's {k + 1} columns: raise engine.kv_memory or lower engine.context")
+        pool.allocate(pages)
         self._cache_bytes = cache.nbytes()
         report("caches", ec.lanes, ec.lanes, unit="lanes", memory_bytes=self._cache_bytes)
         self.telemetry = Telemetry(*cache_bytes(self.model.config, k, dtype))
@@ -108,7 +110,7 @@ class Engine:
         self.runner = Runner(self.model, cache, self.backend, device, sample_drafts, device_round, self.store,
                              device_prefill)
         retained = Retained(ec.retained_host_memory, self.store.state_bytes) if self.store.retains else None
-        self.pages = Pages(pages=pool.pages, page=pool.page, lanes=ec.lanes, width=pool.width)
+        self.pages = Pages(pages=pool.pages, page=pool.page, lanes=ec.lanes, width=lane_pages)
         self.scheduler = Scheduler(
             lanes=ec.lanes,
             max_rows=ec.max_rows,
@@ -143,7 +145,7 @@ class Engine:
             cache_mib=round(self._cache_bytes / 2**20, 1),
             kv_pages=pool.pages,
             kv_positions=pool.pages * pool.page,
-            kv_whole_contexts=pool.pages // pool.width,  # lanes that can hold a whole context at once
+            kv_whole_contexts=pool.pages // lane_pages,  # lanes that can hold a whole context at once
             backend_mib=round(self.backend.nbytes() / 2**20, 1),
             round="device" if device_round is not None else "host",
             cuda_graphs=graphs,

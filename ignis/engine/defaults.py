@@ -56,7 +56,7 @@ def settle(
     engine = config.engine
     context, kv_memory, why, pool_why = fit_pool(model, engine.lanes, engine.context, engine.kv_memory,
                                                  spec.draft_tokens, device, dtype,
-                                                 _drafter_bytes(config, path, spec.backend))
+                                                 _drafter_bytes(config, path, spec.backend), pooled_layers(spec.backend))
     if engine.context == 0:
         log.info("ignis.engine.context_default", context=context, reason=why)
     if engine.kv_memory == 0:
@@ -87,8 +87,13 @@ def choose_backend(config: IgnisConfig, path: Path, device: torch.device) -> tup
     return backend, (k if backend != "off" else 0), why
 
 
+def pooled_layers(backend: str) -> int:
+    """Attention layers a backend keeps in the target's K/V pool: mtp's layer attends at the target's positions."""
+    return 1 if backend == "mtp" else 0
+
+
 def fit_pool(model: ModelConfig, lanes: int, context: int, kv_memory: int, draft_tokens: int, device: torch.device,
-             dtype: torch.dtype, reserved: int = 0) -> tuple[int, int, str, str]:
+             dtype: torch.dtype, reserved: int = 0, extra_layers: int = 0) -> tuple[int, int, str, str]:
     """(context, kv_memory, why the context, why the pool): `context` and `kv_memory` with their 0s (auto) settled.
 
     The memory left is the free device memory (GPU_MEMORY_FRACTION of it; CPU_MEMORY_FRACTION of the available
@@ -96,9 +101,10 @@ def fit_pool(model: ModelConfig, lanes: int, context: int, kv_memory: int, draft
     state. The pool (engine.kv_memory) defaults to every lane's whole context, so no request ever waits for pages, or
     to the memory left when that is less. An automatic context is the model's max_position_embeddings, or fewer so that
     one lane's whole context (and a round's verify columns past it) fits the pool. Raises when the pool cannot hold one
-    lane's whole context: a request alone must always be able to run to the end of its context."""
+    lane's whole context: a request alone must always be able to run to the end of its context. extra_layers: a
+    backend's attention layers in the pool (`pooled_layers`)."""
     wanted = context or model.max_position_embeddings
-    fixed, per_position = cache_bytes(model, draft_tokens, dtype)
+    fixed, per_position = cache_bytes(model, draft_tokens, dtype, extra_layers)
     page_bytes = per_position * PAGE
     cols = draft_tokens + 1
     free, where = available_memory(device)
@@ -141,14 +147,17 @@ def fit_pool(model: ModelConfig, lanes: int, context: int, kv_memory: int, draft
     return context, kv_memory, why, pool_why
 
 
-def cache_bytes(model: ModelConfig, draft_tokens: int, dtype: torch.dtype) -> tuple[int, int]:
+def cache_bytes(model: ModelConfig, draft_tokens: int, dtype: torch.dtype, extra_layers: int = 0) -> tuple[int, int]:
     """(bytes per lane whatever its length, bytes per position held) of the target's caches: the recurrent state
-    and verify record of a lane, and the attention layers' K/V of one position in the pool.
+    and verify record of a lane, and the pooled attention layers' K/V of one position (the target's, and
+    `extra_layers` of a backend's).
 
     Measured on the meta device from LaneCache itself, so the figures follow its layout without copying it."""
     cache = LaneCache(model, lanes=1, context=1, max_cols=draft_tokens + 1, device="meta", dtype=dtype)
+    for _ in range(extra_layers):
+        cache.pool.layer()
     per_position = cache.pool.page_bytes() // cache.pool.page
-    return cache.nbytes() - sum(s.k.nbytes + s.v.nbytes for s in cache.pool.layers), per_position
+    return cache.nbytes() - cache.pool.nbytes(), per_position
 
 
 def available_memory(device: torch.device) -> tuple[int, str]:

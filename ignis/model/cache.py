@@ -141,13 +141,15 @@ class LaneCache:
                 window(s.conv, s.rec_inputs, lanes, last, taps)
 
     def lane_state(self, lane: int, upto: int) -> dict[str, torch.Tensor]:
-        """Copies of everything the lane carries for positions 0..upto-1, by name (for inspection and tests)."""
-        return {name: t.clone() for name, t in self.lane_read(lane, upto).items()}
+        """Copies of everything the target's layers carry for the lane's positions 0..upto-1, by name (for inspection
+        and tests)."""
+        return {name: t.clone() for name, t in self.lane_read(lane, upto).items() if name.startswith("layers.")}
 
     def lane_read(self, lane: int, upto: int) -> dict[str, torch.Tensor]:
         """Everything the lane carries for positions 0..upto-1, by name: copies of the K/V of those positions (read
-        through its pages), and views of the recurrent state and conv window after position upto-1 (valid only when
-        the lane has run exactly that far). `lane_write` puts them back (retained slots, ignis.engine.lane_store)."""
+        through its pages, in this cache's layers and the pool's others: a backend's, as mtp's), and views of the
+        recurrent state and conv window after position upto-1 (valid only when the lane has run exactly that far).
+        `lane_write` puts them back (retained slots, ignis.engine.lane_store)."""
         out: dict[str, torch.Tensor] = {}
         for i, s in enumerate(self.layers):
             if isinstance(s, AttnState):
@@ -155,36 +157,45 @@ class LaneCache:
             else:
                 out[f"layers.{i}.conv"] = s.conv[lane]
                 out[f"layers.{i}.state"] = s.state[lane]
+        for j, s in enumerate(self._others()):
+            out[f"pool.{j}.k"], out[f"pool.{j}.v"] = s.read(lane, upto)
         return out
 
     def lane_write(self, lane: int, upto: int, saved: dict[str, torch.Tensor]) -> None:
         """Restore what `lane_read` gave (or host copies of it) into `lane`, whose pages must cover 0..upto-1. On a
         GPU the copies are asynchronous from pinned memory, ordered on the current stream."""
         pinned = self.pool.table.is_cuda
-        for i, s in enumerate(self.layers):
+        named = [(f"layers.{i}", s) for i, s in enumerate(self.layers)] + [
+            (f"pool.{j}", s) for j, s in enumerate(self._others())]
+        for name, s in named:
             if isinstance(s, AttnState):
-                k, v = (saved[f"layers.{i}.{n}"].to(s.k.device, non_blocking=pinned) for n in "kv")
+                k, v = (saved[f"{name}.{n}"].to(s.k.device, non_blocking=pinned) for n in "kv")
                 s.write(lane, 0, k, v)
             else:
-                s.conv[lane].copy_(saved[f"layers.{i}.conv"], non_blocking=pinned)
-                s.state[lane].copy_(saved[f"layers.{i}.state"], non_blocking=pinned)
+                s.conv[lane].copy_(saved[f"{name}.conv"], non_blocking=pinned)
+                s.state[lane].copy_(saved[f"{name}.state"], non_blocking=pinned)
 
     def state_bytes(self, upto: int) -> int:
         """Bytes `lane_read(lane, upto)` gives."""
         total = 0
-        for s in self.layers:
+        for s in [*self.layers, *self._others()]:
             if isinstance(s, AttnState):
-                total += 2 * upto * s.k[0, 0].nbytes
+                total += 2 * upto * s.k.shape[2] * s.k.shape[3] * s.k.element_size()
             else:
                 total += s.conv[0].nbytes + s.state[0].nbytes
         return total
 
+    def _others(self) -> list[AttnState]:
+        """The pool's layers that are not this cache's (a backend's)."""
+        return [s for s in self.pool.layers if not any(s is t for t in self.layers)]
+
     def nbytes(self) -> int:
-        """Device bytes of this cache's layers (the attention layers' page storage included)."""
-        total = 0
+        """Device bytes of the lanes' caches: the recurrent states and verify records, and the whole K/V pool."""
+        total = self.pool.nbytes()
         for s in self.layers:
-            parts = (s.k, s.v) if isinstance(s, AttnState) else (s.conv, s.state, s.rec_inputs, s.rec_kv, s.rec_states)
-            total += sum(t.numel() * t.element_size() for t in parts if t is not None)
+            if isinstance(s, GDNState):
+                parts = (s.conv, s.state, s.rec_inputs, s.rec_kv, s.rec_states)
+                total += sum(t.numel() * t.element_size() for t in parts if t is not None)
         return total
 
     def check_segment(self, lane: int, start: int, length: int, record: bool) -> None:

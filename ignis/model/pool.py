@@ -3,7 +3,8 @@ that maps each lane's positions to pages.
 
 Owns: `AttnState` (one attention layer's page storage and the table it reads through), `KVPool` (the table and its
 host mirror, the storage of every pooled layer, writing table entries, reading and writing a lane's keys by
-position). Does not own: which lane holds which pages or when they are given and taken back (ignis.engine.pages, the
+position). The target's attention layers are pooled, and so is any backend layer that runs at the target's positions
+(the mtp layer): one page then holds a position's keys in every pooled layer. Does not own: which lane holds which pages or when they are given and taken back (ignis.engine.pages, the
 scheduler), or the attention math (ignis.model.attention, ignis.kernels.attention). docs/adr/0008-paged-kv.md has
 the why.
 
@@ -80,8 +81,9 @@ class KVPool:
         page: int = PAGE,
     ) -> None:
         """A pool of `pages` pages of `page` positions (plus the null page) for lanes 0..lanes-1 and the scratch lane
-        `lanes`, each lane holding at most `positions` positions. Layers are added by `layer()`; nothing is mapped."""
-        if lanes < 1 or positions < 1 or pages < 1 or page < 1:
+        `lanes`, each lane holding at most `positions` positions. Layers are added by `layer()`; nothing is mapped.
+        pages 0: the storage is made later, by `allocate`, once every layer is known (the count depends on them)."""
+        if lanes < 1 or positions < 1 or pages < 0 or page < 1:
             raise ValueError(f"KVPool needs lanes, positions, pages, page >= 1, got {lanes}, {positions}, {pages}, {page}")
         self.config = config
         self.lanes = lanes
@@ -104,20 +106,32 @@ class KVPool:
         pool.map([(lane, i, 1 + lane * width + i) for lane in range(lanes) for i in range(width)])
         return pool
 
-    @staticmethod
-    def count(config: ModelConfig, nbytes: int, *, layers: int, dtype: torch.dtype, page: int = PAGE) -> int:
-        """Pages `nbytes` bytes hold for `layers` pooled layers."""
-        per_page = 2 * layers * page * config.num_key_value_heads * config.head_dim * torch.finfo(dtype).bits // 8
-        return nbytes // per_page
-
     def layer(self) -> AttnState:
-        """Storage for one more attention layer's keys and values, read through this pool's table."""
-        c = self.config
-        shape = (self.pages + 1, self.page, c.num_key_value_heads, c.head_dim)
-        k = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        state = AttnState(k, torch.zeros_like(k), self.table)
+        """One more attention layer's keys and values, read through this pool's table (its storage is made now, or by
+        `allocate` when the pool's size waits for every layer)."""
+        empty = torch.empty((0, self.page, self.config.num_key_value_heads, self.config.head_dim), dtype=self.dtype,
+                            device=self.device)
+        state = AttnState(empty, empty, self.table)
         self.layers.append(state)
+        if self.pages:
+            self._make(state)
         return state
+
+    def allocate(self, pages: int) -> None:
+        """Make the storage of every layer added so far: `pages` pages (and the null page) each."""
+        if self.pages:
+            raise ValueError(f"the pool already holds {self.pages} pages")
+        if pages < 1:
+            raise ValueError(f"a pool needs at least one page, got {pages}")
+        self.pages = pages
+        for state in self.layers:
+            self._make(state)
+
+    def _make(self, state: AttnState) -> None:
+        c = self.config
+        state.k = torch.zeros((self.pages + 1, self.page, c.num_key_value_heads, c.head_dim), dtype=self.dtype,
+                              device=self.device)
+        state.v = torch.zeros_like(state.k)
 
     def page_bytes(self) -> int:
         """Bytes one page takes over the pooled layers."""
@@ -148,22 +162,3 @@ class KVPool:
         row = self.host[lane]
         empty = np.flatnonzero(row == NULL)
         return int(empty[0]) if empty.size else self.width
-
-    def read(self, lane: int, end: int) -> dict[str, torch.Tensor]:
-        """Copies of every pooled layer's keys and values of `lane`'s positions 0..end-1, by name."""
-        out: dict[str, torch.Tensor] = {}
-        for i, s in enumerate(self.layers):
-            out[f"{i}.k"], out[f"{i}.v"] = s.read(lane, end)
-        return out
-
-    def write(self, lane: int, end: int, saved: dict[str, torch.Tensor]) -> None:
-        """Put what `read` gave (possibly host copies) back as `lane`'s positions 0..end-1, through its table row."""
-        pinned = self.table.is_cuda
-        for i, s in enumerate(self.layers):
-            k, v = (saved[f"{i}.{n}"].to(self.device, non_blocking=pinned) for n in "kv")
-            s.write(lane, 0, k, v)
-
-    def bytes_for(self, positions: int) -> int:
-        """Bytes `read` gives for that many positions."""
-        c = self.config
-        return 2 * len(self.layers) * positions * c.num_key_value_heads * c.head_dim * torch.finfo(self.dtype).bits // 8
