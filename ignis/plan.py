@@ -1,16 +1,23 @@
 """The memory plan: what a model directory needs on a device under a config, item by item, against what the device has.
 
-Owns: `memory_plan` (weights, attention K/V, recurrent states, drafter, CUDA-graph and activation scratch, runtime,
-headroom), `device_memory` (the profile's `engine.memory_mib`, else the visible CUDA device's total) and
+Owns: `memory_plan` (weights, the attention K/V pool, recurrent states, drafter, CUDA-graph and activation scratch,
+runtime, headroom), `device_memory` (the profile's `engine.memory_mib`, else the visible CUDA device's total) and
 `check_plan`, which refuses a plan that cannot fit before anything is loaded. Does not own: loading (ignis.model,
 the backends) or the config rules (ignis.config).
 
 Everything is counted from config.json files on the meta device (no weights are read), with the same classes the
 engine allocates, so the numbers are the engine's own: the target from its config.json and quantization_config, the
-lane cache from `LaneCache`, a dflash2 drafter from its config.json and `ContextCache`; with model.weights = "fp8"
+lane cache from `LaneCache` and `KVPool`, a dflash2 drafter from its config.json and `ContextCache`; with
+model.weights = "fp8"
 the projections the loader converts count one byte a weight and four a row for the scale. Two items are estimates, and
 say so: the scratch of a round (activations and logits of the largest round, and one dequantized weight while
 4-bit products use the reference linear) and the runtime (CUDA context, cuBLAS workspace, allocator slack).
+
+The K/V pool is planned as the engine settles it (ignis.engine.defaults.fit_pool): engine.kv_memory when set, else
+every lane's whole context, or what the other items leave of the device (GPU_MEMORY_FRACTION of it) when that is
+less. A plan fits when its total fits the device and the pool holds at least one lane's whole context; where the
+memory left cannot hold even that, the pool is counted as every lane's whole context, so the plan says what the
+config asks for.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from ignis.config import IgnisConfig
 from ignis.config.schema import AUTO
 from ignis.errors import ConfigError
 from ignis.model.cache import LaneCache
+from ignis.model.pool import PAGE, KVPool
 from ignis.model.config import ModelConfig
 from ignis.model.model import HybridModel
 from ignis.quant.format import QuantConfig, quantized_name
@@ -34,7 +42,6 @@ from ignis.quant.linear import QuantLinear
 
 GIB = 2**30
 RUNTIME = int(1.5 * GIB)  # CUDA context (~0.5 GiB), cuBLAS workspaces, allocator fragmentation
-PROBE = 16384  # positions a lane: longer than any drafter's sliding window, for the cost of one more position
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,8 @@ class MemoryPlan:
     device: str  # what the capacity is, in words
     capacity: int  # bytes; 0 when unknown (the CPU: host memory is not planned)
     items: tuple[Item, ...]
+    kv_room: int = 0  # positions the K/V pool may take (engine.kv_memory's, or the memory left's)
+    lane_positions: int = 0  # positions one lane's whole context takes in the pool, with a round's columns
 
     @property
     def total(self) -> int:
@@ -62,7 +71,7 @@ class MemoryPlan:
 
     @property
     def fits(self) -> bool:
-        return self.capacity == 0 or self.headroom >= 0
+        return (self.capacity == 0 or self.headroom >= 0) and self.kv_room >= self.lane_positions
 
     def render(self) -> str:
         lines = [f"# memory plan: {self.model} ({self.weights} weights) on {self.device}"]
@@ -109,8 +118,8 @@ def memory_plan(cfg: IgnisConfig, model_dir: Path) -> MemoryPlan:
     """The plan for serving `model_dir` (only its config.json files are read) under `cfg`.
 
     `spec.backend = "auto"` is settled as the engine settles it (ignis.engine.defaults.choose_backend); with
-    `engine.context = 0` the plan takes the longest context that fits the device (multiples of 256, at most the
-    model's max_position_embeddings; the engine fits its own at start-up from the memory then free)."""
+    `engine.context = 0` the plan takes the model's max_position_embeddings, or the longest context (a multiple of
+    256) one lane can hold in the pool (the engine fits its own at start-up from the memory then free)."""
     from ignis.engine.defaults import CONTEXT_STEP, MIN_FITTED_CONTEXT, choose_backend
 
     cuda = on_cuda(cfg)
@@ -123,12 +132,10 @@ def memory_plan(cfg: IgnisConfig, model_dir: Path) -> MemoryPlan:
     plan = _plan(_with_context(cfg, wanted), model_dir, fitted=True)
     if plan.fits:
         return plan
-    # Past a sliding-window drafter's window every position costs the same: estimate from two long contexts, then
-    # step down to the first that fits.
-    low, high = (_plan(_with_context(cfg, n), model_dir, fitted=True) for n in (PROBE, 2 * PROBE))
-    per_position = max(1, (high.total - low.total) // PROBE)
-    estimate = (PROBE + low.headroom // per_position) // CONTEXT_STEP * CONTEXT_STEP
-    context = max(MIN_FITTED_CONTEXT, min(wanted, estimate))
+    # One lane's whole context must fit the pool: start from the longest the pool's room holds (the drafter's
+    # context cache grows with the context up to its window, so step down from there to the first plan that fits).
+    columns = plan.lane_positions - wanted
+    context = max(MIN_FITTED_CONTEXT, min(wanted, (plan.kv_room - columns) // CONTEXT_STEP * CONTEXT_STEP))
     plan = _plan(_with_context(cfg, context), model_dir, fitted=True)
     while not plan.fits and context > MIN_FITTED_CONTEXT:
         context -= CONTEXT_STEP
@@ -163,16 +170,11 @@ def _plan(cfg: IgnisConfig, model_dir: Path, *, fitted: bool) -> MemoryPlan:
 
     ec, k = cfg.engine, cfg.spec.draft_tokens
     cache = LaneCache(config, lanes=ec.lanes, context=ec.context, max_cols=k + 1, device="meta", dtype=dtype)
-    pool = cache.pool
-    kv = pool.nbytes()
-    recurrent = cache.nbytes() - kv
+    recurrent = cache.nbytes() - cache.pool.nbytes()
     fmt = (f"int4 (group {quant.group_size})" if quant is not None else "fp8 e4m3 (made at load)" if fp8
            else str(dtype).removeprefix("torch."))
     items = [
         Item("weights", weights, f"target, {fmt}" + (" with its MTP layer" if mtp else "")),
-        Item("kv cache", kv, f"{len(pool.layers)} attention layers x {pool.pages} pages of {pool.page} positions "
-                             f"({ec.lanes} lanes x {ec.context + k + 1} positions)"
-                             + (f" (engine.context = 0: {fit})" if fitted else "")),
         Item("recurrent states", recurrent, f"{sum(1 for t in config.layer_types if t != 'full_attention')} Gated "
                                             f"DeltaNet layers x {ec.lanes + 1} lanes, fp32, with the verify record"),
         _drafter(cfg, model_dir, config, dtype),
@@ -186,18 +188,62 @@ def _plan(cfg: IgnisConfig, model_dir: Path, *, fitted: bool) -> MemoryPlan:
     if cuda:
         items.append(Item("cuda graphs, scratch", scratch, how))
         items.append(Item("runtime", RUNTIME, "estimate: CUDA context, cuBLAS workspace, allocator slack"))
-    return MemoryPlan(model_dir, fmt, device, capacity, tuple(items))
+    kv, room, lane = _pool(cfg, config, dtype, capacity, weights, sum(i.nbytes for i in items[1:]))
+    if fitted:
+        kv = dataclasses.replace(kv, how=kv.how + f" (engine.context = 0: {fit})")
+    return MemoryPlan(model_dir, fmt, device, capacity, (items[0], kv, *items[1:]), room, lane)
+
+
+def _pool(cfg: IgnisConfig, config: ModelConfig, dtype: torch.dtype, capacity: int, weights: int, others: int,
+          ) -> tuple[Item, int, int]:
+    """(the K/V pool's item, positions it may take, positions one lane's whole context takes), as the engine
+    settles the pool (ignis.engine.defaults.fit_pool) with `weights` loaded and `others` bytes of other items."""
+    from ignis.config import MAX_DRAFT_TOKENS
+    from ignis.engine.defaults import GPU_MEMORY_FRACTION, pooled_layers
+
+    ec, k = cfg.engine, cfg.spec.draft_tokens
+    layers = sum(1 for t in config.layer_types if t == "full_attention") + pooled_layers(cfg.spec.backend)
+
+    def pool(pages: int) -> KVPool:
+        made = KVPool(config, lanes=ec.lanes, positions=ec.context + MAX_DRAFT_TOKENS + 1, pages=pages,
+                      device="meta", dtype=dtype)
+        for _ in range(layers):
+            made.layer()
+        return made
+
+    page_bytes = pool(1).page_bytes()
+    lane_pages = -(-(ec.context + k + 1) // PAGE)
+    full = ec.lanes * lane_pages
+    if ec.kv_memory:
+        room, why = ec.kv_memory // page_bytes, "engine.kv_memory"
+    elif capacity:
+        left = int(GPU_MEMORY_FRACTION * (capacity - weights - RUNTIME)) - (others - RUNTIME)
+        room, why = max(0, left) // page_bytes, "the memory left"
+    else:
+        room, why = full, "every lane's whole context"
+    pages = room if ec.kv_memory else min(full, room) if room >= lane_pages else full
+    if pages == full:
+        why = f"every lane's whole context: {ec.lanes} lanes x {ec.context + k + 1} positions"
+    else:
+        why += f", room for {pages // lane_pages} of the {ec.lanes} lanes' whole contexts of {ec.context}"
+    made = pool(max(pages, 1))
+    item = Item("kv cache", made.nbytes(), f"{layers} attention layers x {pages} pages of {PAGE} positions, {why}")
+    return item, room * PAGE, lane_pages * PAGE
 
 
 def check_plan(cfg: IgnisConfig, model_dir: Path) -> MemoryPlan:
     """The plan, or a ConfigError with its numbers when it cannot fit the device the engine would use."""
     plan = memory_plan(cfg, model_dir)
-    if not plan.fits:
+    if plan.capacity and plan.headroom < 0:
         parts = ", ".join(f"{i.name} {i.nbytes / GIB:.2f}" for i in plan.items)
         raise ConfigError("engine", f"this model and config need {plan.total / GIB:.2f} GiB but {plan.device} has "
                           f"{plan.capacity / GIB:.2f} GiB (GiB: {parts}; headroom {plan.headroom / GIB:.2f}); lower "
                           f"engine.lanes or engine.context, or quantize the weights (ignis quantize); `ignis config "
                           f"show --model` prints the plan")
+    if not plan.fits:
+        raise ConfigError("engine", f"the K/V pool can take {plan.kv_room} positions, fewer than one lane's whole "
+                          f"context ({plan.lane_positions}); lower engine.context, raise engine.kv_memory or use a "
+                          f"bigger device; `ignis config show --model` prints the plan")
     return plan
 
 
@@ -257,6 +303,5 @@ def _drafter(cfg: IgnisConfig, model_dir: Path, target: ModelConfig, dtype: torc
         return Item("drafter", params * size + context.nbytes() + shortlist,
                     f"dflash2, {params / 1e9:.2f} B parameters + its context K/V ({dcfg.num_layers} layers)")
     if cfg.spec.backend == "mtp":
-        kv = 2 * (ec.lanes + 1) * (ec.context + cfg.spec.draft_tokens + 1) * target.num_key_value_heads
-        return Item("drafter", kv * target.head_dim * size, "mtp: its layer's K/V (weights are the target's)")
+        return Item("drafter", 0, "mtp: its layer's K/V is in the pool (weights are the target's)")
     return Item("drafter", 0, f"spec.backend = {cfg.spec.backend!r}")

@@ -94,13 +94,14 @@ def test_the_planned_weights_are_what_the_loader_holds(tmp_path: Path) -> None:
 
 def test_an_auto_context_is_the_longest_that_fits(q27b: dict[str, Path]) -> None:
     """engine.context = 0 and spec.backend = "auto" (the defaults) are planned as the engine settles them: dflash2 at
-    the drafter's width, and the longest context (a multiple of 256) that leaves headroom >= 0."""
+    the drafter's width, and the longest context (a multiple of 256) one lane can hold in the K/V pool the memory
+    left makes."""
     auto = {"engine.context": 0, "spec.backend": "auto", "spec.draft_tokens": 0}
     plan = memory_plan(load_config(profile="rtx5090", overrides=auto), q27b["int4"])
     kv = {i.name: i for i in plan.items}["kv cache"]
-    # 4 lanes of pages of 64 positions for the context and 7 drafts + 1 columns past it, plus the null page
-    context = ((kv.nbytes // (64 * KV_PER_POSITION) - 1) // 4 - 1) * 64
-    assert context % 256 == 0 and plan.fits and "engine.context = 0" in kv.how
+    context = (plan.lane_positions - 8) // 256 * 256  # one lane's pages hold its context and 7 drafts + 1 columns
+    assert plan.lane_positions == -(-(context + 8) // 64) * 64 <= plan.kv_room < plan.lane_positions + 256
+    assert context < 262144 and plan.fits and "engine.context = 0" in kv.how and "the memory left" in kv.how
     longer = memory_plan(load_config(profile="rtx5090", overrides={**DFLASH2, "engine.context": context + 256}),
                          q27b["int4"])
     assert not longer.fits
@@ -131,6 +132,11 @@ def test_serve_refuses_a_plan_that_cannot_fit_with_the_numbers(q27b: dict[str, P
     err = capsys.readouterr().err
     assert "need 60.95 GiB but 32607 MiB (engine.memory_mib) has 31.84 GiB" in err
     assert "weights 50.89, kv cache 4.02, recurrent states 0.84, drafter 3.60" in err and "headroom -29.11" in err
-    # The same card with more lanes than its profile also runs out: the K/V is counted too.
-    assert main(["serve", "--profile", "rtx5090", "--model", str(q27b["int4"]), "--set", "engine.lanes=16"]) == 2
+    # More lanes than the card holds whole contexts for: the K/V pool takes what is left and the lanes share it...
+    plan = memory_plan(load_config(profile="rtx5090", overrides={"engine.lanes": 16}), q27b["int4"])
+    kv = {i.name: i for i in plan.items}["kv cache"]
+    assert plan.fits and "the memory left" in kv.how and plan.lane_positions <= plan.kv_room < 16 * plan.lane_positions
+    # ... but a stated pool the card cannot hold is refused, with the numbers.
+    stated = f"engine.kv_memory={20 * GIB}"
+    assert main(["serve", "--profile", "rtx5090", "--model", str(q27b["int4"]), "--set", stated]) == 2
     assert "this model and config need" in capsys.readouterr().err

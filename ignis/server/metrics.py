@@ -59,8 +59,18 @@ class _Snapshot(Collector):
                                 value=s.retained_host_bytes)
         yield GaugeMetricFamily("ignis_retained_host_capacity_bytes", "Bound on that memory "
                                 "(engine.retained_host_memory).", value=s.retained_host_capacity_bytes)
-        yield CounterMetricFamily("ignis_preemptions", "Requests pushed out of a lane to make room.",
-                                  value=s.preemptions)
+        yield CounterMetricFamily("ignis_preemptions", "Requests pushed out of a lane to free K/V pages (requeued and "
+                                  "prefilled again).", value=s.preemptions)
+        yield GaugeMetricFamily("ignis_kv_pool_pages", "Pages in the attention K/V pool (engine.kv_memory).",
+                                value=s.kv_pages)
+        yield GaugeMetricFamily("ignis_kv_pool_pages_used", "K/V pages held by running requests and retained slots.",
+                                value=s.kv_pages_used)
+        yield GaugeMetricFamily("ignis_kv_pool_pages_retained", "K/V pages held by retained slots (given up first).",
+                                value=s.kv_pages_retained)
+        yield GaugeMetricFamily("ignis_kv_pool_usage", "Fraction of the K/V pool's pages in use.",
+                                value=s.kv_pages_used / s.kv_pages if s.kv_pages else 0.0)
+        yield GaugeMetricFamily("ignis_kv_pool_page_positions", "Positions one K/V page holds.",
+                                value=s.kv_page_positions)
         errors = CounterMetricFamily("ignis_request_errors", "Requests refused or ended early, by kind.", labels=["kind"])
         for kind, n in sorted(s.errors.items()):
             errors.add_metric([kind], n)
