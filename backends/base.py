@@ -1,9 +1,10 @@
 """The contract between the round and a speculation backend: one struct in, one struct out.
 
-Owns: `BackendContext` (what a backend gets at load, the target's K/V pool among it), `Observation` (what was committed), `ProposeIn` / `Proposal`
-(drafts for the lanes decoding this round), `Choice` (how each lane picks its drafts), `Committed` (a device round's
-verify rows and how many each lane kept) and the `SpecBackend` protocol. Does not own: the round itself
-(ignis.engine.round, ignis.engine.device_round), acceptance or discovery (ignis.backends.registry).
+Owns: `BackendContext` (what a backend gets at load, the target's K/V pool among it), `Observation` (what was
+committed), `ProposeIn` / `Proposal` (drafts for the lanes decoding this round), `Choice` (how each lane picks its
+drafts), `Committed` (a device round's verify rows and how many each lane kept) and the `SpecBackend` protocol. Does not
+own: the round itself (ignis.engine.round, ignis.engine.device_round), acceptance or discovery
+(ignis.backends.registry).
 
 The round calls, per lane and in this order: `reset` when a request takes the lane; `observe` after every forward with
 the rows that lane committed (prefill chunks, or anchor plus accepted drafts) together with the token that follows

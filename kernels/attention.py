@@ -115,8 +115,8 @@ def attend(
     opart = torch.empty((b, nkv, ns, rows, hd), dtype=torch.float32, device=q.device)
     mpart = torch.empty((b, nkv, ns, rows), dtype=torch.float32, device=q.device)
     lpart = torch.empty_like(mpart)
-    launch(ks["partial"], (ns, nkv, b), THREADS, (q, kc, vc, table, lanes, positions, opart, mpart, lpart, float(scale), per),
-            q.device)
+    launch(ks["partial"], (ns, nkv, b), THREADS,
+           (q, kc, vc, table, lanes, positions, opart, mpart, lpart, float(scale), per), q.device)
     t = b * rows // (nh // nkv)
     y = torch.empty((t, nh * hd), dtype=q.dtype, device=q.device)
     launch(ks["combine"], (nh, t), THREADS, (opart, mpart, lpart, qkv, y, nh), q.device)

@@ -54,9 +54,9 @@ def settle(
         spec = dataclasses.replace(spec, backend=backend, draft_tokens=k)
         log.info("ignis.engine.spec_default", backend=backend, draft_tokens=k, reason=why)
     engine = config.engine
+    drafter = _drafter_bytes(config, path, spec.backend)
     context, kv_memory, why, pool_why = fit_pool(model, engine.lanes, engine.context, engine.kv_memory,
-                                                 spec.draft_tokens, device, dtype,
-                                                 _drafter_bytes(config, path, spec.backend), pooled_layers(spec.backend))
+                                                 spec.draft_tokens, device, dtype, drafter, pooled_layers(spec.backend))
     if engine.context == 0:
         log.info("ignis.engine.context_default", context=context, reason=why)
     if engine.kv_memory == 0:
@@ -140,8 +140,8 @@ def fit_pool(model: ModelConfig, lanes: int, context: int, kv_memory: int, draft
         held = kv_memory // page_bytes * PAGE
         if pool_why.startswith("engine.kv_memory"):
             raise ConfigError("engine.kv_memory", f"got {kv_memory} bytes, {held} positions of K/V, fewer than one "
-                              f"lane's context of {context} and a round's {cols} columns ({_gib(lane_pages * page_bytes)}"
-                              f"); raise engine.kv_memory or lower engine.context")
+                              f"lane's context of {context} and a round's {cols} columns "
+                              f"({_gib(lane_pages * page_bytes)}); raise engine.kv_memory or lower engine.context")
         raise ArtifactError(f"not enough memory for one lane's context of {context}: {memory} holds {held} positions "
                             f"of K/V after {lanes} lanes' recurrent state; lower engine.context or engine.lanes")
     return context, kv_memory, why, pool_why

@@ -91,8 +91,8 @@ class PrefillBuffers:
 
     def load(self, r: Request, start: int, following: int) -> None:
         """Write one piece of `r`'s prompt (rows start..start+C-1 of tokens[:fill]; `following`: the token after them,
-        -1 after the last) into the host mirrors and start the upload. Waits only while the last upload from these mirrors
-        is still queued (a long prompt's repeated largest piece)."""
+        -1 after the last) into the host mirrors and start the upload. Waits only while the last upload from these
+        mirrors is still queued (a long prompt's repeated largest piece)."""
         if self.uploaded is not None:
             self.uploaded.synchronize()
         p = r.params

@@ -236,7 +236,8 @@ class Runner:
         for p, lr in zip(plan.prefill, prefill_rows):
             r = p.request
             if lr.logit_offset < 0:
-                observed.append(self._observe(r, batch, out, lr.offset, lr.length, following=r.tokens[r.computed + lr.length]))
+                following = r.tokens[r.computed + lr.length]
+                observed.append(self._observe(r, batch, out, lr.offset, lr.length, following=following))
                 r.computed += lr.length
                 continue
             row = out.logits[lr.logit_offset]

@@ -56,7 +56,7 @@ class LaneCache:
         dtype: torch.dtype,
         pool: KVPool | None = None,
     ) -> None:
-        """pool: where the attention layers' K/V go (None: a pool of this cache's own, every lane's positions mapped)."""
+        """pool: where the attention layers' K/V go (None: a pool of its own, every lane's positions mapped)."""
         if lanes < 1 or context < 1 or max_cols < 1:
             raise ValueError(f"LaneCache needs lanes, context, max_cols >= 1, got {lanes}, {context}, {max_cols}")
         if pool is None:

@@ -1,12 +1,12 @@
 """The attention layers' keys and values as one pool of fixed-size pages shared by the lanes, and the block table
 that maps each lane's positions to pages.
 
-Owns: `AttnState` (one attention layer's page storage and the table it reads through), `KVPool` (the table and its
-host mirror, the storage of every pooled layer, writing table entries, reading and writing a lane's keys by
-position). The target's attention layers are pooled, and so is any backend layer that runs at the target's positions
-(the mtp layer): one page then holds a position's keys in every pooled layer. Does not own: which lane holds which pages or when they are given and taken back (ignis.engine.pages, the
-scheduler), or the attention math (ignis.model.attention, ignis.kernels.attention). docs/adr/0008-paged-kv.md has
-the why.
+Owns: `AttnState` (one attention layer's page storage and the table it reads through, and reading and writing a lane's
+keys by position), `KVPool` (the table and its host mirror, the storage of every pooled layer, writing table entries).
+The target's attention layers are pooled, and so is any backend layer that runs at the target's positions (the mtp
+layer): one page then holds a position's keys in every pooled layer. Does not own: which lane holds which pages or when
+they are given and taken back (ignis.engine.pages, the scheduler), or the attention math (ignis.model.attention,
+ignis.kernels.attention). docs/adr/0008-paged-kv.md has the why.
 
 Position p of lane l lives in slot p % page of page table[l, p // page]. Page 0 is the null page: never given to a
 lane, it is where every unmapped table entry points (the scratch lane's whole row, and each lane's entries past the
@@ -38,7 +38,7 @@ class AttnState:
 
     @staticmethod
     def contiguous(k: torch.Tensor, v: torch.Tensor) -> AttnState:
-        """A per-lane cache k, v [rows, slots, nkv, hd] as pages: one page of `slots` positions a row, row l lane l's."""
+        """A per-lane cache k, v [rows, slots, nkv, hd] as pages: one page of `slots` positions a row (lane l's: l)."""
         table = torch.arange(k.shape[0], dtype=torch.int64, device=k.device)[:, None]  # [rows, 1] int64
         return AttnState(k, v, table)
 
@@ -84,7 +84,8 @@ class KVPool:
         `lanes`, each lane holding at most `positions` positions. Layers are added by `layer()`; nothing is mapped.
         pages 0: the storage is made later, by `allocate`, once every layer is known (the count depends on them)."""
         if lanes < 1 or positions < 1 or pages < 0 or page < 1:
-            raise ValueError(f"KVPool needs lanes, positions, pages, page >= 1, got {lanes}, {positions}, {pages}, {page}")
+            raise ValueError(f"KVPool needs lanes, positions, page >= 1 and pages >= 0, got {lanes}, {positions}, "
+                             f"{page}, {pages}")
         self.config = config
         self.lanes = lanes
         self.page = page
