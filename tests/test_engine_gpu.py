@@ -166,6 +166,8 @@ def test_a_long_piece_in_flas_chunked_form_leaves_the_recurrent_kernels_state(ro
     r = Request(id="p", prompt=ids, params=SamplingParams(max_tokens=1, temperature=0.0), stop_ids=frozenset(),
                 generator=make_generator(0), seed=0)
     r.lane = 0
+    assert engine.pages.grow(0, rows)  # the lane's pages (the scheduler's work when a round runs)
+    dp.cache.pool.map(engine.pages.take_updates())
     after = []
     for columns in (gdn.CHUNKED_COLUMNS, 0):
         monkeypatch.setattr(gdn, "CHUNKED_COLUMNS", columns)
