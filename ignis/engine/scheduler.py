@@ -130,22 +130,21 @@ class Scheduler:
                 continue
             first = not plan.prefill
             chunks = max(budget // self.prefill_chunk, 0 if plan.prefill else 1)
-            length = 0
-            while chunks > 0 and length == 0:
-                length = self._chunk(r, chunks)
-                if not self._room(r, r.computed + length, plan, preempt=False):
-                    length, chunks = 0, chunks - 1
-            if length == 0 and first and self._room(r, r.computed + self._chunk(r, 1), plan, preempt=True):
-                length = self._chunk(r, 1)
+            length = self._chunk(r, chunks) if chunks > 0 else 0
+            if length and self.pages is not None:
+                spare = self._spare(None)  # as many chunks as free pages and retained slots' hold, at least one
+                while chunks > 1 and self.pages.needs(r.lane, r.computed + length) > spare:
+                    chunks -= 1
+                    length = self._chunk(r, chunks)
+                fits = self.pages.needs(r.lane, r.computed + length) <= spare
+                if not (fits or first) or not self._room(r, r.computed + length, plan, preempt=first):
+                    length = 0
             if length == 0:
                 break  # it waits a round, holding its pages; no later prompt jumps ahead of it
             plan.prefill.append(Prefill(r, length))
             budget -= length
-        gone = set(map(id, plan.preempted))
-        return RoundPlan([r for r in plan.admitted if id(r) not in gone],
-                         [d for d in plan.decode if id(d.request) not in gone],
-                         [p for p in plan.prefill if id(p.request) not in gone], moves,
-                         self.pages.take_updates() if self.pages is not None else [])
+        pages = self.pages.take_updates() if self.pages is not None else []
+        return RoundPlan(plan.admitted, plan.decode, plan.prefill, moves, pages)
 
     def _chunk(self, r: Request, chunks: int) -> int:
         """Rows of r's prefill this round when it takes `chunks` chunks (one if it starts inside a chunk)."""
@@ -192,12 +191,14 @@ class Scheduler:
         return True
 
     def _preempt(self, r: Request, plan: _Plan) -> None:
+        """r leaves its lane and pages and waits in front (it may come back in this plan's admissions, from 0)."""
         assert self.pages is not None
         self.lanes[r.lane] = None
         self.pages.release(r.lane)
         r.preempt()
         self.waiting.appendleft(r)  # newest first: the older of two preempted requests ends up in front
-        plan.preempted.append(r)
+        plan.decode = [d for d in plan.decode if d.request is not r]
+        plan.prefill = [p for p in plan.prefill if p.request is not r]
         self.preemptions += 1
 
     def _admit(self, plan: _Plan) -> None:
@@ -264,4 +265,3 @@ class _Plan:
     admitted: list[Request] = field(default_factory=list)
     decode: list[Decode] = field(default_factory=list)
     prefill: list[Prefill] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
