@@ -2,10 +2,9 @@
 
 Owns: copying a lane's state (the target's K/V of the covered positions, read from and written to the lane's pages
 through its block-table row, the recurrent state at their end, and the backend's per-lane state) to host memory and
-back, and the host bytes in use. Pinned memory on a GPU, so the
-copies are asynchronous on the current stream: a copy out is ordered before any later kernel that overwrites the
-lane, and a copy in before any kernel that reads it, with no host wait. Does not own: which state to move, when, or
-the bound (ignis.engine.retain).
+back, and the host bytes in use. Pinned memory on a GPU, so the copies are asynchronous on the current stream: a copy
+out is ordered before any later kernel that overwrites the lane, and a copy in before any kernel that reads it, with no
+host wait. Does not own: which state to move, when, or the bound (ignis.engine.retain).
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """One round for every lane: propose -> verify -> accept -> commit.
 
 Owns: turning a `RoundPlan` into each lane's committed tokens (first making the plan's retained-state copies and
-block-table writes, and resetting each admitted lane that does not resume), and the choice of how: when the model is not in exact mode and
-the backend is graph-safe, decoding lanes go through the device round (ignis.engine.device_round: static shapes,
-CUDA graphs, one sync) and prompts through the device prefill (ignis.engine.device_prefill: graph pieces), with one
-sync for the round and every prompt it ends; exact mode (the CPU reference), teacher-forced requests, logits shaped on the host and prompts longer than
-the device prefill's spans go through the host round below, one target forward over packed segments with
-acceptance on the host. Does not own: policy
-(which lanes, how many rows: ignis.engine.scheduler), stop rules (ignis.engine.request) or drafting (ignis.backends).
+block-table writes, and resetting each admitted lane that does not resume), and the choice of how: when the model is not
+in exact mode and the backend is graph-safe, decoding lanes go through the device round (ignis.engine.device_round:
+static shapes, CUDA graphs, one sync) and prompts through the device prefill (ignis.engine.device_prefill: graph
+pieces), with one sync for the round and every prompt it ends; exact mode (the CPU reference), teacher-forced requests,
+logits shaped on the host and prompts longer than the device prefill's spans go through the host round below, one target
+forward over packed segments with acceptance on the host. Does not own: policy (which lanes, how many rows:
+ignis.engine.scheduler), stop rules (ignis.engine.request) or drafting (ignis.backends).
 
 The host round:
 
