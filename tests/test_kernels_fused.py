@@ -99,10 +99,11 @@ def references(x: dict, eps: float = 1e-6, group: int = 3) -> dict[str, torch.Te
     out["qh"] = fused.qk_rope_write_reference(x["qkv"], x["qscale"], x["kscale"], eps, x["cos"], x["sin"], kc, vc,
                                               x["table"], x["lanes"], x["positions"], x["nh"], x["nkv"])
     out["kc"], out["vc"] = kc, vc
-    mask = visible(x["apos"], x["nh"] // x["nkv"], 70)
+    lanes_kc = x["akc_lanes"]  # [lanes, span, nkv, hd]: the same keys as a per-lane cache
+    mask = visible(x["apos"], x["nh"] // x["nkv"], lanes_kc.shape[1])
     out["attn"] = attend_reference(x["o"], x["akc"], x["avc"], x["atable"], x["lanes"], mask,
                                    x["o"].shape[-1] ** -0.5, x["qkv"], x["nh"])
-    identity = torch.arange(x["akc_lanes"].shape[0])[:, None]  # a per-lane cache: one page of 70 slots a lane
+    identity = torch.arange(lanes_kc.shape[0], device=lanes_kc.device)[:, None]  # one page of `span` slots a lane
     out["attn_lanes"] = attend_reference(x["o"], x["akc_lanes"], x["avc_lanes"], identity, x["lanes"], mask,
                                          x["o"].shape[-1] ** -0.5, x["qkv"], x["nh"])
     out["gconv"] = fused.grouped_conv_reference(x["cx"], x["cbase"], x["cdyn"], group)
