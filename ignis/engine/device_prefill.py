@@ -1,20 +1,21 @@
 """A prompt's prefill as device work only: aligned pieces of power-of-two rows, one CUDA graph per (rows, span).
 
 Owns: `pieces` (where a prefill segment is cut), `PrefillBuffers` (a piece size's static inputs, with pinned host
-mirrors), `DevicePrefill` (run a segment piece by piece, replaying each piece's graph or running it eagerly, the
-first token chosen on the device and queued to the host after the prompt's last piece, read after the round's one
-sync) and the capture of its graphs at start-up. Does not own: which lanes prefill and how many rows (ignis.engine.scheduler), the host prefill that serves
-everything else (ignis.engine.round: exact mode, logits shaped on the host, teacher forcing, prompts past the largest
-captured span), the layer math (ignis.model) or drafting (ignis.backends).
+mirrors), `DevicePrefill` (run a segment piece by piece, replaying each piece's graph or running it eagerly, the first
+token chosen on the device and queued to the host after the prompt's last piece, read after the round's one sync) and
+the capture of its graphs at start-up. Does not own: which lanes prefill and how many rows (ignis.engine.scheduler), the
+host prefill that serves everything else (ignis.engine.round: exact mode, logits shaped on the host, teacher forcing,
+prompts past the largest captured span), the layer math (ignis.model) or drafting (ignis.backends).
 
 A piece is the model's static decode forward (`HybridModel.decode`) over one lane and C = 2^i columns with nothing
 recorded: the Gated DeltaNet layers run their recurrence over the C columns and keep the state after the last one,
 attention writes C keys and reads the lane's slots 0..span-1 under the causal mask. So a piece needs no kernel of its
-own, and its shapes are fixed. A segment [s, e) is cut into aligned pieces (from s, the largest power of two P up to
-the largest piece with s % P == 0 and s + P <= e): a prompt takes at most about two pieces per doubling of its
-length, and where the scheduler splits it at multiples of the largest piece, the pieces are the same as unsplit. The last row's logits choose the first token on the device: the argmax, or for a sampled
-request a draw from its shaped distribution at the counter-based uniform of the last prompt position (a position no
-decode round of the request draws at). The backend observes each piece's rows as a device round's kept rows.
+own, and its shapes are fixed. A segment [s, e) is cut into aligned pieces (from s, the largest power of two P up to the
+largest piece with s % P == 0 and s + P <= e): a prompt takes at most about two pieces per doubling of its length, and
+where the scheduler splits it at multiples of the largest piece, the pieces are the same as unsplit. The last row's
+logits choose the first token on the device: the argmax, or for a sampled request a draw from its shaped distribution at
+the counter-based uniform of the last prompt position (a position no decode round of the request draws at). The backend
+observes each piece's rows as a device round's kept rows.
 
 Why: the host prefill is one eager forward, whose launches cost more than the work for short prompts (about 15 ms on
 the built-in model for any prompt length, on the H200), and every other lane waits for it.

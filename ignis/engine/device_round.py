@@ -1,10 +1,11 @@
 """A decode/verify round for every decoding lane as device work only, captured as one CUDA graph per shape.
 
 Owns: `RoundBuffers` (a bucket's static inputs and outputs, with pinned host mirrors), `DeviceRound` (prepare the
-inputs, replay the bucket's graph or run it eagerly, queue the copy of the committed tokens to the host, read them
-after the round's one sync), the graph capture of every bucket at start-up, and `capture_graphs` (which the device
-prefill's capture shares). Does not own: which lanes decode (ignis.engine.scheduler), prefill (ignis.engine.device_prefill, ignis.engine.round), the host
-reference round (ignis.engine.round), the layer math (ignis.model) or drafting (ignis.backends).
+inputs, replay the bucket's graph or run it eagerly, queue the copy of the committed tokens to the host, read them after
+the round's one sync), the graph capture of every bucket at start-up, and `capture_graphs` (which the device prefill's
+capture shares). Does not own: which lanes decode (ignis.engine.scheduler), prefill (ignis.engine.device_prefill,
+ignis.engine.round), the host reference round (ignis.engine.round), the layer math (ignis.model) or drafting
+(ignis.backends).
 
 Inside the device function, in order: propose (the backend's device form), verify (one static forward over B lanes x
 K+1 columns), accept (greedy longest prefix, and rejection sampling with counter-based uniforms when a lane samples),
