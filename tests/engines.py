@@ -1,7 +1,11 @@
-"""Helpers for engine tests: an engine over a tiny checkpoint, and running token-id requests to completion."""
+"""Helpers for engine tests: an engine over a tiny checkpoint, running token-id requests to completion, and random
+churn of requests (`Churn`)."""
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,3 +49,52 @@ def prompts(n: int, vocab: int, seed: int = 0, lo: int = 3, hi: int = 90) -> lis
 
     rng = random.Random(seed)
     return [[rng.randrange(vocab) for _ in range(rng.randrange(lo, hi))] for _ in range(n)]
+
+
+@dataclass
+class Churn:
+    """Requests arriving, aborted and finishing at random on one engine, as a server sees them, and what each gave.
+
+    `sequences` holds every ended request's prompt and output, in the order they ended: what follow-ups extend."""
+
+    engine: Engine
+    rng: random.Random
+    prompts: dict[str, list[int]] = field(default_factory=dict)
+    outputs: dict[str, list[int]] = field(default_factory=dict)
+    finished: dict[str, str | None] = field(default_factory=dict)
+    preempted: set[str] = field(default_factory=set)
+    live: set[str] = field(default_factory=set)
+    sequences: list[list[int]] = field(default_factory=list)
+
+    def run(self, total: int, prompt: Callable[[], list[int]], max_tokens: int, abort: float,
+            check: Callable[[], None]) -> None:
+        """`total` greedy requests: each round one arrives with probability 1/2 (its prompt from `prompt`, at most
+        max_tokens - 1 tokens), a live one is aborted with probability `abort`, the engine steps and `check` runs."""
+        e, rng, n = self.engine, self.rng, 0
+        while n < total or self.live:
+            if n < total and rng.random() < 0.5:
+                rid, ids = f"r{n}", prompt()
+                e.add(EngineRequest(id=rid, prompt_token_ids=ids,
+                                    params=SamplingParams(max_tokens=rng.randrange(1, max_tokens), temperature=0.0,
+                                                          ignore_eos=True)))
+                self.prompts[rid], self.outputs[rid] = ids, []
+                self.live.add(rid)
+                n += 1
+            if self.live and rng.random() < abort:
+                rid = rng.choice(sorted(self.live))
+                for d in e.abort([rid]):
+                    self.finished[d.id] = d.finish_reason
+                self._ended(rid)
+            for d in e.step():
+                self.outputs[d.id] += d.token_ids
+                if d.finished:
+                    self.finished[d.id] = d.finish_reason
+                    self._ended(d.id)
+                    assert d.stats is not None
+                    if d.stats.preemptions:
+                        self.preempted.add(d.id)
+            check()
+
+    def _ended(self, rid: str) -> None:
+        self.live.discard(rid)
+        self.sequences.append(self.prompts[rid] + self.outputs[rid])

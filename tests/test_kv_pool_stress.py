@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engines import make_engine, run
+from engines import Churn, make_engine, run
 from ignis.backends.dflash2.weights import save_random_drafter
 from ignis.engine.core import Engine
 from ignis.ipc.messages import EngineRequest
@@ -76,41 +76,15 @@ def test_churn_on_a_small_pool_never_shares_or_leaks_a_page_and_preempted_output
     e = make_engine(ckpt, backend, k, model={"exact": exact}, lanes=3, context=CONTEXT, max_rows=128,
                     kv_memory=(lane_pages + 1) * page_bytes)
     assert e.pages.total == lane_pages + 1
-    sequences: list[list[int]] = []
-    prompts: dict[str, list[int]] = {}
-    outputs: dict[str, list[int]] = {}
-    finished: dict[str, str | None] = {}
-    preempted: set[str] = set()
-    live: set[str] = set()
-    n, total = 0, 36
-    while n < total or live:
-        if n < total and rng.random() < 0.5:
-            recent = [q for q in sequences[-4:] if len(q) < 120]
-            base = rng.choice(recent) if recent and rng.random() < 0.4 else []
-            prompt = base + [rng.randrange(3, VOCAB) for _ in range(rng.randrange(1, 150 - len(base) // 2))]
-            rid = f"r{n}"
-            e.add(EngineRequest(id=rid, prompt_token_ids=prompt,
-                                params=SamplingParams(max_tokens=rng.randrange(1, 70), temperature=0.0,
-                                                      ignore_eos=True)))
-            prompts[rid], outputs[rid] = prompt, []
-            live.add(rid)
-            n += 1
-        if live and rng.random() < 0.03:
-            rid = rng.choice(sorted(live))
-            for d in e.abort([rid]):
-                finished[d.id] = d.finish_reason
-            live.discard(rid)
-            sequences.append(prompts[rid] + outputs[rid])
-        for d in e.step():
-            outputs[d.id] += d.token_ids
-            if d.finished:
-                finished[d.id] = d.finish_reason
-                live.discard(d.id)
-                sequences.append(prompts[d.id] + outputs[d.id])
-                assert d.stats is not None
-                if d.stats.preemptions:
-                    preempted.add(d.id)
-        check(e)
+    churn = Churn(e, rng)
+
+    def prompt() -> list[int]:
+        recent = [q for q in churn.sequences[-4:] if len(q) < 120]
+        base = rng.choice(recent) if recent and rng.random() < 0.4 else []
+        return base + [rng.randrange(3, VOCAB) for _ in range(rng.randrange(1, 150 - len(base) // 2))]
+
+    churn.run(36, prompt, 70, 0.03, lambda: check(e))
+    prompts, outputs, finished, preempted = churn.prompts, churn.outputs, churn.finished, churn.preempted
     stats = e.stats()
     assert stats.preemptions >= 5 and len(preempted) >= 3, (stats.preemptions, preempted)
     assert stats.retained_hits >= 1

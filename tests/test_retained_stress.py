@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engines import make_engine, run
+from engines import Churn, make_engine, run
 from ignis.engine.core import Engine
 from ignis.engine.retain import Moves
 from ignis.ipc.messages import EngineRequest
@@ -57,45 +57,22 @@ def test_churn_never_shares_a_lane_or_leaks_host_memory_and_outputs_stay_exact(c
         save(moves)
 
     e.store.save = counting  # type: ignore[method-assign]
-    sequences: list[list[int]] = []  # prompts and what they produced so far: what follow-ups extend
-    prompts: dict[str, list[int]] = {}
-    outputs: dict[str, list[int]] = {}
-    finished: dict[str, str | None] = {}
-    live: set[str] = set()
-    n = 0
-    while n < 28 or live:
-        if n < 28 and rng.random() < 0.5:
-            # Mostly a recent sequence (likelier still retained), short enough to extend within the context.
-            recent = [q for q in sequences[-4:] if len(q) < 150]
-            base = rng.choice(recent) if recent and rng.random() < 0.75 else []
-            kind = rng.random()
-            if kind < 0.15 and len(base) > 10:  # diverge inside the sequence
-                at = rng.randrange(1, len(base) - 1)
-                prompt = base[:at] + [rng.randrange(3, VOCAB)] + base[at + 1 :]
-            elif kind < 0.25 and base:  # the same prompt again
-                prompt = list(base)
-            else:
-                prompt = base + [rng.randrange(3, VOCAB) for _ in range(rng.randrange(1, 70))]
-            rid = f"r{n}"
-            e.add(EngineRequest(id=rid, prompt_token_ids=prompt,
-                                params=SamplingParams(max_tokens=rng.randrange(1, 7), temperature=0.0,
-                                                      ignore_eos=True)))
-            prompts[rid], outputs[rid] = prompt, []
-            live.add(rid)
-            n += 1
-        if live and rng.random() < 0.08:
-            rid = rng.choice(sorted(live))
-            for d in e.abort([rid]):
-                finished[d.id] = d.finish_reason
-            live.discard(rid)
-            sequences.append(prompts[rid] + outputs[rid])
-        for d in e.step():
-            outputs[d.id] += d.token_ids
-            if d.finished:
-                finished[d.id] = d.finish_reason
-                live.discard(d.id)
-                sequences.append(prompts[d.id] + outputs[d.id])
-        check(e, bound)
+    churn = Churn(e, rng)
+
+    def prompt() -> list[int]:
+        # Mostly a recent sequence (likelier still retained), short enough to extend within the context.
+        recent = [q for q in churn.sequences[-4:] if len(q) < 150]
+        base = rng.choice(recent) if recent and rng.random() < 0.75 else []
+        kind = rng.random()
+        if kind < 0.15 and len(base) > 10:  # diverge inside the sequence
+            at = rng.randrange(1, len(base) - 1)
+            return base[:at] + [rng.randrange(3, VOCAB)] + base[at + 1 :]
+        if kind < 0.25 and base:  # the same prompt again
+            return list(base)
+        return base + [rng.randrange(3, VOCAB) for _ in range(rng.randrange(1, 70))]
+
+    churn.run(28, prompt, 7, 0.08, lambda: check(e, bound))
+    prompts, outputs, finished = churn.prompts, churn.outputs, churn.finished
     s = e.stats()
     assert s.retained_hits >= 5 and s.retained_misses >= 5 and s.prompt_tokens_resumed_total > 0
     assert all(n > 0 for n in moved.values()), moved  # states went to the host, were dropped and came back

@@ -237,7 +237,7 @@ class Engine:
         pages, kept = self.pages, self.scheduler.retained
         s.preemptions = self.scheduler.preemptions
         s.kv_pages, s.kv_pages_used, s.kv_page_positions = pages.total, pages.used, pages.page
-        s.kv_pages_retained = sum(pages.held(k.lane) for k in kept.slots.values() if k.lane >= 0) if kept else 0
+        s.kv_pages_retained = self.scheduler.retained_pages()
         if kept is not None:
             s.retained_slots = len(kept.slots)
             s.retained_hits, s.retained_misses = kept.counts.hits, kept.counts.misses

@@ -159,21 +159,27 @@ class Scheduler:
         """Pages for r's positions 0..positions-1: free ones, then retained slots' (least recently kept first), then
         (preempt) the newest running request's not admitted this round, while it is newer than r. False: r gets none
         this round (and was preempted itself when it was the newest, unless it was admitted this round)."""
-        pages = self.pages
-        if pages is None:
+        if self.pages is None:
             return True
-        while not pages.grow(r.lane, positions):
-            if self._evict(plan.moves):
-                continue
+        admitted = {id(a) for a in plan.admitted}
+        while not self._grow(r.lane, positions, plan.moves):
             if not preempt:
                 return False
-            protected = [q for q in self.running if q is not r and any(q is a for a in plan.admitted)]
-            victim = max((q for q in self.running if not any(q is p for p in protected)), key=lambda q: q.t_admit)
+            victim = max((q for q in self.running if q is r or id(q) not in admitted), key=lambda q: q.t_admit)
             if victim is r:
-                if not any(r is a for a in plan.admitted):
+                if id(r) not in admitted:
                     self._preempt(r, plan)
                 return False
             self._preempt(victim, plan)
+        return True
+
+    def _grow(self, lane: int, positions: int, moves: Moves) -> bool:
+        """Pages for `lane`'s positions 0..positions-1 from the free list, evicting retained slots on lanes (least
+        recently kept first) while it is short; False when even that leaves too few."""
+        assert self.pages is not None
+        while not self.pages.grow(lane, positions):
+            if not self._evict(moves):
+                return False
         return True
 
     def _evict(self, moves: Moves) -> bool:
@@ -223,8 +229,8 @@ class Scheduler:
                     kept.counts.misses += 1
                 if kept.vacate(lane, plan.moves) and pages is not None:
                     pages.release(lane)
-            if pages is not None and r.resumed and not pages.grow(lane, r.resumed):
-                self._make_room(lane, r.resumed, plan.moves)  # a host slot's restore: the retained slots give way
+            if pages is not None and r.resumed and not self._grow(lane, r.resumed, plan.moves):
+                raise AssertionError("admitted a request the pool cannot hold")  # admission counted these pages
             r.lane, r.t_admit = lane, time.perf_counter()
             r.stats.prompt_tokens_resumed = r.resumed
             self.lanes[lane] = r
@@ -233,17 +239,13 @@ class Scheduler:
     def _spare(self, resuming: Slot | None) -> int:
         """Pages free or held by retained slots on lanes (but the one `resuming` takes over)."""
         assert self.pages is not None
-        spare = len(self.pages.free)
-        if self.retained is not None:
-            spare += sum(self.pages.held(s.lane) for s in self.retained.slots.values()
-                         if s.lane >= 0 and s is not resuming)
-        return spare
+        return len(self.pages.free) + self.retained_pages(but=resuming)
 
-    def _make_room(self, lane: int, positions: int, moves: Moves) -> None:
-        assert self.pages is not None
-        while not self.pages.grow(lane, positions):
-            if not self._evict(moves):
-                raise AssertionError("admitted a request the pool cannot hold")
+    def retained_pages(self, but: Slot | None = None) -> int:
+        """K/V pages held by retained slots on their lanes (but `but`'s)."""
+        if self.pages is None or self.retained is None:
+            return 0
+        return sum(self.pages.held(s.lane) for s in self.retained.slots.values() if s.lane >= 0 and s is not but)
 
     def _free_lane(self) -> int:
         """A free lane: one with no retained state first, else the one whose retained state was kept longest ago."""
