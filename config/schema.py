@@ -41,6 +41,9 @@ class ModelSection:
     # projections of a checkpoint in its own precision are converted to float8 e4m3 (a scale per output channel) as
     # the model loads, and run through torch's scaled matmul on CUDA (Hopper or newer; docs/quantization.md).
     weights: str = choice("auto", "auto", "int4", "bf16", "fp8")
+    # dummy: read only config.json and make seeded random weights of its shapes on the device, as vLLM's
+    # load_format = "dummy" does: for measuring shapes no checkpoint on disk holds (its outputs mean nothing).
+    load_format: str = choice("safetensors", "safetensors", "dummy")
 
     def __post_init__(self) -> None:
         check_section(self.section, self)

@@ -130,3 +130,26 @@ def test_config_reads_nested_text_config_and_legacy_rope_keys() -> None:
     assert cfg.layer_types[3] == "full_attention" and cfg.attention_layers == (3, 7)
     assert cfg.mtp_num_hidden_layers == 0
     assert cfg.conv_dim == 2 * 2 * 16 + 4 * 16
+
+
+def test_dummy_load_format_needs_only_config_json(base: Path, tmp_path: Path) -> None:
+    """model.load_format = "dummy": config.json alone gives a model of its shapes with seeded random weights (the same
+    for the same config), with its MTP layer when the config has one, and an engine serves it: for measuring a shape
+    no checkpoint on disk holds."""
+    from engines import make_engine, run
+
+    from ignis.params import SamplingParams
+
+    (tmp_path / "config.json").write_text((base / "config.json").read_text())
+    first = load_model(tmp_path, device="cpu", dtype=torch.float32, exact=True, dummy=True)
+    second = load_model(tmp_path, device="cpu", dtype=torch.float32, exact=True, dummy=True)
+    assert first.mtp is not None
+    shapes = {name: t.shape for name, t in load(base).state_dict().items()}
+    assert {name: t.shape for name, t in first.state_dict().items()} == shapes
+    assert torch.equal(logits(first), logits(second))
+    assert not torch.equal(logits(first), logits(load(base)))
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    outs = {backend: run(make_engine(tmp_path, backend, k, model={"load_format": "dummy"}), [[5, 6, 7, 8]], greedy)
+            for backend, k in (("off", 0), ("mtp", 3))}
+    assert outs["off"]["0"].token_ids == outs["mtp"]["0"].token_ids
+    assert len(outs["off"]["0"].token_ids) == 12

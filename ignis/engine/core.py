@@ -62,7 +62,7 @@ class Engine:
             torch.set_num_threads(config.engine.cpu_threads)
         self.model = load_model(path, device=device, dtype=dtype, exact=resolve_exact(config, device),
                                 progress=lambda done, total: report("weights", done, total, unit="tensors"),
-                                fp8=config.model.weights == "fp8")
+                                fp8=config.model.weights == "fp8", dummy=config.model.load_format == "dummy")
         config = settle(config, path, device, dtype, self.model.config)
         self.config = config
         ec = config.engine

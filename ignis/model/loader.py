@@ -25,6 +25,7 @@ from safetensors import safe_open
 from ignis.errors import ArtifactError
 from ignis.model.config import ModelConfig
 from ignis.model.model import HybridModel
+from ignis.model.random import random_model
 from ignis.quant.format import METHOD, QuantConfig
 from ignis.quant.fp8 import to_fp8
 from ignis.quant.linear import QuantLinear
@@ -37,15 +38,22 @@ FP32_PARAMS = ("A_log", "dt_bias")
 
 
 def load_model(path: str | Path, *, device: str | torch.device, dtype: torch.dtype, exact: bool,
-               progress: Callable[[int, int], None] | None = None, fp8: bool = False) -> HybridModel:
+               progress: Callable[[int, int], None] | None = None, fp8: bool = False, dummy: bool = False) -> HybridModel:
     """Read config.json and the safetensors of `path` into a HybridModel on `device` in `dtype`; `progress(done,
-    total)` is called after each tensor. fp8: convert the decoder projections to float8 e4m3 once loaded
+    total)` is called after each tensor. dummy: read config.json only and make seeded random weights of its shapes on
+    `device` (ignis.model.random), for benchmarks at shapes no checkpoint on disk holds. fp8: convert the decoder projections to float8 e4m3 once loaded
     (ignis.quant.fp8; the checkpoint must be in its own precision).
 
     Raises ArtifactError naming the file or tensor at fault: missing files, missing tensors, wrong shapes, or a
     config.json of an architecture ignis does not run."""
     root = Path(path)
     config = ModelConfig.from_dir(root)
+    if dummy:  # no weights read: random ones of config.json's shapes, made on the device (model.load_format)
+        model = random_model(config, seed=0, mtp=config.mtp_num_hidden_layers > 0, device=device, dtype=dtype,
+                             exact=exact, fuse=False)
+        if progress is not None:
+            progress(1, 1)
+        return _finish(model, fp8=fp8, exact=exact)
     quant = QuantConfig.from_dir(root)
     if fp8 and quant is not None:
         raise ArtifactError(f"{root}: fp8 weights are made from a checkpoint in its own precision; this one is "
@@ -90,6 +98,10 @@ def load_model(path: str | Path, *, device: str | torch.device, dtype: torch.dty
     model.load_state_dict(loaded, strict=True, assign=True)
     model.requires_grad_(False)
     model.eval()
+    return _finish(model, fp8=fp8, exact=exact)
+
+
+def _finish(model: HybridModel, *, fp8: bool, exact: bool) -> HybridModel:
     if fp8:
         to_fp8(model)
     if not exact:

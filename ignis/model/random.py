@@ -65,12 +65,15 @@ def _full_config(config: dict, *, mtp: bool) -> dict[str, Any]:
     return full
 
 
-def random_model(config: dict, *, seed: int, mtp: bool, device: str | torch.device, dtype: torch.dtype) -> HybridModel:
-    """A random model of the architecture `config` built directly on `device` (no checkpoint on disk; for benchmarks
-    at shapes too large to write out), with the same distributions as `save_random_checkpoint`."""
-    model_config = ModelConfig.from_dict(_full_config(config, mtp=mtp))
+def random_model(config: dict | ModelConfig, *, seed: int, mtp: bool, device: str | torch.device, dtype: torch.dtype,
+                 exact: bool = False, fuse: bool = True) -> HybridModel:
+    """A random model of the architecture `config` (a config.json as a dict, or a parsed one) built directly on
+    `device` (no checkpoint on disk; for benchmarks at shapes too large to write out), with the same distributions as
+    `save_random_checkpoint`. Same seed, config and device -> the same weights. fuse: join the projections as a
+    loaded model does (off in exact mode, and for a caller that converts the weights first)."""
+    model_config = config if isinstance(config, ModelConfig) else ModelConfig.from_dict(_full_config(config, mtp=mtp))
     with torch.device("meta"):
-        model = HybridModel(model_config, mtp=mtp)
+        model = HybridModel(model_config, mtp=mtp, exact=exact)
     gen = torch.Generator(device=device).manual_seed(seed)
     tensors = {}
     for name, t in model.state_dict().items():
@@ -78,7 +81,8 @@ def random_model(config: dict, *, seed: int, mtp: bool, device: str | torch.devi
         tensors[name] = _init(name, tuple(t.shape), gen, model_config).to(torch.float32 if keep_fp32 else dtype)
     model.load_state_dict(tensors, strict=True, assign=True)
     model.requires_grad_(False).eval()
-    model.fuse()
+    if fuse and not exact:
+        model.fuse()
     return model
 
 
