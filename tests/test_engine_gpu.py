@@ -56,6 +56,37 @@ def test_a_prefill_in_two_chunks_gives_the_logits_of_one(first: int) -> None:
     assert float((split.argmax(-1) == whole.argmax(-1)).float().mean()) > 0.9
 
 
+def test_a_later_prefill_chunk_attends_bottom_right_without_a_mask_in_memory() -> None:
+    """A 27B-shaped attention layer (24 query heads on 4 KV heads, width 256): a 512-row chunk at position 65,024 of a
+    prompt attends as the boolean-mask SDPA does, and without scores or a mask of the whole span in memory (at
+    262,144 keys those would be tens of GiB)."""
+    from ignis.model.attention import GatedAttention
+    from ignis.model.config import ModelConfig
+    from ignis.model.random import _full_config
+    from tools.bench_round import QWEN35_27B
+
+    with torch.device("meta"):  # only its head counts and scale are used
+        layer = GatedAttention(ModelConfig.from_dict(_full_config(QWEN35_27B, mtp=False)))
+    length, n = 512, 65536
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(length, 24, 256, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(n, 4, 256, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(n, 4, 256, device="cuda", dtype=torch.bfloat16, generator=g)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    got = layer._attend_sdpa(q, k, v, n - length)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    assert peak < 64 * 2**20, f"{peak / 2**20:.0f} MiB for a 512 x 65,536 chunk"
+    mask = torch.arange(n, device="cuda")[None, :] <= (n - length + torch.arange(length, device="cuda"))[:, None]
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1)[None].float(), k.transpose(0, 1)[None].float(), v.transpose(0, 1)[None].float(),
+        attn_mask=mask, scale=layer.scale, enable_gqa=True)[0].transpose(0, 1)
+    err = float((got.float() - want).norm() / want.norm())
+    assert err < 1e-2, err
+
+
 def test_fla_is_used_only_where_it_agrees_with_torch() -> None:
     pytest.importorskip("fla")
     cfg = load_model(BUILTIN, device="cpu", dtype=torch.float32, exact=True).config

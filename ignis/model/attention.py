@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from ignis.kernels import attention, fused
 from ignis.model.cache import AttnState
@@ -117,17 +118,23 @@ class GatedAttention(nn.Module):
         qh = q.transpose(0, 1)[None]  # [1, nh, L, hd]
         kh = k[:n].transpose(0, 1)[None]  # [1, nkv, n, hd]
         vh = v[:n].transpose(0, 1)[None]
+        mask: torch.Tensor | CausalBias | None
         if length == 1:
             mask, causal = None, False
         elif start == 0:
             mask, causal = None, True
+        elif q.is_cuda and q.dtype != torch.float32:
+            # A chunk after the prompt's first: row i sees keys 0..start+i, causal aligned to the bottom right. Flash
+            # attention takes that alignment itself; a boolean [L, n] mask would send SDPA to a kernel that reads it
+            # (and at n = 262,144 keys may materialise scores).
+            mask, causal = causal_lower_right(length, n), False
         else:
             cols = torch.arange(n, device=q.device)
             mask = cols[None, :] <= (start + torch.arange(length, device=q.device))[:, None]  # [L, n] bool
             causal = False
         # Unmasked prefill avoids cuDNN's kernel, which builds an execution plan for every new prompt length (25 ms a
         # layer on the first request of a length, measured on the H200); flash attention has no per-shape plan.
-        with sdpa_kernel(PLANLESS) if mask is None and q.is_cuda else nullcontext():
+        with sdpa_kernel(PLANLESS) if not isinstance(mask, torch.Tensor) and q.is_cuda else nullcontext():
             o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal, scale=self.scale,
                                                enable_gqa=self.num_kv != self.num_heads)
         return o[0].transpose(0, 1)
