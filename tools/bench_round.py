@@ -115,9 +115,10 @@ def copy_bandwidth(device: torch.device) -> float:
     return 2 * x.nbytes / statistics.median(times)
 
 
-def floor_bytes(model: HybridModel, lanes: int, cols: int) -> int:
+def floor_bytes(model: HybridModel, lanes: int, cols: int, position: int = POSITION) -> int:
     """Bytes a round must move: the target's weights once (the embedding only where it is the output head too),
-    and per lane the recurrent state read and written plus the keys and values of its context read."""
+    and per lane the recurrent state read and written plus the keys and values of its context (`position` slots and
+    the round's columns) read."""
     c = model.config
     skip = {"embed_tokens.weight"} if model.lm_head is not None else set()
     weights = sum(p.nbytes for n, p in model.named_parameters() if not n.startswith("mtp.") and n not in skip)
@@ -125,7 +126,7 @@ def floor_bytes(model: HybridModel, lanes: int, cols: int) -> int:
     gdn = sum(1 for t in c.layer_types if t == "linear_attention")
     attn = len(c.layer_types) - gdn
     state = gdn * (2 * 4 * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim)
-    kv = attn * 2 * c.num_key_value_heads * c.head_dim * elt * (POSITION + cols)
+    kv = attn * 2 * c.num_key_value_heads * c.head_dim * elt * (position + cols)
     return weights + lanes * (state + kv)
 
 
