@@ -2,7 +2,11 @@
 the `restore_logging` fixture for modules that configure logging.
 
 For matrices this small a second thread only adds synchronisation, which turns into long stalls on a shared
-machine; one thread keeps the suite's time predictable on CI's two cores."""
+machine; one thread keeps the suite's time predictable on CI's two cores.
+
+Without a GPU, Triton kernels run in Triton's interpreter (numpy on the CPU), so their tests check the kernels
+themselves against their torch references; `triton.jit` reads the setting when a kernel is defined, so it is set
+before any test module imports one."""
 
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ import torch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture()
