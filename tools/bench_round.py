@@ -148,13 +148,13 @@ def build_backend(kind: str, k: int, model: HybridModel, path: Path, lanes: int,
     return DFlash2(ctx, drafter)
 
 
-def decodes(lanes: int, k: int) -> list[Decode]:
+def decodes(lanes: int, k: int, position: int = POSITION) -> list[Decode]:
     out = []
     for lane in range(lanes):
-        r = Request(id=str(lane), prompt=[1] * POSITION, params=SamplingParams(max_tokens=4096, temperature=0.0),
+        r = Request(id=str(lane), prompt=[1] * position, params=SamplingParams(max_tokens=4096, temperature=0.0),
                     stop_ids=frozenset(), generator=make_generator(lane), seed=lane)
         r.tokens.append(2)
-        r.lane, r.computed = lane, POSITION
+        r.lane, r.computed = lane, position
         out.append(Decode(r, k))
     return out
 
@@ -196,18 +196,21 @@ def bench_model(label: str, model: HybridModel, path: Path, bw: float, args: arg
     dtype = model.embed_tokens.weight.dtype
     for rope in (model.rope, *([model.mtp.rope] if model.mtp is not None else [])):  # as the engine does
         rope.precompute(args.context + 16, device, dtype)
-    for case in CASES:
-        backend = build_backend(case.backend, case.k, model, path, 8, args.context, device, dtype)
-        cache = LaneCache(model.config, lanes=8, context=args.context, max_cols=case.k + 1, device=device, dtype=dtype)
+    cases = [c for c in CASES if c.name in args.cases.split(",") and c.lanes in args.lanes]
+    lanes = max(c.lanes for c in cases)
+    for case in cases:
+        backend = build_backend(case.backend, case.k, model, path, lanes, args.context, device, dtype)
+        cache = LaneCache(model.config, lanes=lanes, context=args.context, max_cols=case.k + 1, device=device,
+                          dtype=dtype)
         dr = DeviceRound(model, cache, backend, device, sample_drafts=True)
-        work = decodes(case.lanes, case.k)
+        work = decodes(case.lanes, case.k, args.position)
         eager = time_rounds(dr, work, max(3, args.iters // 4))
         gpu, kernels, top = gpu_profile(partial(dr.run, work))
-        span = next(s for s in dr.spans if s >= POSITION + 1 + case.k)
+        span = next(s for s in dr.spans if s >= args.position + 1 + case.k)
         bucket = next(b for b in dr.buckets if b >= case.lanes)
         capture_s = dr.capture([(bucket, span, False)])
         graph = time_rounds(dr, work, args.iters)
-        floor = floor_bytes(model, case.lanes, case.k + 1) / bw
+        floor = floor_bytes(model, case.lanes, case.k + 1, args.position) / bw
         row = {"model": label, "case": case.name, "lanes": case.lanes, "cols": case.k + 1, "eager_ms": 1e3 * eager,
                "graph_ms": 1e3 * graph, "gpu_ms_eager": 1e3 * gpu, "kernels": kernels, "floor_ms": 1e3 * floor,
                "x_floor": graph / floor, "capture_s": capture_s, "top_kernels": top}
@@ -223,7 +226,12 @@ def bench_model(label: str, model: HybridModel, path: Path, bw: float, args: arg
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.bench_round")
     ap.add_argument("--models", default="builtin,27b", help="comma list of builtin, 27b")
-    ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--context", type=int, default=2048, help="positions a lane holds (at least --position + 9)")
+    ap.add_argument("--position", type=int, default=POSITION, help="every lane's anchor position while timing")
+    ap.add_argument("--cases", default=",".join(dict.fromkeys(c.name for c in CASES)), help="comma list of "
+                    + ", ".join(dict.fromkeys(c.name for c in CASES)))
+    ap.add_argument("--lanes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8],
+                    help="comma list of lane counts (1, 8)")
     ap.add_argument("--iters", type=int, default=40)
     ap.add_argument("--tokens-per-round", type=float, default=5.086,
                     help="dflash2 tokens per round of the built-in pair on held-out code (BENCHMARKS.md), for the "
@@ -253,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             if off and spec:
                 projected[f"{label}:{lanes}"] = args.tokens_per_round * off[0]["graph_ms"] / spec[0]["graph_ms"]
     result = {"device": torch.cuda.get_device_name(), "copy_tb_s": bw / 1e12, "context": args.context,
-              "position": POSITION, "rows": rows, "projected_speedup": projected}
+              "position": args.position, "rows": rows, "projected_speedup": projected}
     print(json.dumps(projected))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
