@@ -38,6 +38,7 @@ import torch
 
 from ignis.artifact import BUILTIN
 from ignis.config import load_config
+from ignis.config.load import parse_overrides
 from ignis.engine.core import Engine
 from ignis.ipc.messages import EngineRequest
 from ignis.model.random import _full_config
@@ -182,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lanes", type=int, default=8, help="lanes for the beside-prefill case (lanes - 1 decode)")
     ap.add_argument("--rounds", type=int, default=20, help="decode rounds timed (before a long prompt arrives, and "
                     "at a long context)")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for every engine, as `ignis serve --set`")
     ap.add_argument("--skip", default="", help=f"comma list of {', '.join(SECTIONS)}")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -200,10 +203,11 @@ def main(argv: list[str] | None = None) -> int:
         model = _model_overrides(args.model, Path(scratch))
         for spec in args.backend or ["off"]:
             name, _, k = spec.partition(":")
-            overrides: dict[str, Any] = {**model, "spec.backend": name, "log.level": "warning"}
+            overrides: dict[str, Any] = {**model, "spec.backend": name, "log.level": "warning",
+                                         **parse_overrides(args.sets)}
             if k:
                 overrides["spec.draft_tokens"] = int(k)
-            r: dict[str, Any] = {"backend": spec, "model": args.model, "copy_bandwidth": bandwidth}
+            r: dict[str, Any] = {"backend": spec, "model": args.model, "sets": args.sets, "copy_bandwidth": bandwidth}
             results.append(r)
             rng = random.Random(0)
             if args.long and "long" not in skip:
@@ -221,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                     save()
                 del one
             if "turns" not in skip:
-                one, r["startup_s"] = _engine(overrides, args.profile, lanes=1)
+                need = args.context + args.reply + args.turn + 64  # the second turn, its first token and slack
+                one, r["startup_s"] = _engine(overrides, args.profile, lanes=1, context=-(-need // 64) * 64)
                 r.update(turns(one, rng, one.model.config.vocab_size, args))
                 del one
                 print(f"{spec:10s} second turn of {r['second_turn_tokens']} tokens: TTFT full {r['ttft_full_ms']:8.1f} "
