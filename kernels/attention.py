@@ -1,10 +1,12 @@
-"""Decode attention over each lane's key slots in a page pool, split over the context, with the output gate: `attend`.
+"""Decode and verify attention over each lane's key slots in a page pool, split over the context, gated: `attend`.
 
-Owns: `attend` (two numba-cuda launches on CUDA tensors, on torch's current stream so a CUDA graph captures them:
-the splits' partial softmax-weighted sums, then their merge times sigmoid(gate)), the split plan (`splits`) and the
-torch reference `attend_reference` (what runs on the CPU, and what the kernels are tested against). Does not own: the
-projections, q/k norms and the K/V write before it (ignis.kernels.fused.qk_rope_write) or the layer
-(ignis.model.attention). docs/adr/0006-fused-layer-kernels.md has the why and the numbers.
+Owns: `attend` and the choice of how it runs (`use`, `route`): two numba-cuda launches on CUDA tensors, on torch's
+current stream so a CUDA graph captures them (the splits' partial softmax-weighted sums, then their merge times
+sigmoid(gate)), or the same two steps as Triton kernels on tensor cores (ignis.kernels.attention_triton), or the
+torch reference `attend_reference` (what runs on the CPU, and what the kernels are tested against); the split plan
+(`splits`). Does not own: the projections, q/k norms and the K/V write before it (ignis.kernels.fused.qk_rope_write)
+or the layer (ignis.model.attention). docs/adr/0006-fused-layer-kernels.md and 0009-triton-paged-attention.md have
+the why and the numbers.
 
 Why not SDPA on the GPU: a decode or verify round has few query rows per KV head (query heads of the group x
 columns), and the library kernels spread work over (lane, KV head) only, a handful of blocks on 132 SMs, after a
@@ -17,8 +19,10 @@ the kernel looks each staged key's page up in the table instead.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import threading
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -26,10 +30,15 @@ import torch.nn.functional as F
 from ignis.kernels.launch import launch
 
 TARGET_BLOCKS = 264  # about two blocks per SM of an H200 (132 SMs)
-# Query rows a block at most: each row's scores are one thread's serial dot products, which pays against the
-# library kernel for decode (6 rows at the 27B shape: 44 against 66 us a layer with the gather, H200) but not for a
-# verify (48 rows: 147 against 62 us), so verifies keep the reference (gather + SDPA, captured like the rest).
+# Query rows a block at most for the numba kernel under "auto": each row's scores are one thread's serial dot
+# products, which pays against the library kernel for decode (6 rows at the 27B shape: 44 against 66 us a layer with
+# the gather, H200) but not for a verify (48 rows: 147 against 62 us), which goes to the Triton kernel instead.
 MAX_ROWS = 16
+TRITON_ROWS = 64  # the Triton kernel's one row block: 8 columns x 8 query heads a KV head at most
+
+AttendPath = Literal["auto", "numba", "triton", "reference"]
+PATHS: tuple[AttendPath, ...] = get_args(AttendPath)
+_path: AttendPath = "auto"  # set by `use`; "auto" is `route`'s choice
 
 
 def gate_heads_reference(o: torch.Tensor, qkv: torch.Tensor, nh: int) -> torch.Tensor:
@@ -59,13 +68,16 @@ def attend_reference(
     return gate_heads_reference(o, qkv, nh)
 
 
-def splits(span: int, lanes: int, kv_heads: int) -> tuple[int, int]:
-    """(splits, slots a split): enough blocks to fill the GPU, each a whole number of staged key tiles."""
-    from ignis.kernels.attention_kernel import KEYS
+def splits(span: int, lanes: int, kv_heads: int, tile: int | None = None) -> tuple[int, int]:
+    """(splits, slots a split): enough blocks to fill the GPU, each a whole number of key tiles of `tile` slots
+    (None: the numba kernel's staged tile)."""
+    if tile is None:
+        from ignis.kernels.attention_kernel import KEYS
 
-    tiles = -(-span // KEYS)
+        tile = KEYS
+    tiles = -(-span // tile)
     want = max(1, min(tiles, -(-TARGET_BLOCKS // (lanes * kv_heads))))
-    per = -(-tiles // want) * KEYS
+    per = -(-tiles // want) * tile
     return -(-span // per), per
 
 
@@ -83,13 +95,44 @@ def _compiled(dtype: torch.dtype, rows: int, hd: int) -> dict[str, Any]:
         return _kernels[key]
 
 
-def usable(q: torch.Tensor) -> bool:
-    """The kernels take CUDA bf16/fp32 queries of head width <= THREADS and at most MAX_ROWS rows a KV head (others
-    run the reference)."""
-    from ignis.kernels.attention_kernel import THREADS
+def use(path: AttendPath) -> None:
+    """Make every later `attend` take `path` ("auto": `route`'s choice; the others force one, for benchmarks and
+    tests, and fail where that path cannot take the tensors)."""
+    global _path
+    if path not in PATHS:
+        raise ValueError(f"attention path {path!r} is not one of {PATHS}")
+    _path = path
 
-    fits = q.shape[-1] <= THREADS and q.shape[2] <= MAX_ROWS
-    return q.is_cuda and q.dtype in (torch.bfloat16, torch.float32) and fits
+
+def route(q: torch.Tensor) -> AttendPath:
+    """The path `attend` takes for queries q [B, nkv, R, hd]: the one set by `use`, or under "auto" the numba kernel
+    for decode (CUDA bf16/fp32, at most MAX_ROWS rows a KV head), the Triton kernel for verifies (more rows, up to
+    TRITON_ROWS, a power-of-two head width, triton installed), the reference for everything else (the CPU among
+    it). To be revisited with H200 measurements (tools/bench_attention.py): the Triton kernel may win decode too."""
+    if _path != "auto":
+        return _path
+    if not (q.is_cuda and q.dtype in (torch.bfloat16, torch.float32)):
+        return "reference"
+    rows, hd = q.shape[2], q.shape[3]
+    if rows <= MAX_ROWS:
+        from ignis.kernels.attention_kernel import THREADS
+
+        if hd <= THREADS:
+            return "numba"
+    if triton_fits(q) and _triton_installed():
+        return "triton"
+    return "reference"
+
+
+@functools.cache
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def triton_fits(q: torch.Tensor) -> bool:
+    """The Triton kernel takes bf16/fp32 queries [B, nkv, R, hd] of 1..TRITON_ROWS rows and a power-of-two hd >= 16."""
+    rows, hd = q.shape[2], q.shape[3]
+    return 1 <= rows <= TRITON_ROWS and hd >= 16 and hd & (hd - 1) == 0 and q.dtype in (torch.bfloat16, torch.float32)
 
 
 def attend(
@@ -105,9 +148,17 @@ def attend(
     nh: int,
 ) -> torch.Tensor:
     """softmax(q k^T * scale) v over each lane's visible slots, times sigmoid(gate): [T, nh * hd] model dtype."""
-    if not usable(q):
+    path = route(q)
+    if path == "reference":
         return attend_reference(q, kc, vc, table, lanes, mask, scale, qkv, nh)
+    if path == "triton":
+        from ignis.kernels import attention_triton
+
+        return attention_triton.attend(q, kc, vc, table, lanes, positions, mask, scale, qkv, nh)
     from ignis.kernels.attention_kernel import THREADS
+
+    if not (q.is_cuda and q.dtype in (torch.bfloat16, torch.float32) and q.shape[-1] <= THREADS):
+        raise ValueError(f"the numba attention kernel takes CUDA bf16/fp32 queries of head width <= {THREADS}")
 
     b, nkv, rows, hd = q.shape
     ns, per = splits(mask.shape[-1], b, nkv)
