@@ -41,6 +41,7 @@ from ignis.engine.scheduler import Decode
 from ignis.model.cache import LaneCache
 from ignis.model.loader import load_model
 from ignis.model.model import HybridModel
+from ignis.kernels import attention
 from ignis.model.random import random_model
 from ignis.params import SamplingParams
 
@@ -233,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lanes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8],
                     help="comma list of lane counts (1, 8)")
     ap.add_argument("--iters", type=int, default=40)
+    ap.add_argument("--attention", default="auto", choices=attention.PATHS,
+                    help="the attention kernels' path (ignis.kernels.attention.use)")
     ap.add_argument("--tokens-per-round", type=float, default=5.086,
                     help="dflash2 tokens per round of the built-in pair on held-out code (BENCHMARKS.md), for the "
                          "projected speed-up")
@@ -240,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--md", default=None)
     args = ap.parse_args(argv)
     device = torch.device("cuda")
+    attention.use(args.attention)
     bw = copy_bandwidth(device)
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     rows: list[dict[str, Any]] = []
@@ -261,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             if off and spec:
                 projected[f"{label}:{lanes}"] = args.tokens_per_round * off[0]["graph_ms"] / spec[0]["graph_ms"]
     result = {"device": torch.cuda.get_device_name(), "copy_tb_s": bw / 1e12, "context": args.context,
+              "attention": args.attention,
               "position": args.position, "rows": rows, "projected_speedup": projected}
     print(json.dumps(projected))
     if args.json:
