@@ -492,7 +492,7 @@ def test_triton_attention_matches_the_reference_at_the_27b_shape(b: int, c: int,
     assert got.dtype == torch.bfloat16 and got.shape == want.shape
     err = float((got.float() - want).norm() / want.norm())
     assert err < 1e-2, err
-    assert route(x["q"]) == ("numba" if c == 1 else "triton")  # auto: decode keeps numba, a verify takes Triton
+    assert route(x["q"]) == "triton"  # auto: decode and verify both take the Triton kernel
 
 
 def test_triton_attention_replays_in_a_graph() -> None:
@@ -508,3 +508,85 @@ def test_triton_attention_replays_in_a_graph() -> None:
         graph.replay()
     torch.cuda.synchronize()
     assert float((got.float() - want).norm() / want.norm()) < 1e-2
+
+
+# The Triton 4-bit GEMV/GEMM on tensor cores (ignis.kernels.int4_triton) at the 27B shapes: the table's launch shapes,
+# bf16 activations through the PTX dequantization, the split-K sum under graph replay, batch invariance.
+def _rel(got: torch.Tensor, x: torch.Tensor, qw: torch.Tensor, s: torch.Tensor, z: torch.Tensor) -> float:
+    from ignis.kernels.int4_gemv import int4_gemv_reference
+
+    ref = int4_gemv_reference(x.float(), qw, s, z)
+    assert got.dtype == x.dtype and got.shape == ref.shape
+    return float((got.float() - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize("shape", INT4_SHAPES)
+@pytest.mark.parametrize("rows", [1, 8, 64])
+def test_int4_triton_equals_its_reference_at_the_27b_shapes(shape: tuple[int, int], rows: int) -> None:
+    from ignis.kernels.int4_triton import int4_triton
+
+    nout, ncols = shape
+    qw, s, z = _int4_weight(nout, ncols, 128 if ncols % 128 == 0 else 64, seed=nout + ncols)
+    x = torch.randn(rows, ncols, device="cuda", generator=torch.Generator(device="cuda").manual_seed(rows)).bfloat16()
+    assert _rel(int4_triton(x, qw, s, z), x, qw, s, z) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_int4_triton_group_64_and_other_dtypes(dtype: torch.dtype) -> None:
+    from ignis.kernels.int4_triton import int4_triton
+
+    qw, s, z = _int4_weight(5120, 6144, 64, seed=3)
+    x = torch.randn(5, 6144, device="cuda").to(dtype)
+    assert _rel(int4_triton(x, qw, s.to(dtype), z), x, qw, s.to(dtype), z) < (1e-2 if dtype == torch.float16 else 1e-5)
+
+
+def test_int4_triton_rows_do_not_depend_on_the_batch() -> None:
+    from ignis.kernels.int4_triton import int4_triton
+
+    for nout, ncols in ((5120, 17408), (14336, 5120)):  # split over K, and not
+        qw, s, z = _int4_weight(nout, ncols, 128, seed=7)
+        x = torch.randn(64, ncols, device="cuda").bfloat16()
+        alone = torch.cat([int4_triton(x[i : i + 1], qw, s, z) for i in range(64)])
+        for rows in (2, 8, 17, 33, 64):
+            assert torch.equal(int4_triton(x[:rows], qw, s, z), alone[:rows]), (nout, rows)
+
+
+def test_int4_triton_under_cuda_graph_replay_and_on_a_side_stream() -> None:
+    from ignis.kernels.int4_triton import _counters, int4_triton
+
+    for (nout, ncols), rows in (((5120, 17408), 8), ((34816, 5120), 1), ((5120, 6144), 64)):
+        qw, s, z = _int4_weight(nout, ncols, 128, seed=11)
+        static_x = torch.randn(rows, ncols, device="cuda").bfloat16()
+        int4_triton(static_x, qw, s, z)  # compile, load and allocate the counters outside capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = int4_triton(static_x, qw, s, z)
+        for seed in range(3):
+            static_x.copy_(torch.randn(rows, ncols, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
+            graph.replay()
+            assert _rel(static_out, static_x, qw, s, z) < 1e-2
+            assert torch.equal(static_out, int4_triton(static_x, qw, s, z))  # eager and replayed alike
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out = int4_triton(static_x, qw, s, z)
+        side.synchronize()
+        assert torch.equal(out, static_out)
+    torch.cuda.synchronize()
+    assert all(not bool(c.any()) for c in _counters.values())
+
+
+def test_packed_linear_runs_the_triton_kernel_when_chosen() -> None:
+    from ignis.kernels.int4_triton import int4_triton
+    from ignis.quant.linear import PackedWeight, packed_linear, set_kernel
+
+    qw, s, z = _int4_weight(1024, 2048, 128, seed=5)
+    w = PackedWeight(qw, s, z)
+    x = torch.randn(4, 8, 2048, device="cuda").bfloat16()
+    set_kernel("triton")
+    try:
+        assert torch.equal(packed_linear(x, w), int4_triton(x, qw, s, z))
+        assert packed_linear(x.expand(3, 100, 2048), w).shape == (3, 100, 1024)  # past 64 rows: the reference
+    finally:
+        set_kernel("auto")
