@@ -35,3 +35,25 @@ def test_in_place_int4_and_fp8_equal_the_loaders(tmp_path: Path) -> None:
     fuse_and_own(model)
     loaded = load_model(tmp_path / "src", device="cpu", dtype=torch.float32, exact=False, fp8=True)
     torch.testing.assert_close(prefill_logits(model, ids), prefill_logits(loaded, ids), rtol=1e-5, atol=1e-5)
+
+
+def test_triton_sweep_configs_and_summary() -> None:
+    """--sweep-triton times the table's choice first and only launch shapes the kernel takes; the summary names the
+    fastest config a (shape, rows) beside the table's."""
+    from dataclasses import asdict
+
+    from ignis.kernels.int4_triton import check, choose
+    from tools.bench_quant import SHAPES, summary, triton_configs
+
+    for _, nout, ncols in SHAPES:
+        for rows in (1, 8, 64):
+            configs = triton_configs(rows, nout, ncols, 128, 132)
+            assert configs[0] == choose(rows, nout, ncols, 128, 132) and len(set(configs)) == len(configs) > 8
+            for c in configs:
+                check(c, ncols, 128)
+    c0, c1 = triton_configs(8, 5120, 17408, 128, 132)[:2]
+    sweep = [{"shape": "mlp down", "rows": 8, "table": True, **asdict(c0), "ms": 0.02, "x_floor": 2.0},
+             {"shape": "mlp down", "rows": 8, "table": False, **asdict(c1), "ms": 0.01, "x_floor": 1.0},
+             {"shape": "mlp down", "rows": 8, "table": False, **asdict(c1), "error": "out of resources"}]
+    line, = summary({"sweep_triton": sweep})
+    assert line.startswith("Triton sweep, mlp down,  8 rows: best x1.00") and line.endswith("the table's x2.00")

@@ -3,18 +3,23 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
 
 1. Copy bandwidth (tools.bench_round.copy_bandwidth): the floors below are bytes over it.
 2. Products at the 27B shapes for 1, 8, 16 and 64 rows, each a CUDA graph of calls cycling over enough copies of the
-   weight that none is still in L2: the int4 kernel (ignis.kernels.int4_gemv), bf16 F.linear, fp8 (torch._scaled_mm,
-   ignis.quant.fp8) and, at 64 rows, the int4 reference (dequantize + F.linear). "x floor" is ms over the form's own
-   bytes (weight, scales, zero points, x and y) at the copy bandwidth.
-   Then the int4 kernel's alternative shapes of work (ignis.kernels.int4_gemv.Tuning) at three of the shapes.
+   weight that none is still in L2: the int4 kernels, numba on CUDA cores ("int4", ignis.kernels.int4_gemv) and
+   Triton on tensor cores ("int4 triton", ignis.kernels.int4_triton, its table's choice), bf16 F.linear, fp8
+   (torch._scaled_mm, ignis.quant.fp8) and, at 64 rows, the int4 reference (dequantize + F.linear). "x floor" is ms
+   over the form's own bytes (weight, scales, zero points, x and y) at the copy bandwidth.
+   Then the numba kernel's alternative shapes of work (ignis.kernels.int4_gemv.Tuning) at three of the shapes, and
+   with --sweep-triton the Triton kernel's launch shapes (ignis.kernels.int4_triton.Config) at the same three shapes
+   for 1, 8 and 64 rows: the table (int4_triton.TABLE) is what this sweep picks.
 3. A decode step of one lane at a 512-token context (random weights built on the GPU, as tools.bench_round does)
-   through DeviceRound with CUDA graphs, bf16 then the same weights packed to int4 (group 128) then converted to fp8;
-   speed-ups are bf16 ms over int4 or fp8 ms, floors are each model's weight bytes plus the lane's state and K/V.
+   through DeviceRound with CUDA graphs, bf16 then the same weights packed to int4 (group 128, products through the
+   kernel --int4-kernel names) then converted to fp8; speed-ups are bf16 ms over int4 or fp8 ms, floors are each
+   model's weight bytes plus the lane's state and K/V.
 4. The built-in model in bf16 on the GPU, as shipped, int4 (group 128) and fp8: perplexity, greedy agreement and
    logit error against bf16 (tools.quant_quality.compare) over held-out prompts, and dflash2 tokens a round
    (ignis.acceptance.measure, 7 drafts, greedy, eager rounds) with each target.
 
     python -m tools.bench_quant --out quant.json
+    python -m tools.bench_quant --out sweep.json --skip tunings,decode,quality --sweep-triton
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -37,10 +43,11 @@ from torch import nn
 
 from ignis.artifact import BUILTIN
 from ignis.kernels.int4_gemv import Tuning, int4_gemv, kernel, row_tile
-from ignis.quant.format import dequantize, quantize, quantized_name
+from ignis.kernels.int4_triton import Config, check, choose, int4_triton
 from ignis.model.model import HybridModel
+from ignis.quant.format import dequantize, quantize, quantized_name
 from ignis.quant.fp8 import Fp8Linear, Fp8Weight, fp8_linear, quantize_fp8, to_fp8
-from ignis.quant.linear import QuantLinear
+from ignis.quant.linear import QuantLinear, set_kernel
 from tools.bench_round import POSITION, QWEN35_27B, build_backend, copy_bandwidth, decodes, floor_bytes, time_rounds
 
 C = QWEN35_27B
@@ -113,6 +120,7 @@ def products(bw: float, reps: int) -> list[dict[str, Any]]:
             x = torch.randn(r, ncols, device=dev).bfloat16()
             forms: dict[str, tuple[int, list[Callable[[], object]]]] = {
                 "int4": (n4, [partial(int4_gemv, x, *p) for p in c4]),
+                "int4 triton": (n4, [partial(int4_triton, x, *p) for p in c4]),
                 "bf16": (nb, [partial(F.linear, x, p) for p in cb]),
                 "fp8": (n8, [partial(fp8_linear, x, p) for p in c8]),
             }
@@ -163,6 +171,59 @@ def tunings(bw: float, reps: int) -> list[dict[str, Any]]:
                                  "blocks_per_sm": t.blocks_per_sm, "ms": ms, "x_floor": ms / floor, **info})
                 print(f"tuning {name:22s} rows {r}  ot {t.ot} warps {t.warps} blocks/SM {t.blocks_per_sm:2d}  "
                       f"{1e3 * ms:8.1f} us  x{ms / floor:5.2f}  {info}", flush=True)
+        del c4
+        torch.cuda.empty_cache()
+    return rows_out
+
+
+def triton_configs(rows: int, nout: int, ncols: int, group: int, sms: int) -> list[Config]:
+    """The table's choice first, then one knob at a time around it (and larger tiles with a split that keeps the
+    programs' count): what --sweep-triton times."""
+    base = choose(rows, nout, ncols, group, sms)
+    found = [base]
+    split2 = 2 * base.split_k
+    variants: list[dict[str, int]] = [{"block_n": 64}, {"block_n": 256}, {"warps": 8}, {"warps": 2}]
+    variants += [{"stages": n} for n in (2, 3, 4, 5)] + [{"split_k": n} for n in (1, 2, 4, 8, 16)]
+    variants += [{"block_k": base.block_k // 2}, {"block_n": 256, "split_k": split2},
+                 {"block_n": 256, "warps": 8, "split_k": split2}, {"block_n": 64, "warps": 2}]
+    for v in variants:
+        c = replace(base, **v)
+        try:
+            check(c, ncols, group)
+        except ValueError:
+            continue
+        if c not in found:
+            found.append(c)
+    return found
+
+
+def sweep_triton(bw: float, reps: int) -> list[dict[str, Any]]:
+    """The Triton kernel's launch shapes at the largest and the smallest products, 1, 8 and 64 rows: us and x floor
+    a config (a config that does not compile or launch is reported, not fatal)."""
+    rows_out = []
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    for name, nout, ncols in (SHAPES[0], SHAPES[1], SHAPES[4]):
+        qw, s, z = quantize(torch.randn(nout, ncols, device=dev) * 0.02, GROUP)
+        s = s.bfloat16()
+        n4 = qw.nbytes + s.nbytes + z.nbytes
+        c4 = _copies(n4, lambda: (qw.clone(), s.clone(), z.clone()))
+        for r in (1, 8, 64):
+            x = torch.randn(r, ncols, device=dev).bfloat16()
+            floor = (n4 + 2 * r * (ncols + nout)) / bw * 1e3
+            for i, c in enumerate(triton_configs(r, nout, ncols, GROUP, sms)):
+                row: dict[str, Any] = {"shape": name, "rows": r, "table": i == 0, **asdict(c)}
+                try:
+                    ms = graph_ms([partial(int4_triton, x, p[0], p[1], p[2], config=c) for p in c4], reps)
+                    row.update(ms=ms, x_floor=ms / floor)
+                    said = f"{1e3 * ms:8.1f} us  x{ms / floor:5.2f}"
+                except Exception as e:  # noqa: BLE001 - out of shared memory or registers: say so, keep sweeping
+                    row["error"] = repr(e)[:300]
+                    said = f"failed: {row['error'][:100]}"
+                rows_out.append(row)
+                print(f"triton {name:22s} rows {r:2d}  {'table' if i == 0 else '     '} bm {c.block_m:2d} bn "
+                      f"{c.block_n:3d} bk {c.block_k:3d} split {c.split_k:2d} warps {c.warps} stages {c.stages}  "
+                      f"{said}", flush=True)
         del c4
         torch.cuda.empty_cache()
     return rows_out
@@ -306,6 +367,21 @@ def summary(result: dict[str, Any]) -> list[str]:
         vs8 = [at[sh, "bf16"]["ms"] / at[sh, "fp8"]["ms"] for sh, form in at if form == "fp8"]
         lines.append(f"int4 GEMV, {r:2d} rows: worst x{worst:.2f} of its floor; bf16 time / int4 time "
                      f"{min(vs):.2f}..{max(vs):.2f}; bf16 / fp8 {min(vs8):.2f}..{max(vs8):.2f}")
+        tri = [p for (_, form), p in at.items() if form == "int4 triton"]
+        if tri:
+            vt = [at[sh, "int4"]["ms"] / at[sh, "int4 triton"]["ms"] for sh, form in at if form == "int4 triton"]
+            lines.append(f"int4 Triton, {r:2d} rows: worst x{max(p['x_floor'] for p in tri):.2f} of its floor; numba "
+                         f"time / Triton time {min(vt):.2f}..{max(vt):.2f}")
+    best: dict[tuple[str, int], dict[str, Any]] = {}
+    for p in result.get("sweep_triton", []):
+        key = (p["shape"], p["rows"])
+        if "ms" in p and (key not in best or p["ms"] < best[key]["ms"]):
+            best[key] = p
+    for (shape, r), p in best.items():
+        table = next(q for q in result["sweep_triton"] if q["shape"] == shape and q["rows"] == r and q["table"])
+        lines.append(f"Triton sweep, {shape}, {r:2d} rows: best x{p['x_floor']:.2f} (bm {p['block_m']} bn "
+                     f"{p['block_n']} bk {p['block_k']} split {p['split_k']} warps {p['warps']} stages {p['stages']}), "
+                     f"the table's x{table.get('x_floor', float('nan')):.2f}")
     dec = result.get("decode")
     if dec:
         lines.append(f"27B decode step, 1 lane, graphs: bf16 {dec['bf16']['graph_ms']:.2f} ms, int4 "
@@ -331,15 +407,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--accept-prompts", type=int, default=8, help="held-out prompts decoded with dflash2")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--skip", default="", help="comma list of products, tunings, decode, quality")
+    ap.add_argument("--sweep-triton", action="store_true",
+                    help="time the Triton int4 kernel's launch shapes at three 27B shapes, 1, 8 and 64 rows")
+    ap.add_argument("--int4-kernel", default="auto", choices=["auto", "numba", "triton"],
+                    help="the kernel int4 products run with in the decode step and the quality runs")
     args = ap.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
+    if not args.sweep_triton:
+        skip.add("sweep_triton")
+    set_kernel(args.int4_kernel)
     t0 = time.perf_counter()
     bw = copy_bandwidth(torch.device("cuda"))
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}", flush=True)
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                              "copy_tb_s": bw / 1e12, "group": GROUP}
+                              "copy_tb_s": bw / 1e12, "group": GROUP, "int4_kernel": args.int4_kernel}
     out = Path(args.out)
     steps = [("products", lambda: products(bw, args.reps)), ("tunings", lambda: tunings(bw, args.reps)),
+             ("sweep_triton", lambda: sweep_triton(bw, args.reps)),
              ("decode", lambda: decode_steps(bw, args.context, args.iters)),
              ("quality", lambda: quality(args.prompts, args.tokens, args.accept_prompts, args.max_tokens))]
     for name, step in steps:

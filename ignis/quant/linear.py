@@ -5,14 +5,16 @@ weight goes through, on the host round and the device round alike.
 Owns: the product x @ W^T for a packed W, and joining packed weights by rows (`fuse_rows` for quantized models).
 Does not own: the format (ignis.quant.format) or deciding which layers are packed (ignis.model.loader).
 
-`packed_linear` on CUDA with at most 64 rows runs the 4-bit GEMV/GEMM kernel (ignis.kernels.int4_gemv: one pass over
-the packed weight, fp32 sums, capturable); elsewhere (the CPU, prefill-sized inputs) it dequantizes the weight and
-calls F.linear, the reference (exact by construction, on any device, capturable since nothing is read back).
+`packed_linear` on CUDA with at most 64 rows runs a 4-bit GEMV/GEMM kernel (one pass over the packed weight, fp32
+sums, capturable): `KERNEL` says which, numba-cuda on CUDA cores (ignis.kernels.int4_gemv) or Triton on tensor cores
+(ignis.kernels.int4_triton, imported only when chosen); elsewhere (the CPU, prefill-sized inputs) it dequantizes the
+weight and calls F.linear, the reference (exact by construction, on any device, capturable since nothing is read back).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +24,19 @@ from ignis.kernels.int4_gemv import MAX_ROWS, int4_gemv
 from ignis.quant.format import dequantize
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+Kernel = Literal["auto", "numba", "triton", "reference"]
+# What "auto" runs: numba until the Triton kernel's H200 measurements (docs/adr/0005-int4-gemv.md) say otherwise.
+AUTO: Kernel = "numba"
+KERNEL: Kernel = "auto"
+
+
+def set_kernel(kernel: Kernel) -> None:
+    """Which product `packed_linear` runs for CUDA inputs of at most MAX_ROWS rows, for the whole process
+    (tools.bench_quant compares them): "auto" (AUTO), "numba", "triton", or "reference" (dequantize + F.linear)."""
+    global KERNEL
+    if kernel not in get_args(Kernel):
+        raise ValueError(f"kernel must be one of {', '.join(get_args(Kernel))}, got {kernel!r}")
+    KERNEL = kernel
 
 
 @dataclass(frozen=True)
@@ -49,9 +64,15 @@ class PackedWeight:
 
 
 def packed_linear(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
-    """x [..., in] @ W^T -> [..., out] for a packed W: the kernel for CUDA inputs of at most MAX_ROWS rows (it sums the
-    exact (q - z) * s * x in fp32), otherwise F.linear on the weight dequantized to its dtype."""
-    if x.is_cuda and x.dtype in KERNEL_DTYPES and x.numel() <= MAX_ROWS * x.shape[-1]:
+    """x [..., in] @ W^T -> [..., out] for a packed W: the chosen kernel (`set_kernel`) for CUDA inputs of at most
+    MAX_ROWS rows (both sum the exact (q - z) * x in fp32), otherwise F.linear on the weight dequantized to its
+    dtype."""
+    kernel = AUTO if KERNEL == "auto" else KERNEL
+    if kernel != "reference" and x.is_cuda and x.dtype in KERNEL_DTYPES and x.numel() <= MAX_ROWS * x.shape[-1]:
+        if kernel == "triton":
+            from ignis.kernels.int4_triton import int4_triton
+
+            return int4_triton(x, weight.qweight, weight.scales, weight.qzeros)
         return int4_gemv(x, weight.qweight, weight.scales, weight.qzeros)
     return F.linear(x, weight.dequantize())
 
