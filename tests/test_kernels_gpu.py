@@ -263,9 +263,6 @@ def test_fused_kernels_replay_in_a_graph() -> None:
         close(got[name], want[name], name, bits=0.0 if name.startswith("attn") else 0.97)
 
 
-        close(got[name], want[name], name)
-
-
 # The 4-bit GEMV (ignis.kernels.int4_gemv) at the Qwen3.5-27B shapes: (out, in) of the fused MLP gate/up, the MLP
 # down, the Gated DeltaNet qkv + z and output, the attention q/gate + k + v and output projections.
 INT4_SHAPES = [(34816, 5120), (5120, 17408), (16384, 5120), (5120, 6144), (14336, 5120), (19, 128)]
