@@ -14,8 +14,8 @@ A program owns BLOCK_M activation rows (rows past the call's are masked to zero,
 BLOCK_N output rows and one K split. A step reads a [BLOCK_N, BLOCK_K / 2] tile of packed bytes and the matching
 [BLOCK_M, BLOCK_K] tile of x (both pipelined through shared memory by Triton). Low nibbles are the even columns and
 high ones the odd columns, so rather than interleave the codes, x's tile is split into its even and odd columns and
-the step is two dots, x_even @ lo^T + x_odd @ hi^T, with x the left operand (mma.sync up to 32 rows, wgmma at 64; the
-weight as the left operand compiled to a third more instructions a code). A step never crosses a group (BLOCK_K
+the step is two dots, x_even @ lo^T + x_odd @ hi^T, with x the left operand (mma.sync at 16 and 32 rows; the weight as
+the left operand compiled to a third more instructions a code). A step never crosses a group (BLOCK_K
 divides it), so a row's zero point and scale are one number a step: the codes become q - z before the dot, and the
 scale multiplies the step's fp32 dot. On a GPU, 16-bit activations get q - z from a few lines of PTX on four packed
 bytes at a time (`_codes_asm`), since the dequantization, not the tensor cores, is what competes with the weight's
@@ -31,9 +31,9 @@ stores its fp32 partial sums in a workspace and bumps its tile's counter (releas
 to arrive adds the splits' partials in split order, writes the output and resets the counter, all in one launch (a
 second, finishing launch would cost more than the product's own tail at these sizes). The sum's order never depends
 on which split finishes last, and BLOCK_K and the split come from the weight's shape alone (`choose`), so a row's
-result does not depend on how many rows share the call, provided mma.sync (16 and 32 rows) and wgmma (64) add a
-product's terms alike, which tests/test_kernels_gpu.py checks bitwise (if not, rows past 32 take tiles of 32, on
-mma.sync, at twice the dequantization). The counters are one static array a device: products on one device run one
+result does not depend on how many rows share the call: row tiles are 16 or 32 rows, on mma.sync, because a 64-row
+tile's wgmma adds a product's terms differently (tests/test_kernels_gpu.py checks it bitwise; 64 rows cost two tiles'
+dequantization). The counters are one static array a device: products on one device run one
 at a time (one stream's order), as the engine's do.
 """
 
@@ -48,7 +48,10 @@ import torch
 import triton
 import triton.language as tl
 
-ROWS_BUCKETS = (16, 32, 64)  # the table's rows buckets: BLOCK_M, the activation rows a program
+# The table's rows buckets: BLOCK_M, the activation rows a program. No 64: there the dot is wgmma, which rounds
+# differently from the mma.sync of 16 and 32 rows (seen on the H200: a row's result changed with 33 rows in the call),
+# and a row's result must not depend on how many rows share the call.
+ROWS_BUCKETS = (16, 32)
 SPLIT_TILE = 128  # output rows a tile when choosing the K split (fixed, so the split depends on the shape only)
 PROGRAMS_PER_SM = 2  # what the K split aims at
 MIN_SPLIT_STEPS = 4  # K steps a split reads at least
@@ -73,13 +76,13 @@ class Config:
 
 # rows bucket (BLOCK_M) -> (block_n, warps, stages). Chosen from the compiled sm_90 code (instructions a code, no
 # spills), not yet from timings: tools.bench_quant --sweep-triton times the alternatives at the 27B shapes, and this
-# table is what it picks. Up to 32 rows the dot is mma.sync (x the left operand, 16 or 32 rows); at 64 it is wgmma.
-TABLE: dict[int, tuple[int, int, int]] = {16: (128, 4, 4), 32: (128, 4, 4), 64: (128, 4, 3)}
+# table is what it picks. At 16 and 32 rows the dot is mma.sync (x the left operand).
+TABLE: dict[int, tuple[int, int, int]] = {16: (128, 4, 4), 32: (128, 4, 4)}
 BLOCK_K = 128  # input columns a step, at most the group
 
 
 def bucket(rows: int) -> int:
-    """The table's BLOCK_M for `rows` activation rows; more than 64 rows take several row tiles of 64."""
+    """The table's BLOCK_M for `rows` activation rows; more than 32 rows take several row tiles of 32."""
     return next((b for b in ROWS_BUCKETS if rows <= b), ROWS_BUCKETS[-1])
 
 

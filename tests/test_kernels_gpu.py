@@ -584,6 +584,6 @@ def test_packed_linear_runs_the_triton_kernel_when_chosen() -> None:
     set_kernel("triton")
     try:
         assert torch.equal(packed_linear(x, w), int4_triton(x, qw, s, z))
-        assert packed_linear(x.expand(3, 100, 2048), w).shape == (3, 100, 1024)  # past 64 rows: the reference
+        assert packed_linear(x[:1, :1].expand(3, 100, 2048), w).shape == (3, 100, 1024)  # past 64 rows: reference
     finally:
         set_kernel("auto")

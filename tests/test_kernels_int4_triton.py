@@ -36,7 +36,7 @@ def _close(got: torch.Tensor, x: torch.Tensor, qw: torch.Tensor, s: torch.Tensor
 
 
 # (rows, out, in, group, config or None for the table): block_k 64 within group 128, splits of 2 and 4 steps,
-# two row tiles (17 rows at block_m 16), output counts past a block's end, the table's 16- and 64-row tiles
+# two row tiles (17 rows at block_m 16), output counts past a block's end, the table's 16- and 32-row tiles
 CASES = [
     (1, 37, 256, 64, Config(16, 16, 64, 1, 4, 2)),
     (3, 19, 512, 128, Config(16, 32, 64, 4, 4, 2)),
@@ -94,10 +94,11 @@ def test_the_table_fixes_the_order_of_the_sums_by_shape() -> None:
             assert len({(c.block_k, c.split_k) for c in configs}) == 1
             for c in configs:
                 check(c, ncols, group)
-                assert c.split_k == 1 or 4 * -(-nout // c.block_n) <= COUNTERS  # row tiles x output tiles
+                assert c.split_k == 1 or 2 * -(-nout // c.block_n) <= COUNTERS  # row tiles x output tiles
     assert choose(1, 5120, 17408, 128, 132).split_k > 1  # 40 output tiles alone would leave most SMs idle
     assert choose(1, 34816, 5120, 128, 132).split_k == 1
-    assert [choose(r, 34816, 5120, 128, 132).block_m for r in (1, 16, 17, 32, 33, 64)] == [16, 16, 32, 32, 64, 64]
+    # no 64-row tile: its wgmma rounds unlike the mma.sync of 16 and 32 rows, and rows must not depend on the batch
+    assert [choose(r, 34816, 5120, 128, 132).block_m for r in (1, 16, 17, 32, 33, 64)] == [16, 16, 32, 32, 32, 32]
 
 
 def test_bad_configs_and_inputs_are_refused() -> None:
