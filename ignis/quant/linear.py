@@ -13,6 +13,8 @@ weight and calls F.linear, the reference (exact by construction, on any device, 
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -25,14 +27,13 @@ from ignis.quant.format import dequantize
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 Kernel = Literal["auto", "numba", "triton", "reference"]
-# What "auto" runs: numba until the Triton kernel's H200 measurements (docs/adr/0005-int4-gemv.md) say otherwise.
-AUTO: Kernel = "numba"
 KERNEL: Kernel = "auto"
 
 
 def set_kernel(kernel: Kernel) -> None:
     """Which product `packed_linear` runs for CUDA inputs of at most MAX_ROWS rows, for the whole process
-    (tools.bench_quant compares them): "auto" (AUTO), "numba", "triton", or "reference" (dequantize + F.linear)."""
+    (tools.bench_quant compares them): "auto" (`auto_kernel`), "numba", "triton", or "reference" (dequantize +
+    F.linear)."""
     global KERNEL
     if kernel not in get_args(Kernel):
         raise ValueError(f"kernel must be one of {', '.join(get_args(Kernel))}, got {kernel!r}")
@@ -63,11 +64,18 @@ class PackedWeight:
         return PackedWeight(self.qweight[rows], self.scales[rows], self.qzeros[rows])
 
 
+@functools.cache
+def auto_kernel() -> Kernel:
+    """The Triton kernel where triton is installed: on the H200 at the 27B shapes it ran 1.1 to 1.4x the numba kernel's
+    speed at one row, 3 to 4x at 8 and 16 (docs/adr/0005-int4-gemv.md); the numba kernel otherwise."""
+    return "triton" if importlib.util.find_spec("triton") is not None else "numba"
+
+
 def packed_linear(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
     """x [..., in] @ W^T -> [..., out] for a packed W: the chosen kernel (`set_kernel`) for CUDA inputs of at most
     MAX_ROWS rows (both sum the exact (q - z) * x in fp32), otherwise F.linear on the weight dequantized to its
     dtype."""
-    kernel = AUTO if KERNEL == "auto" else KERNEL
+    kernel = auto_kernel() if KERNEL == "auto" else KERNEL
     if kernel != "reference" and x.is_cuda and x.dtype in KERNEL_DTYPES and x.numel() <= MAX_ROWS * x.shape[-1]:
         if kernel == "triton":
             from ignis.kernels.int4_triton import int4_triton
