@@ -66,8 +66,8 @@ class PackedWeight:
 
 @functools.cache
 def auto_kernel() -> Kernel:
-    """The Triton kernel where triton is installed: on the H200 at the 27B shapes it ran 1.1 to 1.4x the numba kernel's
-    speed at one row, 3 to 4x at 8 and 16 (docs/adr/0005-int4-gemv.md); the numba kernel otherwise."""
+    """The Triton kernel where triton is installed: on the H200 at the 27B shapes it ran 1.1-1.2x the numba kernel's
+    speed at one row, 3.2-3.5x at 8 and 5.6-6.6x at 16 (BENCHMARKS.md); the numba kernel otherwise."""
     return "triton" if importlib.util.find_spec("triton") is not None else "numba"
 
 
