@@ -32,7 +32,7 @@ to arrive adds the splits' partials in split order, writes the output and resets
 second, finishing launch would cost more than the product's own tail at these sizes). The sum's order never depends
 on which split finishes last, and BLOCK_K and the split come from the weight's shape alone (`choose`), so a row's
 result does not depend on how many rows share the call: row tiles are 16 or 32 rows, on mma.sync, because a 64-row
-tile's wgmma adds a product's terms differently (tests/test_kernels_gpu.py checks it bitwise; 64 rows cost two tiles'
+tile's wgmma adds a product's terms differently (tests/test_quant_gpu.py checks it bitwise; 64 rows cost two tiles'
 dequantization). The counters are one static array a device: products on one device run one
 at a time (one stream's order), as the engine's do.
 """

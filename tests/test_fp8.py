@@ -1,7 +1,7 @@
 """FP8 weights (ignis.quant.fp8) on the CPU: the e4m3 codes and scales reproduce the weight, torch._scaled_mm with
 our layouts and scales computes the product of the quantized operands (where the CPU build has it), the model
 converted at load keeps its outputs, fuses, and plans what it holds. The CUDA comparison is in
-tests/test_kernels_gpu.py."""
+tests/test_quant_gpu.py."""
 
 from __future__ import annotations
 

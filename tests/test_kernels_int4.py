@@ -4,7 +4,7 @@ The kernel source runs in numba's CUDA simulator in a child interpreter (NUMBA_E
 numba.cuda is imported, and the rest of the suite keeps the real numba.cuda) on tiny shapes: several row counts (one
 row tile and several, rows past a tile's end), both group sizes, output counts that are not a multiple of a block's,
 the input dimension split over blocks (the last-block sum and the counter reset) and not, and each activation and
-scale dtype. The GPU run at the 27B shapes is in tests/test_kernels_gpu.py.
+scale dtype. The GPU run at the 27B shapes is in tests/test_quant_gpu.py.
 """
 
 from __future__ import annotations

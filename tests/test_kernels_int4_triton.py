@@ -5,7 +5,7 @@ two row tiles), both group sizes, output counts that are not a multiple of BLOCK
 programs (the partials, the last split's ordered sum and the counter reset) and not; a row's result alone and in a
 batch; the table's order-fixing choices depend on the weight's shape only. The GPU path dequantizes in PTX, which
 the interpreter cannot run: its text is interpreted here instruction by instruction over every byte and zero point.
-The GPU run at the 27B shapes is in tests/test_kernels_gpu.py.
+The GPU run at the 27B shapes is in tests/test_quant_gpu.py.
 """
 
 from __future__ import annotations
