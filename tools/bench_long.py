@@ -229,9 +229,10 @@ def main(argv: list[str] | None = None) -> int:
                 one, r["startup_s"] = _engine(overrides, args.profile, lanes=1, context=-(-need // 64) * 64)
                 r.update(turns(one, rng, one.model.config.vocab_size, args))
                 del one
-                print(f"{spec:10s} second turn of {r['second_turn_tokens']} tokens: TTFT full {r['ttft_full_ms']:8.1f} "
-                      f"ms, resumed on its lane {r['ttft_lane_ms']:7.1f} ms ({r['full_over_lane']:.1f}x), from the host "
-                      f"{r['ttft_host_ms']:7.1f} ms ({r['full_over_host']:.1f}x)", flush=True)
+                print(f"{spec:10s} second turn of {r['second_turn_tokens']} tokens: TTFT full "
+                      f"{r['ttft_full_ms']:8.1f} ms, resumed on its lane {r['ttft_lane_ms']:7.1f} ms "
+                      f"({r['full_over_lane']:.1f}x), from the host {r['ttft_host_ms']:7.1f} ms "
+                      f"({r['full_over_host']:.1f}x)", flush=True)
                 save()
             if "beside" not in skip:
                 context = max(args.beside + 64, 8192) if args.model == "27b" else 0

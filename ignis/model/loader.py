@@ -38,11 +38,12 @@ FP32_PARAMS = ("A_log", "dt_bias")
 
 
 def load_model(path: str | Path, *, device: str | torch.device, dtype: torch.dtype, exact: bool,
-               progress: Callable[[int, int], None] | None = None, fp8: bool = False, dummy: bool = False) -> HybridModel:
+               progress: Callable[[int, int], None] | None = None, fp8: bool = False,
+               dummy: bool = False) -> HybridModel:
     """Read config.json and the safetensors of `path` into a HybridModel on `device` in `dtype`; `progress(done,
-    total)` is called after each tensor. dummy: read config.json only and make seeded random weights of its shapes on
-    `device` (ignis.model.random), for benchmarks at shapes no checkpoint on disk holds. fp8: convert the decoder projections to float8 e4m3 once loaded
-    (ignis.quant.fp8; the checkpoint must be in its own precision).
+    total)` is called after each tensor. fp8: convert the decoder projections to float8 e4m3 once loaded
+    (ignis.quant.fp8; the checkpoint must be in its own precision). dummy: read config.json only and make seeded
+    random weights of its shapes on `device` (ignis.model.random), for benchmarks at shapes no checkpoint holds.
 
     Raises ArtifactError naming the file or tensor at fault: missing files, missing tensors, wrong shapes, or a
     config.json of an architecture ignis does not run."""
