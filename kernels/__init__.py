@@ -2,11 +2,13 @@
 
 Owns: the exact top-k over the drafter's vocabulary (`topk`, ADR 0001); the Gated DeltaNet recurrence, its replay and
 the conv window's commit (`gdn`, ADR 0004); the decode round's fused layer kernels (`fused`: residual add + RMSNorm,
-the GDN conv and gated norm, SwiGLU, q/k norms + RoPE + K/V write, the drafter's grouped conv) and split-context
-decode attention (`attention`, ADR 0006); the 4-bit GEMV/GEMM for decode and verify rows (`int4_gemv`, ADR 0005).
+the GDN conv and gated norm, SwiGLU, q/k norms + RoPE + K/V write, the drafter's grouped conv); split-context paged
+attention for decode and verify rounds (`attention`: a Triton kernel on tensor cores, `attention_triton`, ADR 0009,
+or the numba one, ADR 0006); the 4-bit GEMV/GEMM for decode and verify rows (`int4_triton` on tensor cores, or
+`int4_gemv`, ADR 0005).
 Does not own: library kernels used as they are (torch SDPA, cuBLAS, fla's Gated DeltaNet prefill), nor when the
 engine calls a kernel.
 
-Importing this package or any of its launch modules imports neither numba nor CUDA and compiles nothing: a numba-cuda
+Importing this package or any of its launch modules imports neither numba, triton nor CUDA and compiles nothing: a
 kernel is built on the first call with a CUDA tensor, so CPU-only machines never need a driver.
 """

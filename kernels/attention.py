@@ -19,15 +19,13 @@ the kernel looks each staged key's page up in the table instead.
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import threading
 from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
 
-from ignis.kernels.launch import launch
+from ignis.kernels.launch import launch, triton_installed
 
 TARGET_BLOCKS = 264  # about two blocks per SM of an H200 (132 SMs)
 # Query rows a block at most for the numba kernel (where triton is missing): each row's scores are one thread's serial
@@ -114,7 +112,7 @@ def route(q: torch.Tensor) -> AttendPath:
         return _path
     if not (q.is_cuda and q.dtype in (torch.bfloat16, torch.float32)):
         return "reference"
-    if triton_fits(q) and _triton_installed():
+    if triton_fits(q) and triton_installed():
         return "triton"
     if q.shape[2] <= MAX_ROWS:
         from ignis.kernels.attention_kernel import THREADS
@@ -122,11 +120,6 @@ def route(q: torch.Tensor) -> AttendPath:
         if q.shape[3] <= THREADS:
             return "numba"
     return "reference"
-
-
-@functools.cache
-def _triton_installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
 
 
 def triton_fits(q: torch.Tensor) -> bool:

@@ -1,12 +1,15 @@
-"""Launching a numba-cuda kernel on torch tensors, on torch's current stream.
+"""Launching a numba-cuda kernel on torch tensors, on torch's current stream; whether the Triton kernels can run.
 
-Owns: `launch`, which every kernel module of ignis.kernels uses: bf16 tensors go in as int16 views (torch exports no
-bf16 to numba; the kernels widen the bits), and the launch goes to the stream torch is on, read at every call, so a
-CUDA graph being captured records it. Importing this module imports neither numba nor CUDA.
+Owns: `launch`, which every numba kernel module of ignis.kernels uses: bf16 tensors go in as int16 views (torch
+exports no bf16 to numba; the kernels widen the bits), and the launch goes to the stream torch is on, read at every
+call, so a CUDA graph being captured records it. `triton_installed`, which the paths that prefer a Triton kernel
+(attention, the int4 product) ask. Importing this module imports neither numba, triton nor CUDA.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import warnings
 from typing import Any
 
@@ -26,3 +29,9 @@ def launch(kernel: Any, grid: tuple[int, ...], threads: int, args: tuple[Any, ..
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # numba warns about grids under 128 blocks: one lane's work is our normal case
         kernel[grid, threads, stream](*arrays)
+
+
+@functools.cache
+def triton_installed() -> bool:
+    """Triton is importable (found, not imported: importing it is left to the first kernel call)."""
+    return importlib.util.find_spec("triton") is not None

@@ -13,8 +13,6 @@ weight and calls F.linear, the reference (exact by construction, on any device, 
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -23,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ignis.kernels.int4_gemv import MAX_ROWS, int4_gemv
+from ignis.kernels.launch import triton_installed
 from ignis.quant.format import dequantize
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -64,11 +63,10 @@ class PackedWeight:
         return PackedWeight(self.qweight[rows], self.scales[rows], self.qzeros[rows])
 
 
-@functools.cache
 def auto_kernel() -> Kernel:
     """The Triton kernel where triton is installed: on the H200 at the 27B shapes it ran 1.1-1.2x the numba kernel's
     speed at one row, 3.2-3.5x at 8 and 5.6-6.6x at 16 (BENCHMARKS.md); the numba kernel otherwise."""
-    return "triton" if importlib.util.find_spec("triton") is not None else "numba"
+    return "triton" if triton_installed() else "numba"
 
 
 def packed_linear(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
