@@ -1,10 +1,11 @@
 """Fused kernels of the decode round's layers: each replaces a run of small torch ops with one launch.
 
 Owns: `add_rms_norm`, `conv`, `gated_norm`, `swiglu`, `qk_rope_write`, `grouped_conv` (numba-cuda kernels on CUDA
-tensors, launched on torch's current stream so a CUDA graph captures them) and their torch references (what runs on
-the CPU, and what the kernels are tested against). Does not own: the layers that call them (ignis.model, the dflash2
-drafter) or the kernel sources (ignis.kernels.fused_kernel). docs/adr/0006-fused-layer-kernels.md has the why and
-the numbers.
+tensors, launched on torch's current stream so a CUDA graph captures them; `add_rms_norm` runs the Triton kernel of
+ignis.kernels.norm_triton where Triton is installed) and their torch references (what runs on the CPU, and what the
+kernels are tested against). Does not own: the layers that call them (ignis.model, the dflash2 drafter) or the
+kernel sources (ignis.kernels.fused_kernel, ignis.kernels.norm_triton). docs/adr/0006-fused-layer-kernels.md has the
+why and the numbers.
 
 Each reference is the torch code the layer ran before the kernel existed, so the CPU keeps its arithmetic exactly;
 each kernel rounds to bf16 wherever those torch ops did.
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ignis.kernels.launch import launch
+from ignis.kernels.launch import launch, triton_installed
 from ignis.kernels.gdn import normalise_qk
 from ignis.model.ops import apply_rope
 
@@ -119,9 +120,14 @@ def add_rms_norm(
     scale: torch.Tensor,  # [H] float32: 1 + w
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + d, rms_norm(x + d) * scale), both in the model dtype: the residual add and the next norm, one launch."""
+    """(x + d, rms_norm(x + d) * scale), both in the model dtype: the residual add and the next norm, one launch
+    (the Triton kernel of ignis.kernels.norm_triton where Triton is installed, else the numba one)."""
     if not x.is_cuda:
         return add_rms_norm_reference(x, d, scale, eps)
+    if triton_installed():
+        from ignis.kernels import norm_triton
+
+        return norm_triton.add_rms_norm(x.contiguous(), None if d is None else d.contiguous(), scale, eps)
     from ignis.kernels.fused_kernel import NORM_THREADS
 
     k = _compiled(x.dtype, 32, -(-x.shape[1] // NORM_THREADS))["add_rms_norm"]

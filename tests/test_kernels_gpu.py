@@ -261,6 +261,30 @@ def test_fused_kernels_replay_in_a_graph() -> None:
         close(got[name], want[name], name, bits=0.0 if name.startswith("attn") else 0.97)
 
 
+@pytest.mark.parametrize("triton", [True, False])
+@pytest.mark.parametrize("t", [1, 8, 64])
+def test_add_rms_norm_both_kernels_at_the_27b_width(t: int, triton: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Triton kernel (the round's) and the numba one (where Triton is missing) against the reference, bf16 rows
+    of 5,120; a row's result does not depend on the call's other rows."""
+    from ignis.kernels import fused
+    from tests.test_kernels_fused import close
+
+    monkeypatch.setattr(fused, "triton_installed", lambda: triton)
+    g = torch.Generator(device="cuda").manual_seed(t)
+    x = (torch.randn(t, 5120, device="cuda", generator=g) * 3).bfloat16()
+    d = torch.randn(t, 5120, device="cuda", generator=g).bfloat16()
+    scale = torch.rand(5120, device="cuda", generator=g) + 0.5
+    with torch.inference_mode():
+        resid, normed = fused.add_rms_norm(x, d, scale, 1e-6)
+        _, normed0 = fused.add_rms_norm(x, None, scale, 1e-6)
+        _, last = fused.add_rms_norm(x[-1:], d[-1:], scale, 1e-6)
+    want_resid, want = fused.add_rms_norm_reference(x, d, scale, 1e-6)
+    assert torch.equal(resid, want_resid)
+    close(normed, want, "normed")
+    close(normed0, fused.add_rms_norm_reference(x, None, scale, 1e-6)[1], "normed0")
+    assert torch.equal(last[0], normed[-1])
+
+
 # The Triton paged attention (ignis.kernels.attention_triton) at the 27B attention shape: 24 query heads on 4 KV heads
 # of 256, bf16, pages of 64 in shuffled order behind a garbage-filled null page.
 def _paged_attention_inputs(b: int, c: int, span: int) -> dict[str, object]:

@@ -1,0 +1,75 @@
+"""The residual add and RMSNorm of the decode round in Triton: `add_rms_norm`, a program a row.
+
+Owns: the kernel and its launch on torch's current stream (Triton launches there), allocating only the outputs, so a
+CUDA graph captures it. Does not own: the torch reference (ignis.kernels.fused.add_rms_norm_reference), the numba
+kernel it replaces where Triton is installed (ignis.kernels.fused_kernel), or when it runs (ignis.kernels.fused).
+
+Why (docs/adr/0006-fused-layer-kernels.md has the numbers): a decode round runs two of these a layer on rows of a
+few thousand values, so a launch is bound by its chain of memory latencies, not by its bytes. Here a row's x, d and
+scale are loaded together (three independent loads, one latency) as 16-byte vectors, the sum of squares is one tree
+over the program's warps, and the stores follow: one latency each way. The numba kernel it replaces read the scale
+only after its reduction, which serialised a third latency, and summed 32 warps' partials in every thread.
+
+Arithmetic is the reference's, op for op: x + d in fp32 rounded to the model dtype (torch's bf16 add), the mean of
+squares of that in fp32, then value * (1 / sqrt(mean + eps)) * scale rounded once. Only the order of the fp32 sum of
+squares differs (a tree here), so results match the reference within one rounding of the output; a row's result
+does not depend on the other rows of the call (one program a row).
+
+Importing this module imports triton, not CUDA. Without a GPU, TRITON_INTERPRET=1 runs the kernel in Triton's
+interpreter on CPU tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_WIDTH = 65536  # the widest row one program holds (a Qwen3.5 hidden size is at most a few thousand)
+
+
+@triton.jit
+def _add_rms_norm(
+    x_ptr, d_ptr, scale_ptr, resid_ptr, normed_ptr,  # x, d, resid, normed [T, n] model dtype; scale [n] fp32
+    n, eps,
+    ADD: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    v = tl.load(x_ptr + row * n + offs, mask=mask, other=0.0).to(tl.float32)
+    scale = tl.load(scale_ptr + offs, mask=mask, other=0.0)
+    if ADD:
+        d = tl.load(d_ptr + row * n + offs, mask=mask, other=0.0).to(tl.float32)
+        r = (v + d).to(resid_ptr.dtype.element_ty)  # the residual in the model dtype, as torch's add rounds it
+        tl.store(resid_ptr + row * n + offs, r, mask=mask)
+        v = r.to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / n + eps)
+    tl.store(normed_ptr + row * n + offs, (v * inv * scale).to(normed_ptr.dtype.element_ty), mask=mask)
+
+
+def warps(width: int) -> int:
+    """Warps a program: 8 values a thread at most up to 16 warps (16-byte loads of bf16), so 4,096-8,192 wide rows
+    take 16 warps and the built-in model's 384 takes 2."""
+    return max(1, min(16, triton.next_power_of_2(width) // 256))
+
+
+def add_rms_norm(
+    x: torch.Tensor,  # [T, n] model dtype, contiguous: the residual stream
+    d: torch.Tensor | None,  # [T, n] like x: what the last block adds to it (None: nothing)
+    scale: torch.Tensor,  # [n] float32: 1 + w
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + d, rms_norm(x + d) * scale) in x's dtype, one launch; with d None the residual is x itself."""
+    t, n = x.shape
+    if (n > MAX_WIDTH or not x.is_contiguous() or (d is not None and (d.shape != x.shape or not d.is_contiguous()))
+            or scale.shape != (n,) or scale.dtype != torch.float32):
+        raise ValueError(f"add_rms_norm takes contiguous x and d [T, n <= {MAX_WIDTH}] and a float32 scale [n]; got x "
+                         f"{tuple(x.shape)}, d {None if d is None else tuple(d.shape)}, scale {tuple(scale.shape)} "
+                         f"{scale.dtype}")
+    resid = x if d is None else torch.empty_like(x)
+    normed = torch.empty_like(x)
+    if t:
+        _add_rms_norm[(t,)](x, x if d is None else d, scale, resid, normed, n, float(eps), ADD=d is not None,
+                            BLOCK=triton.next_power_of_2(n), num_warps=warps(n))
+    return resid, normed
