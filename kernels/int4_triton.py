@@ -81,6 +81,22 @@ TABLE: dict[int, tuple[int, int, int]] = {16: (128, 4, 4), 32: (128, 4, 4)}
 BLOCK_K = 128  # input columns a step, at most the group
 
 
+_programs_per_sm = PROGRAMS_PER_SM  # what `split_k` reads: PROGRAMS_PER_SM unless `tune` changed it
+
+
+def tune(entries: dict[int, tuple[int, int, int]], programs_per_sm: int) -> None:
+    """Replace table entries (rows bucket -> (block_n, warps, stages)) and the split's target, for the process: what
+    tools.bench_quant --policies times. The split fixes the order of the sums, so the engine never calls this; a
+    policy worth keeping goes into TABLE and PROGRAMS_PER_SM."""
+    global _programs_per_sm
+    if not set(entries) <= set(ROWS_BUCKETS) or programs_per_sm < 1:
+        raise ValueError(f"tune takes rows buckets among {ROWS_BUCKETS} and programs_per_sm >= 1; got "
+                         f"{sorted(entries)}, {programs_per_sm}")
+    TABLE.update(entries)
+    _programs_per_sm = programs_per_sm
+    choose.cache_clear()
+
+
 def bucket(rows: int) -> int:
     """The table's BLOCK_M for `rows` activation rows; more than 32 rows take several row tiles of 32."""
     return next((b for b in ROWS_BUCKETS if rows <= b), ROWS_BUCKETS[-1])
@@ -92,7 +108,7 @@ def split_k(nout: int, ncols: int, block_k: int, sms: int) -> int:
     than MIN_SPLIT_STEPS steps. Depends on the shape (and the device) only."""
     tiles = math.ceil(nout / SPLIT_TILE)
     steps = ncols // block_k
-    want = math.ceil(PROGRAMS_PER_SM * sms / tiles)
+    want = math.ceil(_programs_per_sm * sms / tiles)
     fits = [d for d in range(1, min(MAX_SPLITS, steps // MIN_SPLIT_STEPS) + 1) if steps % d == 0] or [1]
     return next((d for d in fits if d >= want), fits[-1])
 
@@ -156,7 +172,7 @@ _ASM = {torch.bfloat16: (_codes_asm("bf16", 0x43004300, 0x3F803F80), 128.0),
 @triton.jit
 def _int4_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, cnt_ptr,  # see int4_triton for shapes and dtypes
-    M, N, stride_xm, stride_qn, stride_sn, stride_zn,
+    M, N, stride_xm, stride_qn, stride_qk, stride_sn, stride_zn,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     STEPS: tl.constexpr, SPLIT_K: tl.constexpr, ASM: tl.constexpr, MAGIC: tl.constexpr, PRECISION: tl.constexpr,
 ):
@@ -170,7 +186,9 @@ def _int4_kernel(
     mask_n = offs_n < N
     first = pid_k * STEPS  # every split has STEPS steps (a constant trip count for the pipeliner)
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + (first * BLOCK_K + tl.arange(0, BLOCK_K))[None, :]
-    q_ptrs = qw_ptr + offs_n[:, None] * stride_qn + (first * HALF + tl.arange(0, HALF))[None, :]
+    # a step's bytes of row n: stride_qk apart from one step to the next (HALF in the row-major layout, N * HALF in
+    # the k-blocked one, where a step's BLOCK_N rows are one contiguous run)
+    q_ptrs = qw_ptr + offs_n[:, None] * stride_qn + first * stride_qk + tl.arange(0, HALF)[None, :]
     xdt = x_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for i in range(STEPS):
@@ -190,7 +208,7 @@ def _int4_kernel(
         part = tl.dot(xo, tl.trans(hi), part, input_precision=PRECISION)
         acc += part * s[None, :]
         x_ptrs += BLOCK_K
-        q_ptrs += HALF
+        q_ptrs += stride_qk
     offs = offs_m[:, None] * N + offs_n[None, :]  # the output [M, N] and each split's partials [M, N]
     mask = mask_m[:, None] & mask_n[None, :]
     if SPLIT_K == 1:
@@ -230,19 +248,31 @@ def _device_sms(device: torch.device) -> int:
     return _sms[device]
 
 
+def k_blocked(qweight: torch.Tensor, block_k: int) -> torch.Tensor:
+    """qweight uint8 [out, in/2] (the format's row-major codes) -> [in/block_k, out, block_k/2], contiguous: the same
+    bytes with each K step's codes of every output row in one run, so a program's step reads BLOCK_N x block_k/2
+    contiguous bytes instead of BLOCK_N runs of block_k/2 bytes a row apart. `int4_triton` takes either layout."""
+    out, half = qweight.shape
+    if block_k % 2 or (2 * half) % block_k:
+        raise ValueError(f"k_blocked: {2 * half} input columns are not a multiple of block_k = {block_k}")
+    return qweight.reshape(out, 2 * half // block_k, block_k // 2).transpose(0, 1).contiguous()
+
+
 def int4_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor,
                 config: Config | None = None) -> torch.Tensor:
-    """x [..., in] (bf16, fp16 or fp32) @ W^T -> [..., out] in x.dtype, for W given as qweight uint8 [out, in/2],
-    scales [out, in/group] (fp16, bf16 or fp32) and qzeros uint8 [out, in/group], all on x's device (CUDA, or the CPU
-    under Triton's interpreter). `config` overrides the table (benchmarks); its block_k and split_k change the
-    order of the sums. Asynchronous, on torch's current stream; no host read; allocates the output and, when split,
-    the partial sums."""
+    """x [..., in] (bf16, fp16 or fp32) @ W^T -> [..., out] in x.dtype, for W given as qweight uint8 [out, in/2]
+    (or the same codes `k_blocked`: [in/block_k, out, block_k/2], block_k the launch's), scales [out, in/group]
+    (fp16, bf16 or fp32) and qzeros uint8 [out, in/group], all on x's device (CUDA, or the CPU under Triton's
+    interpreter). `config` overrides the table (benchmarks); its block_k and split_k change the order of the sums.
+    Asynchronous, on torch's current stream; no host read; allocates the output and, when split, the partial sums."""
     ncols = x.shape[-1]
-    nout = qweight.shape[0]
+    blocked = qweight.dim() == 3
+    nout = qweight.shape[1] if blocked else qweight.shape[0]
     lead = x.shape[:-1]
     groups = scales.shape[-1]
-    if (x.dtype not in _DTYPES or qweight.dtype != torch.uint8 or qweight.shape[-1] * 2 != ncols or groups == 0
-            or ncols % groups or qzeros.shape != scales.shape or scales.shape[0] != nout):
+    if (x.dtype not in _DTYPES or qweight.dtype != torch.uint8 or qweight.shape[0 if blocked else 1] * 2
+            * (qweight.shape[2] if blocked else 1) != ncols or groups == 0 or ncols % groups
+            or qzeros.shape != scales.shape or scales.shape[0] != nout):
         raise ValueError(f"int4_triton takes x [..., in] in bf16, fp16 or fp32 and a packed weight of in columns; got "
                          f"x {tuple(x.shape)} {x.dtype}, qweight {tuple(qweight.shape)} {qweight.dtype}, scales "
                          f"{tuple(scales.shape)}, qzeros {tuple(qzeros.shape)}")
@@ -256,7 +286,12 @@ def int4_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qz
         return out.reshape(*lead, nout)
     cfg = config if config is not None else choose(nrows, nout, ncols, group, _device_sms(x.device))
     check(cfg, ncols, group)
+    if blocked and qweight.shape[2] * 2 != cfg.block_k:
+        raise ValueError(f"a k-blocked weight of steps of {qweight.shape[2] * 2} columns needs block_k = that; the "
+                         f"launch has {cfg.block_k}")
     qweight, scales, qzeros = (t if t.stride(-1) == 1 else t.contiguous() for t in (qweight, scales, qzeros))
+    # bytes between output rows, and between one K step of a row and the next
+    stride_qn, stride_qk = (qweight.stride(1), qweight.stride(0)) if blocked else (qweight.stride(0), cfg.block_k // 2)
     # the PTX dequantization on a GPU for 16-bit activations; Triton's own arithmetic for fp32 and in the interpreter
     asm, magic = _ASM.get(x.dtype, ("", 0.0)) if x.is_cuda else ("", 0.0)
     grid = (math.ceil(nrows / cfg.block_m), math.ceil(nout / cfg.block_n), cfg.split_k)
@@ -269,7 +304,7 @@ def int4_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qz
         ws = counters = out  # not read: the unsplit variant has no workspace
     _int4_kernel[grid](
         rows, qweight, scales, qzeros, out, ws, counters,
-        nrows, nout, rows.stride(0), qweight.stride(0), scales.stride(0), qzeros.stride(0),
+        nrows, nout, rows.stride(0), stride_qn, stride_qk, scales.stride(0), qzeros.stride(0),
         GROUP=group, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         STEPS=ncols // (cfg.block_k * cfg.split_k), SPLIT_K=cfg.split_k,
         ASM=asm, MAGIC=magic, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",

@@ -57,3 +57,29 @@ def test_triton_sweep_configs_and_summary() -> None:
              {"shape": "mlp down", "rows": 8, "table": False, **asdict(c1), "error": "out of resources"}]
     line, = summary({"sweep_triton": sweep})
     assert line.startswith("Triton sweep, mlp down,  8 rows: best x1.00") and line.endswith("the table's x2.00")
+
+
+def test_policies_are_valid_launches_and_summarised() -> None:
+    """--policies: every candidate is a launch the kernel takes at every 27B shape, the first is the table's, and
+    the summary names the best beside it."""
+    from ignis.kernels import int4_triton as it
+    from tools.bench_quant import POLICIES, SHAPES, STEP_COUNTS, summary
+
+    assert POLICIES[0] == (*it.TABLE[16], it.PROGRAMS_PER_SM) and set(STEP_COUNTS) == {n for n, _, _ in SHAPES}
+    saved = dict(it.TABLE)
+    try:
+        for bn, warps, stages, pps in POLICIES:
+            it.tune({16: (bn, warps, stages), 32: (bn, warps, stages)}, pps)
+            for _, nout, ncols in SHAPES:
+                for rows in (1, 8):
+                    c = it.choose(rows, nout, ncols, 128, 132)
+                    assert (c.block_n, c.warps, c.stages) == (bn, warps, stages)
+                    it.check(c, ncols, 128)
+    finally:
+        it.tune(saved, it.PROGRAMS_PER_SM)
+    assert it.choose(1, 34816, 5120, 128, 132) == it.Config(16, *saved[16][:1], 128, 1, *saved[16][1:])
+    sums = [{"policy": [128, 4, 4, 2], "step_ms_1": 4.0, "step_ms_8": 4.2},
+            {"policy": [64, 4, 4, 4], "step_ms_1": 2.0, "step_ms_8": 2.1}]
+    line, = summary({"policies": {"rows": [], "sums": sums, "best": sums[1]}})
+    assert line == ("Triton policies: best (64, 4, 4, 4) (block_n, warps, stages, programs a SM): a decode step's int4 "
+                    "products 2.000 ms at 1 row and 2.100 at 8; the table's (128, 4, 4, 2) 4.000 and 4.200")

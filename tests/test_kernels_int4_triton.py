@@ -56,6 +56,23 @@ def test_kernel_equals_the_reference(rows: int, nout: int, ncols: int, group: in
     _close(int4_triton(x, qw, s, z, config), x, qw, s, z)
 
 
+@pytest.mark.parametrize(("rows", "nout", "ncols", "group", "config"), CASES)
+def test_the_k_blocked_layout_gives_the_same_bits(rows: int, nout: int, ncols: int, group: int,
+                                                  config: Config | None) -> None:
+    """The same codes k-blocked (a step's rows contiguous) run the same sums in the same order: equal bits."""
+    from ignis.kernels.int4_triton import choose, k_blocked
+
+    qw, s, z = _weight(nout, ncols, group, seed=rows + nout)
+    x = torch.randn(rows, ncols, generator=torch.Generator().manual_seed(rows))
+    cfg = config or choose(rows, nout, ncols, group, 132)
+    blocked = k_blocked(qw, cfg.block_k)
+    assert blocked.shape == (ncols // cfg.block_k, nout, cfg.block_k // 2)
+    assert torch.equal(blocked[1, 3], qw[3, cfg.block_k // 2 : cfg.block_k])
+    assert torch.equal(int4_triton(x, blocked, s, z, config), int4_triton(x, qw, s, z, config))
+    with pytest.raises(ValueError, match="k-blocked"):
+        int4_triton(x, k_blocked(qw, cfg.block_k // 2), s, z, cfg)
+
+
 def test_scale_dtypes_and_leading_dims() -> None:
     qw, s, z = _weight(20, 256, 64, seed=1)
     x = torch.randn(2, 3, 256, generator=torch.Generator().manual_seed(1))

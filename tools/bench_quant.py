@@ -9,7 +9,9 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
    over the form's own bytes (weight, scales, zero points, x and y) at the copy bandwidth.
    Then the numba kernel's alternative shapes of work (ignis.kernels.int4_gemv.Tuning) at three of the shapes, and
    with --sweep-triton the Triton kernel's launch shapes (ignis.kernels.int4_triton.Config) at the same three shapes
-   for 1, 8 and 64 rows: the table (int4_triton.TABLE) is what this sweep picks.
+   for 1, 8 and 64 rows: the table (int4_triton.TABLE) is what this sweep picks. With --policies, whole launch
+   policies of the Triton kernel (its 16-row tile and the split's target) over all five products at 1 and 8 rows,
+   summed as a decode step runs them; the best stays in force for the decode step below.
 3. A decode step of one lane at a 512-token context (random weights built on the GPU, as tools.bench_round does)
    through DeviceRound with CUDA graphs, bf16 then the same weights packed to int4 (group 128, products through the
    kernel --int4-kernel names) then converted to fp8; speed-ups are bf16 ms over int4 or fp8 ms, floors are each
@@ -20,6 +22,7 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
 
     python -m tools.bench_quant --out quant.json
     python -m tools.bench_quant --out sweep.json --skip tunings,decode,quality --sweep-triton
+    python -m tools.bench_quant --out policies.json --skip products,tunings,quality --policies --int4-kernel triton
 """
 
 from __future__ import annotations
@@ -229,6 +232,84 @@ def sweep_triton(bw: float, reps: int) -> list[dict[str, Any]]:
     return rows_out
 
 
+# Launch policies of the Triton int4 kernel: (block_n, warps, stages) of the 16-row tile, and the split's target of
+# programs per SM. The first is the table's. ncu at 52056dc: the table's gate_up product at one row ran 272 programs
+# of 155 registers (0.69 waves, 2 warps a scheduler, 0.42 instructions a cycle, 35% of DRAM bandwidth), so the
+# candidates trade tile width and registers for programs in flight.
+POLICIES = [(128, 4, 4, 2), (128, 4, 4, 4), (128, 4, 3, 4), (128, 8, 4, 4), (64, 4, 4, 2), (64, 4, 4, 4),
+            (64, 4, 4, 6), (64, 4, 3, 4), (64, 2, 4, 4), (32, 2, 4, 4), (32, 2, 4, 8)]
+# how many times a 27B decode step runs each of SHAPES (48 GDN and 16 attention layers, each with an MLP)
+STEP_COUNTS = {"mlp gate_up": 64, "mlp down": 64, "gdn in_proj qkv+z": 48, "attn qkv": 16, "o_proj / gdn out_proj": 64}
+
+
+def policies(bw: float, reps: int) -> dict[str, Any]:
+    """Each of POLICIES over the five 27B products at 1 and 8 rows: us a product, and a decode step's products (each
+    shape times its count in the step) at 1 and at 8 rows. The best (least sum of the two) stays in force for the
+    rest of the run (the decode step), and is reported; ties keep the earlier policy."""
+    from ignis.kernels import int4_triton as it
+
+    dev = torch.device("cuda")
+    weights = {}
+    for name, nout, ncols in SHAPES:
+        qw, s, z = quantize(torch.randn(nout, ncols, device=dev) * 0.02, GROUP)
+        s = s.bfloat16()
+        n4 = qw.nbytes + s.nbytes + z.nbytes
+        weights[name] = (n4, nout, ncols, _copies(n4, lambda: (qw.clone(), s.clone(), z.clone())))
+    rows_out, sums = [], []
+    for pol in POLICIES:
+        bn, warps, stages, pps = pol
+        it.tune({16: (bn, warps, stages), 32: (bn, warps, stages)}, pps)
+        total = {1: 0.0, 8: 0.0}
+        for name, (n4, nout, ncols, c4) in weights.items():
+            for r in (1, 8):
+                x = torch.randn(r, ncols, device=dev).bfloat16()
+                ms = graph_ms([partial(int4_triton, x, *p) for p in c4], reps)
+                floor = (n4 + 2 * r * (ncols + nout)) / bw * 1e3
+                cfg = it.choose(r, nout, ncols, GROUP, torch.cuda.get_device_properties(dev).multi_processor_count)
+                rows_out.append({"policy": pol, "shape": name, "rows": r, "split_k": cfg.split_k, "ms": ms,
+                                 "x_floor": ms / floor})
+                total[r] += STEP_COUNTS[name] * ms
+                print(f"policy {pol}  {name:22s} rows {r}  split {cfg.split_k:2d}  {1e3 * ms:7.1f} us  "
+                      f"x{ms / floor:5.2f}", flush=True)
+        sums.append({"policy": pol, "step_ms_1": total[1], "step_ms_8": total[8]})
+        print(f"policy {pol}: a decode step's int4 products {total[1]:.3f} ms at 1 row, {total[8]:.3f} at 8",
+              flush=True)
+    best = min(sums, key=lambda e: e["step_ms_1"] + e["step_ms_8"])
+    bn, warps, stages, pps = best["policy"]
+    it.tune({16: (bn, warps, stages), 32: (bn, warps, stages)}, pps)
+    print(f"best policy {best['policy']} (block_n, warps, stages, programs a SM), in force from here", flush=True)
+    del weights
+    torch.cuda.empty_cache()
+    return {"rows": rows_out, "sums": sums, "best": best}
+
+
+def layouts(bw: float, reps: int) -> list[dict[str, Any]]:
+    """The Triton kernel at its table's launch over the five 27B products at 1 and 8 rows, its codes row-major (the
+    format's layout) and k-blocked (int4_triton.k_blocked: a K step's rows contiguous): us and x floor each."""
+    from ignis.kernels.int4_triton import choose, k_blocked
+
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    rows_out = []
+    for name, nout, ncols in SHAPES:
+        qw, s, z = quantize(torch.randn(nout, ncols, device=dev) * 0.02, GROUP)
+        s = s.bfloat16()
+        n4 = qw.nbytes + s.nbytes + z.nbytes
+        bk = choose(1, nout, ncols, GROUP, sms).block_k
+        forms = {"row-major": _copies(n4, lambda: (qw.clone(), s.clone(), z.clone())),
+                 "k-blocked": _copies(n4, lambda: (k_blocked(qw, bk), s.clone(), z.clone()))}
+        for r in (1, 8):
+            x = torch.randn(r, ncols, device=dev).bfloat16()
+            floor = (n4 + 2 * r * (ncols + nout)) / bw * 1e3
+            for form, c4 in forms.items():
+                ms = graph_ms([partial(int4_triton, x, *p) for p in c4], reps)
+                rows_out.append({"shape": name, "rows": r, "layout": form, "ms": ms, "x_floor": ms / floor})
+                print(f"layout {form:9s} {name:22s} rows {r}  {1e3 * ms:7.1f} us  x{ms / floor:5.2f}", flush=True)
+        del forms
+        torch.cuda.empty_cache()
+    return rows_out
+
+
 def to_int4(model: nn.Module, group: int) -> int:
     """Pack every projection `ignis quantize` would pack, in place on the model's device (scales in the model dtype,
     as the loader keeps them), and fuse again. Returns how many were packed."""
@@ -382,6 +463,12 @@ def summary(result: dict[str, Any]) -> list[str]:
         lines.append(f"Triton sweep, {shape}, {r:2d} rows: best x{p['x_floor']:.2f} (bm {p['block_m']} bn "
                      f"{p['block_n']} bk {p['block_k']} split {p['split_k']} warps {p['warps']} stages {p['stages']}), "
                      f"the table's x{table.get('x_floor', float('nan')):.2f}")
+    pol = result.get("policies")
+    if pol:
+        b, table = pol["best"], pol["sums"][0]
+        lines.append(f"Triton policies: best {tuple(b['policy'])} (block_n, warps, stages, programs a SM): a decode "
+                     f"step's int4 products {b['step_ms_1']:.3f} ms at 1 row and {b['step_ms_8']:.3f} at 8; the "
+                     f"table's {tuple(table['policy'])} {table['step_ms_1']:.3f} and {table['step_ms_8']:.3f}")
     dec = result.get("decode")
     if dec:
         lines.append(f"27B decode step, 1 lane, graphs: bf16 {dec['bf16']['graph_ms']:.2f} ms, int4 "
@@ -409,12 +496,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip", default="", help="comma list of products, tunings, decode, quality")
     ap.add_argument("--sweep-triton", action="store_true",
                     help="time the Triton int4 kernel's launch shapes at three 27B shapes, 1, 8 and 64 rows")
+    ap.add_argument("--layouts", action="store_true",
+                    help="time the Triton int4 kernel on row-major and k-blocked codes at the five 27B products")
+    ap.add_argument("--policies", action="store_true",
+                    help="time the Triton int4 kernel's launch policies over a decode step's products and keep the "
+                         "best for the decode step")
     ap.add_argument("--int4-kernel", default="auto", choices=["auto", "numba", "triton"],
                     help="the kernel int4 products run with in the decode step and the quality runs")
     args = ap.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     if not args.sweep_triton:
         skip.add("sweep_triton")
+    if not args.policies:
+        skip.add("policies")
+    if not args.layouts:
+        skip.add("layouts")
     set_kernel(args.int4_kernel)
     t0 = time.perf_counter()
     bw = copy_bandwidth(torch.device("cuda"))
@@ -423,7 +519,8 @@ def main(argv: list[str] | None = None) -> int:
                               "copy_tb_s": bw / 1e12, "group": GROUP, "int4_kernel": args.int4_kernel}
     out = Path(args.out)
     steps = [("products", lambda: products(bw, args.reps)), ("tunings", lambda: tunings(bw, args.reps)),
-             ("sweep_triton", lambda: sweep_triton(bw, args.reps)),
+             ("sweep_triton", lambda: sweep_triton(bw, args.reps)), ("policies", lambda: policies(bw, args.reps)),
+             ("layouts", lambda: layouts(bw, args.reps)),
              ("decode", lambda: decode_steps(bw, args.context, args.iters)),
              ("quality", lambda: quality(args.prompts, args.tokens, args.accept_prompts, args.max_tokens))]
     for name, step in steps:
