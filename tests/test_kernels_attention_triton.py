@@ -12,7 +12,6 @@ register spills in bf16. The GPU run at the 27B shape is in tests/test_kernels_g
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from ignis.kernels import attention
 from ignis.kernels.attention import attend, attend_reference, route, splits, use
 from ignis.kernels.attention_triton import Tiles
 
+from tests.sm90 import run_child
 from tests.test_kernels_fused import paged, visible
 
 if torch.cuda.is_available():
@@ -163,27 +163,9 @@ def test_bench_attention_plans_its_cases() -> None:
 
 
 COMPILE = r"""
-import os, re, subprocess, sys, tempfile
-import triton
-from triton import knobs
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 from ignis.kernels.attention_triton import _combine, _partial, rows_block, tiles
+from tests.sm90 import build, spills
 import torch
-
-def build(fn, types, constants, divisible, warps, stages):
-    names = fn.arg_names
-    sig = {n: types.get(n, "i32") for n in names} | {n: "constexpr" for n in constants}
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names if sig[n][0] == "*" or n in divisible}
-    src = ASTSource(fn, sig, {(names.index(n),): v for n, v in constants.items()}, attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
-
-def spills(kernel):
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(kernel.asm["ptx"])
-    out = subprocess.run([knobs.nvidia.ptxas.path, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
-                         capture_output=True, text=True, check=True).stderr
-    return sum(int(n) for n in re.findall(r"(\d+) bytes spill", out))
 
 ptr = {"table": "*i64", "lanes": "*i64", "positions": "*i64", "opart": "*fp32", "mpart": "*fp32", "lpart": "*fp32",
        "qk_scale": "fp32"}
@@ -208,9 +190,4 @@ for elt, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
 
 
 def test_kernels_compile_for_sm90_on_tensor_cores() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-c", COMPILE], env=env, cwd=root, capture_output=True, text=True,
-                          check=False, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("ok") == 2, proc.stdout
+    assert run_child(COMPILE).count("ok") == 2

@@ -10,14 +10,12 @@ is in tests/test_kernels_gpu.py.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 from ignis.kernels import fused, norm_triton
 from ignis.kernels.fused import add_rms_norm_reference
+
+from tests.sm90 import run_child
 
 if torch.cuda.is_available():
     pytest.skip("the interpreter takes CPU tensors: tests/test_kernels_gpu.py runs these", allow_module_level=True)
@@ -76,39 +74,23 @@ def test_cpu_tensors_keep_the_reference() -> None:
 
 
 COMPILE = r"""
-import os, re, subprocess, tempfile
 import triton
-from triton import knobs
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 from ignis.kernels.norm_triton import _add_rms_norm, warps
+from tests.sm90 import build, spills
 
-names = _add_rms_norm.arg_names
 for elt, n in (("bf16", 5120), ("bf16", 384), ("fp32", 5120)):
     for add in (True, False):
-        constants = {"ADD": add, "BLOCK": triton.next_power_of_2(n)}
-        sig = {"x_ptr": "*" + elt, "d_ptr": "*" + elt, "scale_ptr": "*fp32", "resid_ptr": "*" + elt,
-               "normed_ptr": "*" + elt, "n": "i32", "eps": "fp32"} | {k: "constexpr" for k in constants}
-        attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in names if sig[k][0] == "*" or k == "n"}
-        src = ASTSource(_add_rms_norm, sig, {(names.index(k),): v for k, v in constants.items()}, attrs)
-        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps(n)})
+        types = {"x_ptr": "*" + elt, "d_ptr": "*" + elt, "scale_ptr": "*fp32", "resid_ptr": "*" + elt,
+                 "normed_ptr": "*" + elt, "eps": "fp32"}
+        kernel = build(_add_rms_norm, types, {"ADD": add, "BLOCK": triton.next_power_of_2(n)}, ("n",), warps(n), 3)
         ptx = kernel.asm["ptx"]
         assert ".target sm_90a" in ptx
         if n == 5120:
             assert "ld.global.v4" in ptx and "st.global.v4" in ptx, (elt, add)  # 16-byte accesses
-        with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-            f.write(ptx)
-        out = subprocess.run([knobs.nvidia.ptxas.path, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
-                             capture_output=True, text=True, check=True).stderr
-        assert sum(int(s) for s in re.findall(r"(\d+) bytes spill", out)) == 0, (elt, n, add)
+        assert spills(kernel) == 0, (elt, n, add)
         print("ok", elt, n, add)
 """
 
 
 def test_kernel_compiles_for_sm90_with_vector_accesses() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-c", COMPILE], env=env, cwd=root, capture_output=True, text=True,
-                          check=False, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("ok") == 6, proc.stdout
+    assert run_child(COMPILE).count("ok") == 6

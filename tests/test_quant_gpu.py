@@ -5,6 +5,7 @@ against its CPU reference. Needs CUDA; CI has none."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -75,27 +76,37 @@ def test_int4_gemv_rows_do_not_depend_on_the_batch() -> None:
             assert torch.equal(int4_gemv(x[:rows], qw, s, z), alone[:rows])
 
 
+def _replayed_then_side(kernel: Callable[..., torch.Tensor], rows: int, qw: torch.Tensor, s: torch.Tensor,
+                        z: torch.Tensor, check: Callable[[torch.Tensor, torch.Tensor], None]
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """kernel(x, qw, s, z) captured in a CUDA graph (after a first call outside it: compile, load, counters), replayed
+    on three new inputs with check(out, x) after each, then run on a side stream: (x, replayed out, side out)."""
+    ncols = 2 * qw.shape[1]
+    static_x = torch.randn(rows, ncols, device="cuda").bfloat16()
+    kernel(static_x, qw, s, z)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = kernel(static_x, qw, s, z)
+    for seed in range(3):
+        static_x.copy_(torch.randn(rows, ncols, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
+        graph.replay()
+        check(static_out, static_x)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = kernel(static_x, qw, s, z)
+    side.synchronize()
+    return static_x, static_out, out
+
+
 def test_int4_gemv_under_cuda_graph_replay_and_on_a_side_stream() -> None:
     from ignis.kernels.int4_gemv import _devices, int4_gemv
 
     for (nout, ncols), rows in (((5120, 17408), 8), ((34816, 5120), 1), ((16384, 5120), 64)):
         qw, s, z = _int4_weight(nout, ncols, 128, seed=11)
-        static_x = torch.randn(rows, ncols, device="cuda").bfloat16()
-        int4_gemv(static_x, qw, s, z)  # compile and load outside capture
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_out = int4_gemv(static_x, qw, s, z)
-        for seed in range(3):
-            static_x.copy_(torch.randn(rows, ncols, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
-            graph.replay()
-            _int4_check(static_out, static_x, qw, s, z)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            out = int4_gemv(static_x, qw, s, z)
-        side.synchronize()
-        _int4_check(out, static_x, qw, s, z)
+        x, _, out = _replayed_then_side(int4_gemv, rows, qw, s, z, lambda out, x: _int4_check(out, x, qw, s, z))
+        _int4_check(out, x, qw, s, z)
     torch.cuda.synchronize()
     assert all(bool((d.counters == 0).all()) for d in _devices.values())
 
@@ -237,24 +248,13 @@ def test_int4_triton_rows_do_not_depend_on_the_batch() -> None:
 def test_int4_triton_under_cuda_graph_replay_and_on_a_side_stream() -> None:
     from ignis.kernels.int4_triton import _counters, int4_triton
 
+    def replayed(out: torch.Tensor, x: torch.Tensor) -> None:
+        assert _rel(out, x, qw, s, z) < 1e-2
+        assert torch.equal(out, int4_triton(x, qw, s, z))  # eager and replayed alike
+
     for (nout, ncols), rows in (((5120, 17408), 8), ((34816, 5120), 1), ((5120, 6144), 64)):
         qw, s, z = _int4_weight(nout, ncols, 128, seed=11)
-        static_x = torch.randn(rows, ncols, device="cuda").bfloat16()
-        int4_triton(static_x, qw, s, z)  # compile, load and allocate the counters outside capture
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_out = int4_triton(static_x, qw, s, z)
-        for seed in range(3):
-            static_x.copy_(torch.randn(rows, ncols, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
-            graph.replay()
-            assert _rel(static_out, static_x, qw, s, z) < 1e-2
-            assert torch.equal(static_out, int4_triton(static_x, qw, s, z))  # eager and replayed alike
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            out = int4_triton(static_x, qw, s, z)
-        side.synchronize()
+        _, static_out, out = _replayed_then_side(int4_triton, rows, qw, s, z, replayed)
         assert torch.equal(out, static_out)
     torch.cuda.synchronize()
     assert all(not bool(c.any()) for c in _counters.values())

@@ -105,6 +105,15 @@ def _copies(nbytes: int, make: Callable[[], Any]) -> list[Any]:
     return [make() for _ in range(max(1, min(16, FLUSH // nbytes)))]
 
 
+def _int4_copies(nout: int, ncols: int, dev: torch.device) -> tuple[int, list[tuple[torch.Tensor, ...]]]:
+    """A random [nout, ncols] weight packed to int4 (bf16 scales): its bytes, and enough copies of (qweight, scales,
+    qzeros) that a graph cycling over them reads none from L2."""
+    qw, s, z = quantize(torch.randn(nout, ncols, device=dev) * 0.02, GROUP)
+    s = s.bfloat16()
+    n4 = qw.nbytes + s.nbytes + z.nbytes
+    return n4, _copies(n4, lambda: (qw.clone(), s.clone(), z.clone()))
+
+
 def products(bw: float, reps: int) -> list[dict[str, Any]]:
     rows_out = []
     dev = torch.device("cuda")
@@ -160,10 +169,7 @@ def tunings(bw: float, reps: int) -> list[dict[str, Any]]:
     rows_out = []
     dev = torch.device("cuda")
     for name, nout, ncols in (SHAPES[0], SHAPES[1], SHAPES[4]):
-        qw, s, z = quantize(torch.randn(nout, ncols, device=dev) * 0.02, GROUP)
-        s = s.bfloat16()
-        n4 = qw.nbytes + s.nbytes + z.nbytes
-        c4 = _copies(n4, lambda: (qw.clone(), s.clone(), z.clone()))
+        n4, c4 = _int4_copies(nout, ncols, dev)
         for r in (1, 8):
             x = torch.randn(r, ncols, device=dev).bfloat16()
             floor = (n4 + 2 * r * (ncols + nout)) / bw * 1e3
@@ -207,10 +213,7 @@ def sweep_triton(bw: float, reps: int) -> list[dict[str, Any]]:
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     for name, nout, ncols in (SHAPES[0], SHAPES[1], SHAPES[4]):
-        qw, s, z = quantize(torch.randn(nout, ncols, device=dev) * 0.02, GROUP)
-        s = s.bfloat16()
-        n4 = qw.nbytes + s.nbytes + z.nbytes
-        c4 = _copies(n4, lambda: (qw.clone(), s.clone(), z.clone()))
+        n4, c4 = _int4_copies(nout, ncols, dev)
         for r in (1, 8, 64):
             x = torch.randn(r, ncols, device=dev).bfloat16()
             floor = (n4 + 2 * r * (ncols + nout)) / bw * 1e3
@@ -249,23 +252,21 @@ def policies(bw: float, reps: int) -> dict[str, Any]:
     from ignis.kernels import int4_triton as it
 
     dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
     weights = {}
     for name, nout, ncols in SHAPES:
-        qw, s, z = quantize(torch.randn(nout, ncols, device=dev) * 0.02, GROUP)
-        s = s.bfloat16()
-        n4 = qw.nbytes + s.nbytes + z.nbytes
-        weights[name] = (n4, nout, ncols, _copies(n4, lambda: (qw.clone(), s.clone(), z.clone())))
+        weights[name] = (*_int4_copies(nout, ncols, dev), nout, ncols)
     rows_out, sums = [], []
     for pol in POLICIES:
         bn, warps, stages, pps = pol
         it.tune({16: (bn, warps, stages), 32: (bn, warps, stages)}, pps)
         total = {1: 0.0, 8: 0.0}
-        for name, (n4, nout, ncols, c4) in weights.items():
+        for name, (n4, c4, nout, ncols) in weights.items():
             for r in (1, 8):
                 x = torch.randn(r, ncols, device=dev).bfloat16()
                 ms = graph_ms([partial(int4_triton, x, *p) for p in c4], reps)
                 floor = (n4 + 2 * r * (ncols + nout)) / bw * 1e3
-                cfg = it.choose(r, nout, ncols, GROUP, torch.cuda.get_device_properties(dev).multi_processor_count)
+                cfg = it.choose(r, nout, ncols, GROUP, sms)
                 rows_out.append({"policy": pol, "shape": name, "rows": r, "split_k": cfg.split_k, "ms": ms,
                                  "x_floor": ms / floor})
                 total[r] += STEP_COUNTS[name] * ms
@@ -292,12 +293,9 @@ def layouts(bw: float, reps: int) -> list[dict[str, Any]]:
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     rows_out = []
     for name, nout, ncols in SHAPES:
-        qw, s, z = quantize(torch.randn(nout, ncols, device=dev) * 0.02, GROUP)
-        s = s.bfloat16()
-        n4 = qw.nbytes + s.nbytes + z.nbytes
         bk = choose(1, nout, ncols, GROUP, sms).block_k
-        forms = {"row-major": _copies(n4, lambda: (qw.clone(), s.clone(), z.clone())),
-                 "k-blocked": _copies(n4, lambda: (k_blocked(qw, bk), s.clone(), z.clone()))}
+        n4, row_major = _int4_copies(nout, ncols, dev)
+        forms = {"row-major": row_major, "k-blocked": [(k_blocked(qw, bk), s, z) for qw, s, z in row_major]}
         for r in (1, 8):
             x = torch.randn(r, ncols, device=dev).bfloat16()
             floor = (n4 + 2 * r * (ncols + nout)) / bw * 1e3
