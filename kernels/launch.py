@@ -2,8 +2,8 @@
 
 Owns: `launch`, which every numba kernel module of ignis.kernels uses: bf16 tensors go in as int16 views (torch
 exports no bf16 to numba; the kernels widen the bits), and the launch goes to the stream torch is on, read at every
-call, so a CUDA graph being captured records it. `triton_installed`, which the paths that prefer a Triton kernel
-(attention, the int4 product) ask. Importing this module imports neither numba, triton nor CUDA.
+call, so a CUDA graph being captured records it. `triton_installed` and `nvrtc_installed`, which the paths that
+prefer a Triton or a CUDA C++ kernel (attention, the int4 product) ask. Importing this module imports neither numba, triton nor CUDA.
 """
 
 from __future__ import annotations
@@ -35,3 +35,13 @@ def launch(kernel: Any, grid: tuple[int, ...], threads: int, args: tuple[Any, ..
 def triton_installed() -> bool:
     """Triton is importable (found, not imported: importing it is left to the first kernel call)."""
     return importlib.util.find_spec("triton") is not None
+
+
+@functools.cache
+def nvrtc_installed() -> bool:
+    """cuda-python's bindings are importable (found, not imported), with which ignis.kernels.nvrtc compiles CUDA C++
+    kernels at run time."""
+    try:
+        return importlib.util.find_spec("cuda.bindings") is not None
+    except ModuleNotFoundError:  # no `cuda` namespace at all
+        return False

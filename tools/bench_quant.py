@@ -3,8 +3,9 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
 
 1. Copy bandwidth (tools.bench_round.copy_bandwidth): the floors below are bytes over it.
 2. Products at the 27B shapes for 1, 8, 16 and 64 rows, each a CUDA graph of calls cycling over enough copies of the
-   weight that none is still in L2: the int4 kernels, numba on CUDA cores ("int4", ignis.kernels.int4_gemv) and
-   Triton on tensor cores ("int4 triton", ignis.kernels.int4_triton, its table's choice), bf16 F.linear, fp8
+   weight that none is still in L2: the int4 kernels, numba on CUDA cores ("int4", ignis.kernels.int4_gemv), Triton
+   on tensor cores ("int4 triton", ignis.kernels.int4_triton, its table's choice) and CUDA C++ with the weight as the
+   tensor cores' 16-row operand ("int4 mma", ignis.kernels.int4_mma, its codes repacked), bf16 F.linear, fp8
    (torch._scaled_mm, ignis.quant.fp8) and, at 64 rows, the int4 reference (dequantize + F.linear). "x floor" is ms
    over the form's own bytes (weight, scales, zero points, x and y) at the copy bandwidth.
    Then the numba kernel's alternative shapes of work (ignis.kernels.int4_gemv.Tuning) at three of the shapes, and
@@ -46,11 +47,12 @@ from torch import nn
 
 from ignis.artifact import BUILTIN
 from ignis.kernels.int4_gemv import Tuning, int4_gemv, kernel, row_tile
+from ignis.kernels.int4_mma import int4_mma, pack
 from ignis.kernels.int4_triton import Config, check, choose, int4_triton
 from ignis.model.model import HybridModel
 from ignis.quant.format import dequantize, quantize, quantized_name
 from ignis.quant.fp8 import Fp8Linear, Fp8Weight, fp8_linear, quantize_fp8, to_fp8
-from ignis.quant.linear import QuantLinear, set_kernel
+from ignis.quant.linear import QuantLinear, set_kernel, to_mma, uses_mma
 from tools.bench_round import POSITION, QWEN35_27B, build_backend, copy_bandwidth, decodes, floor_bytes, time_rounds
 
 C = QWEN35_27B
@@ -128,11 +130,14 @@ def products(bw: float, reps: int) -> list[dict[str, Any]]:
         c4 = _copies(n4, lambda: (qw.clone(), s.clone(), z.clone()))
         cb = _copies(nb, wb.clone)
         c8 = _copies(n8, lambda: Fp8Weight(f8.weight.clone(), f8.scale.clone()))
+        cm = [pack(*p, torch.bfloat16) for p in c4]
+        nm = cm[0].codes.nbytes + cm[0].zs.nbytes
         for r in ROWS:
             x = torch.randn(r, ncols, device=dev).bfloat16()
             forms: dict[str, tuple[int, list[Callable[[], object]]]] = {
                 "int4": (n4, [partial(int4_gemv, x, *p) for p in c4]),
                 "int4 triton": (n4, [partial(int4_triton, x, *p) for p in c4]),
+                "int4 mma": (nm, [partial(int4_mma, x, p) for p in cm]),
                 "bf16": (nb, [partial(F.linear, x, p) for p in cb]),
                 "fp8": (n8, [partial(fp8_linear, x, p) for p in c8]),
             }
@@ -146,7 +151,7 @@ def products(bw: float, reps: int) -> list[dict[str, Any]]:
                                  "floor_ms": floor, "x_floor": ms / floor})
                 print(f"{name:22s} {nout:6d}x{ncols:<6d} rows {r:3d}  {form:15s} {1e3 * ms:8.1f} us  "
                       f"floor {1e3 * floor:7.1f} us  x{ms / floor:5.2f}", flush=True)
-        del c4, cb, c8
+        del c4, cb, c8, cm
         torch.cuda.empty_cache()
     return rows_out
 
@@ -372,6 +377,8 @@ def decode_steps(bw: float, context: int, iters: int) -> dict[str, Any]:
     out["bf16"] = decode_step("bf16", model, bw, context, iters)
     t0 = time.perf_counter()
     packed = to_int4(model, GROUP)
+    if uses_mma(dev, torch.bfloat16):  # as the loader holds a quantized model for the mma kernel
+        to_mma(model, torch.bfloat16)
     fuse_and_own(model)
     out["int4_packed"], out["int4_convert_s"] = packed, time.perf_counter() - t0
     out["int4"] = decode_step("int4", model, bw, context, iters)
@@ -391,8 +398,9 @@ def decode_steps(bw: float, context: int, iters: int) -> dict[str, Any]:
 
 def quality(prompts_n: int, tokens: int, accept_n: int, max_tokens: int, device: str = "cuda") -> dict[str, Any]:
     """Built-in model quality with each weight form (bf16 on CUDA; fp32 on the CPU, where fp8 runs its reference)."""
-    from ignis.acceptance import measure
     from ignis.config import load_config
+
+    from ignis.acceptance import measure
     from ignis.engine.core import Engine
     from ignis.model.loader import load_model
     from ignis.params import SamplingParams
@@ -446,6 +454,12 @@ def summary(result: dict[str, Any]) -> list[str]:
         vs8 = [at[sh, "bf16"]["ms"] / at[sh, "fp8"]["ms"] for sh, form in at if form == "fp8"]
         lines.append(f"int4 GEMV, {r:2d} rows: worst x{worst:.2f} of its floor; bf16 time / int4 time "
                      f"{min(vs):.2f}..{max(vs):.2f}; bf16 / fp8 {min(vs8):.2f}..{max(vs8):.2f}")
+        mma = [p for (_, form), p in at.items() if form == "int4 mma"]
+        if mma:
+            vm = [at[sh, "bf16"]["ms"] / at[sh, "int4 mma"]["ms"] for sh, form in at if form == "int4 mma"]
+            lines.append(f"int4 mma, {r:2d} rows: x{min(p['x_floor'] for p in mma):.2f}..x"
+                         f"{max(p['x_floor'] for p in mma):.2f} of its floor; bf16 time / mma time "
+                         f"{min(vm):.2f}..{max(vm):.2f}")
         tri = [p for (_, form), p in at.items() if form == "int4 triton"]
         if tri:
             vt = [at[sh, "int4"]["ms"] / at[sh, "int4 triton"]["ms"] for sh, form in at if form == "int4 triton"]
@@ -499,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", action="store_true",
                     help="time the Triton int4 kernel's launch policies over a decode step's products and keep the "
                          "best for the decode step")
-    ap.add_argument("--int4-kernel", default="auto", choices=["auto", "numba", "triton"],
+    ap.add_argument("--int4-kernel", default="auto", choices=["auto", "mma", "numba", "triton"],
                     help="the kernel int4 products run with in the decode step and the quality runs")
     args = ap.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))

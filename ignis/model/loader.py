@@ -28,7 +28,7 @@ from ignis.model.model import HybridModel
 from ignis.model.random import random_model
 from ignis.quant.format import METHOD, QuantConfig
 from ignis.quant.fp8 import to_fp8
-from ignis.quant.linear import QuantLinear
+from ignis.quant.linear import QuantLinear, to_mma, uses_mma
 from ignis.quant.published import Published, repack, stored_names
 
 SINGLE = "model.safetensors"
@@ -106,6 +106,9 @@ def _finish(model: HybridModel, *, fp8: bool, exact: bool) -> HybridModel:
     if fp8:
         to_fp8(model)
     if not exact:
+        weight = model.embed_tokens.weight
+        if uses_mma(weight.device, weight.dtype):
+            to_mma(model, weight.dtype)  # 4-bit weights in the mma kernel's order, before they are fused
         model.fuse()
     return model
 

@@ -14,23 +14,26 @@ kernels use the vector path everywhere. Elementwise arithmetic and last-dim redu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ignis.kernels.int4_mma import MmaCodes
 from ignis.model.batch import Segment
 from ignis.quant.fp8 import Fp8Linear, Fp8Weight, fp8_linear, fuse_fp8
 from ignis.quant.linear import PackedWeight, QuantLinear, fuse_packed, packed_linear
 
 EXACT_MIN_ROWS = 16
-Weight = torch.Tensor | PackedWeight | Fp8Weight  # a projection's weight: dense, 4-bit packed or fp8 (ignis.quant)
+# a projection's weight: dense, 4-bit packed (the format's order or the mma kernel's) or fp8 (ignis.quant)
+Weight: TypeAlias = torch.Tensor | PackedWeight | MmaCodes | Fp8Weight
 
 
 def linear(x: torch.Tensor, weight: Weight, exact: bool) -> torch.Tensor:
     """x [..., in] @ weight[out, in]^T -> [..., out]; in exact mode each row's bits do not depend on the row count.
     Packed weights go through `packed_linear` (the 4-bit kernel's seam) and fp8 weights through `fp8_linear`."""
-    if isinstance(weight, PackedWeight):
+    if isinstance(weight, (PackedWeight, MmaCodes)):
         if exact:  # the dequantized weight is the same for any row count, so padding keeps rows exact as for dense
             return linear(x, weight.dequantize(), True)
         return packed_linear(x, weight)

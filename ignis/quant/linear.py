@@ -6,33 +6,38 @@ Owns: the product x @ W^T for a packed W, and joining packed weights by rows (`f
 Does not own: the format (ignis.quant.format) or deciding which layers are packed (ignis.model.loader).
 
 `packed_linear` on CUDA with at most 64 rows runs a 4-bit GEMV/GEMM kernel (one pass over the packed weight, fp32
-sums, capturable): `KERNEL` says which, numba-cuda on CUDA cores (ignis.kernels.int4_gemv) or Triton on tensor cores
-(ignis.kernels.int4_triton, imported only when chosen); elsewhere (the CPU, prefill-sized inputs) it dequantizes the
-weight and calls F.linear, the reference (exact by construction, on any device, capturable since nothing is read back).
+sums, capturable): `KERNEL` says which. "mma" (the default where cuda-python's NVRTC is installed) needs the weight
+repacked into the tensor cores' register order (`repack`, which the loader runs on a CUDA model, so the weight is held
+once, in that order: ignis.kernels.int4_mma); the others take the format's codes: Triton on tensor cores
+(ignis.kernels.int4_triton, imported only when chosen) or numba-cuda on CUDA cores (ignis.kernels.int4_gemv).
+Elsewhere (the CPU, prefill-sized inputs) it dequantizes the weight and calls F.linear, the reference (exact by
+construction, on any device, capturable since nothing is read back).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ignis.kernels import int4_mma
 from ignis.kernels.int4_gemv import MAX_ROWS, int4_gemv
-from ignis.kernels.launch import triton_installed
+from ignis.kernels.int4_mma import MmaCodes
+from ignis.kernels.launch import nvrtc_installed, triton_installed
 from ignis.quant.format import dequantize
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-Kernel = Literal["auto", "numba", "triton", "reference"]
+Kernel = Literal["auto", "mma", "numba", "triton", "reference"]
 KERNEL: Kernel = "auto"
 
 
 def set_kernel(kernel: Kernel) -> None:
     """Which product `packed_linear` runs for CUDA inputs of at most MAX_ROWS rows, for the whole process
-    (tools.bench_quant compares them): "auto" (`auto_kernel`), "numba", "triton", or "reference" (dequantize +
-    F.linear)."""
+    (tools.bench_quant compares them): "auto" (`auto_kernel`), "mma" (for weights `repack`ed: a model loads repacked
+    when this is the kernel), "numba", "triton", or "reference" (dequantize + F.linear)."""
     global KERNEL
     if kernel not in get_args(Kernel):
         raise ValueError(f"kernel must be one of {', '.join(get_args(Kernel))}, got {kernel!r}")
@@ -64,17 +69,30 @@ class PackedWeight:
 
 
 def auto_kernel() -> Kernel:
-    """The Triton kernel where triton is installed: on the H200 at the 27B shapes it ran 1.1-1.2x the numba kernel's
-    speed at one row, 3.2-3.5x at 8 and 5.6-6.6x at 16 (BENCHMARKS.md); the numba kernel otherwise."""
-    return "triton" if triton_installed() else "numba"
+    """The mma kernel where cuda-python's NVRTC is installed: on the H200 at the 27B shapes it ran 1.2-2.2x the
+    floor at 1 to 8 rows against the Triton kernel's 2.3-3.3x (BENCHMARKS.md); else the Triton kernel where triton is
+    installed (1.1-1.2x the numba kernel's speed at one row, 3.2-3.5x at 8); else the numba kernel."""
+    return "mma" if nvrtc_installed() else "triton" if triton_installed() else "numba"
 
 
-def packed_linear(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
+def chosen() -> Kernel:
+    return auto_kernel() if KERNEL == "auto" else KERNEL
+
+
+def packed_linear(x: torch.Tensor, weight: PackedWeight | MmaCodes) -> torch.Tensor:
     """x [..., in] @ W^T -> [..., out] for a packed W: the chosen kernel (`set_kernel`) for CUDA inputs of at most
-    MAX_ROWS rows (both sum the exact (q - z) * x in fp32), otherwise F.linear on the weight dequantized to its
-    dtype."""
-    kernel = auto_kernel() if KERNEL == "auto" else KERNEL
-    if kernel != "reference" and x.is_cuda and x.dtype in KERNEL_DTYPES and x.numel() <= MAX_ROWS * x.shape[-1]:
+    MAX_ROWS rows (every kernel sums the exact (q - z) * x in fp32), otherwise F.linear on the weight dequantized to
+    its dtype. A repacked weight (MmaCodes) runs the mma kernel whatever the choice (it has no other layout); the
+    format's codes with "mma" chosen (a shape it does not take) run the Triton kernel, or the numba one."""
+    small = x.is_cuda and x.numel() <= MAX_ROWS * x.shape[-1]
+    if isinstance(weight, MmaCodes):
+        if small and x.dtype == weight.dtype:
+            return int4_mma.int4_mma(x, weight)
+        return F.linear(x, weight.dequantize().to(x.dtype))
+    kernel = chosen()
+    if kernel == "mma":  # the format's codes, not repacked (a shape the mma kernel does not take): the next best
+        kernel = "triton" if triton_installed() else "numba"
+    if kernel in ("numba", "triton") and small and x.dtype in KERNEL_DTYPES:
         if kernel == "triton":
             from ignis.kernels.int4_triton import int4_triton
 
@@ -84,7 +102,8 @@ def packed_linear(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
 
 
 class QuantLinear(nn.Module):
-    """A bias-free linear whose weight is stored packed (state dict: qweight, scales, qzeros)."""
+    """A bias-free linear whose weight is stored packed (state dict: qweight, scales, qzeros), or, once `repack`ed,
+    held in the mma kernel's order only (buffers codes and zs)."""
 
     qweight: torch.Tensor
     scales: torch.Tensor
@@ -96,21 +115,64 @@ class QuantLinear(nn.Module):
         self.register_buffer("qweight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
         self.register_buffer("scales", torch.zeros(out_features, in_features // group, dtype=torch.float16))
         self.register_buffer("qzeros", torch.zeros(out_features, in_features // group, dtype=torch.uint8))
+        self.mma: MmaCodes | None = None  # the weight in the mma kernel's order, once repacked (its tensors: buffers)
 
     @property
-    def weight(self) -> PackedWeight:
+    def weight(self) -> PackedWeight | MmaCodes:
+        if self.mma is not None:
+            return self.mma
         return PackedWeight(self.qweight, self.scales, self.qzeros)
+
+    def repack(self, dtype: torch.dtype) -> bool:
+        """Hold the weight in the mma kernel's order for activations of `dtype` (bf16 or fp16), freeing the format's
+        codes; False (unchanged) where its shape does not fit the kernel (int4_mma.fits)."""
+        if self.mma is not None:
+            return True
+        if dtype not in int4_mma.ACTIVATIONS or not int4_mma.fits(self.out_features, self.in_features, self.group):
+            return False
+        self._own(int4_mma.pack(self.qweight, self.scales, self.qzeros, dtype))
+        return True
+
+    def _own(self, mma: MmaCodes) -> None:
+        for name in ("qweight", "scales", "qzeros"):
+            self._buffers.pop(name, None)
+            self.__dict__.pop(name, None)
+        self.register_buffer("codes", mma.codes)
+        self.register_buffer("zs", mma.zs)
+        self.mma = mma
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return packed_linear(x, self.weight)
 
 
-def fuse_packed(linears: tuple[QuantLinear, ...]) -> PackedWeight:
-    """One packed weight holding the rows of `linears`, which keep their buffers as views of it (no extra memory)."""
-    joined = PackedWeight(*(torch.cat([getattr(m, name) for m in linears]) for name in ("qweight", "scales", "qzeros")))
+def to_mma(model: nn.Module, dtype: torch.dtype) -> int:
+    """Every QuantLinear of `model` that fits, in the mma kernel's order (before fusing: `fuse_packed` joins repacked
+    weights as they are). Returns how many."""
+    return sum(m.repack(dtype) for m in model.modules() if isinstance(m, QuantLinear))
+
+
+def uses_mma(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a model loading on `device` in `dtype` should be repacked: the mma kernel is the choice and runs there."""
+    return device.type == "cuda" and dtype in int4_mma.ACTIVATIONS and chosen() == "mma"
+
+
+def fuse_packed(linears: tuple[QuantLinear, ...]) -> PackedWeight | MmaCodes | None:
+    """One packed weight holding the rows of `linears`, which keep their buffers as views of it (no extra memory);
+    None where some are repacked and some not, or a repacked one's rows are not whole 16-row blocks."""
+    mma = [m.mma for m in linears if m.mma is not None]
+    if mma:
+        if len(mma) != len(linears):
+            return None
+        joined = replace(mma[0], codes=torch.cat([w.codes for w in mma]), zs=torch.cat([w.zs for w in mma]))
+        offset = 0
+        for m, w in zip(linears, mma, strict=True):
+            m._own(joined.rows(offset, offset + w.shape[0]))
+            offset += w.shape[0]
+        return joined
+    packed = PackedWeight(*(torch.cat([getattr(m, name) for m in linears]) for name in ("qweight", "scales", "qzeros")))
     offset = 0
     for m in linears:
         rows = slice(offset, offset + m.out_features)
-        m.qweight, m.scales, m.qzeros = joined.qweight[rows], joined.scales[rows], joined.qzeros[rows]
+        m.qweight, m.scales, m.qzeros = packed.qweight[rows], packed.scales[rows], packed.qzeros[rows]
         offset += m.out_features
-    return joined
+    return packed

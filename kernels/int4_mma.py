@@ -1,0 +1,237 @@
+"""The 4-bit GEMV/GEMM with the weight as the tensor cores' 16-row operand: x [rows, in] @ W^T for an ignis-int4 W
+repacked into the register order of mma.m16n8k16, for the 1 to 64 rows of decode and verify rounds.
+
+Owns: `pack` (the format's codes, scales and zero points -> `MmaCodes`, on any device), `unpack` (back to the
+format's codes, for the dequantized reference and prefill), the launch shape `Shape` and `choose`, and `int4_mma`
+(the launch on torch's current stream, capturable). Does not own: the format (ignis.quant.format), the kernel source
+and its layout's definition (ignis.kernels.int4_mma_kernel), compiling (ignis.kernels.nvrtc), or when this kernel runs
+(ignis.quant.linear). docs/adr/0005-int4-gemv.md has the why and the measurements.
+
+Numerics: q - z and x are exact bf16/fp16 operands, every product exact and every sum fp32 (tensor cores within a
+group of the weight, then fp32 fused multiply-adds by the group's scale); the result is rounded once to x's dtype. It
+differs from the fp32 reference `int4_gemv_reference` only by the order (and, inside the tensor cores, the alignment)
+of fp32 additions, and a row's result does not depend on how many rows share the call: the launch's KW and U come
+from the weight's shape alone.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+import torch
+from ignis.kernels.int4_mma_kernel import SOURCE
+
+from ignis.quant.format import dequantize
+
+MAX_ROWS = 64  # activation rows a call takes: NT tiles of 8, NT <= 8
+ROW_TILES = (1, 2, 4, 8)  # NT variants compiled (tiles of 8 rows)
+MAGIC = {torch.bfloat16: 128.0, torch.float16: 1024.0}  # the float whose low mantissa bits hold a code
+ACTIVATIONS = tuple(MAGIC)
+COUNTERS = 1 << 14  # feature blocks of threads a split call may have
+AIM_WARPS_PER_SM = 23  # what the input split aims at (fitted to the H200 sweep of the 27B's five products)
+SHARED = 48 * 1024  # static shared memory a block of threads may have (the KW warps' partial sums)
+
+
+@dataclass(frozen=True)
+class MmaCodes:
+    """An int4 weight [out, in] in the kernel's order: `codes` uint8 [out/16, in/64, 512] (a 16-feature, 64-column
+    tile is 32 lanes x 16 bytes) and `zs` int16 [out/16, in/group, 8, 4] (lane group g: feature g's scale bits and
+    -(magic + z) in the activation dtype, then feature g + 8's)."""
+
+    codes: torch.Tensor  # [out/16, in/64, 512] uint8
+    zs: torch.Tensor  # [out/16, in/group, 8, 4] int16
+    group: int
+    dtype: torch.dtype  # the activations' (bf16 or fp16): zs holds its magic number
+    scale_dtype: torch.dtype  # the scales' (fp16 or bf16)
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.codes.shape[0] * 16, self.codes.shape[1] * 64))
+
+    def rows(self, start: int, stop: int) -> MmaCodes:
+        """Features start..stop (multiples of 16) as views."""
+        if start % 16 or stop % 16:
+            raise ValueError(f"MmaCodes rows are taken in blocks of 16, got {start}..{stop}")
+        return replace(self, codes=self.codes[start // 16 : stop // 16], zs=self.zs[start // 16 : stop // 16])
+
+    def dequantize(self) -> torch.Tensor:
+        """The weight [out, in] in the activation dtype: what the kernel multiplies by, for prefill-sized inputs."""
+        return dequantize(*unpack(self), self.dtype)
+
+
+def fits(nout: int, ncols: int, group: int) -> bool:
+    """Whether a weight [nout, ncols] in groups of `group` can be packed: 16-feature tiles, 64-column chunks, groups
+    of whole chunks."""
+    return nout % 16 == 0 and group % 64 == 0 and ncols % group == 0
+
+
+def _nibble_order(codes: torch.Tensor) -> torch.Tensor:
+    """codes uint8 [out, in] (0..15) -> the packed bytes [out/16, in/64, 512] of the kernel's layout."""
+    nout, ncols = codes.shape
+    # feature = rb * 16 + h * 8 + g; column = c * 64 + t * 16 + half * 8 + 2 p + parity
+    c = codes.reshape(nout // 16, 2, 8, ncols // 64, 4, 2, 4, 2)  # rb h g c t half p parity
+    c = c.permute(0, 3, 2, 4, 5, 1, 7, 6)  # rb c g t half h parity p: word (half, h), nibble parity * 4 + p
+    c = c.reshape(nout // 16, ncols // 64, 32, 4, 4, 2)  # rb c lane word byte nibble-in-byte
+    return (c[..., 0] | (c[..., 1] << 4)).reshape(nout // 16, ncols // 64, 512)
+
+
+def pack(qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor, dtype: torch.dtype) -> MmaCodes:
+    """The format's qweight uint8 [out, in/2], scales [out, in/group] (fp16 or bf16) and qzeros uint8 [out, in/group]
+    -> the kernel's layout for activations of `dtype` (bf16 or fp16). On the weight's device, without a copy of the
+    unpacked codes larger than the weight's own codes twice."""
+    nout, ncols = qweight.shape[0], 2 * qweight.shape[1]
+    group = ncols // scales.shape[1]
+    if dtype not in MAGIC or scales.dtype not in (torch.float16, torch.bfloat16) or not fits(nout, ncols, group):
+        raise ValueError(f"int4_mma packs [out, in] weights with out % 16 == 0 and groups of a multiple of 64 "
+                         f"columns, fp16 or bf16 scales, for bf16 or fp16 activations; got [{nout}, {ncols}] in "
+                         f"groups of {group}, scales {scales.dtype}, activations {dtype}")
+    codes = torch.stack((qweight & 0xF, qweight >> 4), dim=-1).reshape(nout, ncols)  # [out, in] uint8
+    negz = (-(qzeros.to(torch.float32) + MAGIC[dtype])).to(dtype).view(torch.int16)  # [out, groups]
+    zs = torch.stack((scales.view(torch.int16), negz), dim=-1)  # [out, groups, 2]
+    zs = zs.reshape(nout // 16, 2, 8, -1, 2).permute(0, 3, 2, 1, 4).reshape(nout // 16, -1, 8, 4)
+    return MmaCodes(_nibble_order(codes).contiguous(), zs.contiguous(), group, dtype, scales.dtype)
+
+
+def unpack(w: MmaCodes) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`pack`'s inverse: (qweight uint8 [out, in/2], scales [out, in/group], qzeros uint8 [out, in/group])."""
+    nout, ncols = w.shape
+    b = w.codes.reshape(nout // 16, ncols // 64, 8, 4, 2, 2, 4)  # rb c g t half h byte
+    nib = torch.stack((b & 0xF, b >> 4), dim=-1).reshape(nout // 16, ncols // 64, 8, 4, 2, 2, 2, 4)  # .. parity p
+    codes = nib.permute(0, 5, 2, 1, 3, 4, 7, 6).reshape(nout, ncols)  # rb h g c t half p parity
+    qweight = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    zs = w.zs.reshape(nout // 16, -1, 8, 2, 2).permute(0, 3, 2, 1, 4).reshape(nout, -1, 2)  # [out, groups, 2]
+    scales = zs[..., 0].contiguous().view(w.scale_dtype)
+    qzeros = (-zs[..., 1].contiguous().view(w.dtype).float() - MAGIC[w.dtype]).round().to(torch.uint8)
+    return qweight.contiguous(), scales, qzeros
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A launch: U chunks a step, AHEAD steps loaded ahead, KW warps along the input (split in units of `unit`
+    chunks), RB warps of F 16-feature blocks each a block of threads. KW and the unit fix the order of the sums (so
+    they come from the weight's shape only); U (a divisor of the unit), F, RB and AHEAD may change with the rows."""
+
+    u: int
+    ahead: int
+    kw: int
+    rb: int
+    f: int = 1
+    unit: int = 4  # chunks of the input split's unit: the largest U the shape allows (fixed by the shape)
+    ks: int = 1  # blocks of threads along the input (their partial sums meet in a workspace)
+
+
+def _step_chunks(ncols: int, group: int) -> int:
+    """U: the most 64-column chunks a step (4, 2 or 1) that divides the input and holds whole groups."""
+    return next(u for u in (4, 2, 1) if (ncols // 64) % u == 0 and (64 * u) % group == 0)
+
+
+@lru_cache(maxsize=1024)
+def choose(nout: int, ncols: int, group: int, sms: int) -> Shape:
+    """The split of the input for a weight's shape, which fixes the order of its sums: into P = KS x KW parts where
+    the 16-feature blocks alone give the SMs fewer than AIM_WARPS_PER_SM warps each (at least 3: a warp alone on a
+    block leaves its loads' latency uncovered), no part shorter than 3 units, at most 8 warps a block of threads."""
+    unit = _step_chunks(ncols, group)
+    units = ncols // (64 * unit)
+    blocks = nout // 16
+    parts = max(1, min(max(3, math.ceil(AIM_WARPS_PER_SM * sms / blocks)), units // 3, 24))
+    ks = math.ceil(parts / 8)
+    return Shape(unit, 1, math.ceil(parts / ks), 1, 1, unit, ks)
+
+
+# NT -> (F, U, AHEAD) where the unit allows U = 2: what the H200 sweep (tools.bench_quant's products, and the
+# variants around them) found fastest at the 27B shapes for 9-16, 17-32 and 33-64 rows. NT 8 with F 2 spills a few
+# hundred bytes of registers (ptxas caps a thread at 255) and is still 1.7x faster than F 1, which does not spill.
+ROW_LAUNCH = {2: (1, 2, 0), 4: (2, 2, 1), 8: (2, 2, 1)}
+
+
+def launch(base: Shape, nt: int) -> Shape:
+    """`base` (choose's split) with the rest of the launch for NT row tiles: at one tile a feature block a warp, U the
+    unit, one step ahead; above, ROW_LAUNCH; fewer feature blocks a warp where the KW warps' partial sums would not
+    fit in 48 KiB of shared memory."""
+    if nt == 1 or base.unit % 2:
+        f, u, ahead = 1, base.unit, 1
+    else:
+        f, u, ahead = ROW_LAUNCH[nt]
+    while f > 1 and (base.kw - 1) * f * nt * 512 > SHARED:
+        f, u, ahead = f // 2, base.unit, 1
+    return replace(base, u=u, f=f, ahead=ahead)
+
+
+_lock = threading.Lock()
+_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def _device_counters(device: torch.device) -> torch.Tensor:
+    """The device's split counters [COUNTERS] int32, zero between calls (allocated once: graphs keep addresses)."""
+    with _lock:
+        if device not in _counters:
+            _counters[device] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
+        return _counters[device]
+
+
+_sm_counts: dict[torch.device, int] = {}
+
+
+def _sms(device: torch.device) -> int:
+    if device not in _sm_counts:
+        _sm_counts[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _sm_counts[device]
+
+
+_functions: dict[tuple[torch.device, int, Shape, int, torch.dtype, torch.dtype], object] = {}
+
+
+def _function(device: torch.device, nt: int, shape: Shape, gpc: int, dtype: torch.dtype,
+              scale_dtype: torch.dtype) -> object:
+    from ignis.kernels.nvrtc import Function, arch_of, compile_cubin
+
+    key = (device, nt, shape, gpc, dtype, scale_dtype)
+    with _lock:
+        if key not in _functions:
+            defines = (("NT", nt), ("F", shape.f), ("U", shape.u), ("AHEAD", shape.ahead), ("KS", shape.ks),
+                       ("KW", shape.kw), ("RB", shape.rb),
+                       ("GPC", gpc), ("F16", int(dtype == torch.float16)),
+                       ("SBF16", int(scale_dtype == torch.bfloat16)))
+            _functions[key] = Function(compile_cubin(SOURCE, "int4_mma", arch_of(device), defines), "int4_mma", device)
+        return _functions[key]
+
+
+def row_tiles(rows: int) -> int:
+    """NT for `rows` activation rows: the fewest of ROW_TILES tiles of 8 that hold them."""
+    return next(n for n in ROW_TILES if rows <= 8 * n)
+
+
+def int4_mma(x: torch.Tensor, w: MmaCodes, shape: Shape | None = None) -> torch.Tensor:
+    """x [..., in] (w.dtype, CUDA, at most MAX_ROWS rows) @ W^T -> [..., out] in x.dtype. `shape` overrides `choose`
+    (benchmarks; its KW and U change the order of the sums). Asynchronous, on torch's current stream; no host read;
+    allocates the output."""
+    nout, ncols = w.shape
+    lead = x.shape[:-1]
+    rows = x.reshape(-1, x.shape[-1])
+    if (x.dtype != w.dtype or x.shape[-1] != ncols or not x.is_cuda or rows.shape[0] > MAX_ROWS
+            or w.codes.device != x.device):
+        raise ValueError(f"int4_mma takes x [..., {ncols}] in {w.dtype} on the weight's CUDA device, at most "
+                         f"{MAX_ROWS} rows; got {tuple(x.shape)} {x.dtype} on {x.device}")
+    if rows.stride(-1) != 1 or rows.stride(0) % 8 or rows.data_ptr() % 16:
+        rows = rows.contiguous()  # 16-byte loads of x
+    nrows = rows.shape[0]
+    out = torch.empty((nrows, nout), dtype=x.dtype, device=x.device)  # [rows, out]
+    if nrows == 0:
+        return out.reshape(*lead, nout)
+    nt = row_tiles(nrows)
+    s = shape if shape is not None else launch(choose(nout, ncols, w.group, _sms(x.device)), nt)
+    fn = _function(x.device, nt, s, w.group // 64, w.dtype, w.scale_dtype)
+    grid = (math.ceil(nout // 16 / (s.rb * s.f)), s.ks, 1)
+    if s.ks > 1:
+        if grid[0] > COUNTERS:
+            raise ValueError(f"{grid[0]} blocks of threads split over the input exceed the {COUNTERS} counters")
+        ws = torch.empty((s.ks, nrows, nout), dtype=torch.float32, device=x.device)  # [ks, rows, out] partials
+        cnt = _device_counters(x.device)  # [COUNTERS] int32, zero between calls
+    else:
+        ws, cnt = out, out  # not read
+    fn(grid, 32 * s.kw * s.rb,  # type: ignore[operator]
+       (w.codes, w.zs, rows, out, ws, cnt, nrows, nout, ncols, rows.stride(0), s.unit))
+    return out.reshape(*lead, nout)

@@ -1,0 +1,102 @@
+"""CUDA C++ kernels compiled at run time with NVRTC and launched on torch's current stream, through cuda-python's
+bindings (cuda.bindings, which numba-cuda already brings).
+
+Owns: `compile_cubin` (source + macros -> a cubin for one architecture, and ptxas's report; runs without a GPU, so
+the CPU tests compile every kernel for sm_90) and `Function` (a kernel loaded on a device, launched with torch
+tensors and ints on the stream torch is on, read at every call, so a CUDA graph being captured records it). Does not
+own: kernel sources, argument checks or launch shapes (the kernel's own module).
+
+Importing this module imports neither cuda.bindings nor CUDA. A kernel variant is compiled on its first use (a few
+hundred milliseconds) and loaded once per device, which must therefore happen before a CUDA graph captures it: the
+engine's warm-up runs every shape first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import torch
+
+
+class CompileError(RuntimeError):
+    """NVRTC refused a kernel source: the message carries its log."""
+
+
+@dataclass(frozen=True)
+class Cubin:
+    image: bytes  # the cubin NVRTC built
+    registers: int  # per thread, from ptxas
+    spills: int  # bytes of spill stores and loads, from ptxas
+
+
+def _check(result: Any, what: str) -> None:
+    code = result[0] if isinstance(result, tuple) else result
+    if int(code) != 0:
+        raise CompileError(f"{what} failed: {code!r}")
+
+
+@lru_cache(maxsize=256)
+def compile_cubin(source: str, name: str, arch: str, defines: tuple[tuple[str, int], ...]) -> Cubin:
+    """`source` compiled by NVRTC for `arch` (e.g. "sm_90") with each (macro, value) of `defines`. Cached in the
+    process by its arguments."""
+    from cuda.bindings import nvrtc
+
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], [])
+    _check(err, "nvrtcCreateProgram")
+    options = [f"--gpu-architecture={arch}", "--std=c++17", "-Xptxas=-v"]
+    options += [f"-D{macro}={value}" for macro, value in defines]
+    compiled = nvrtc.nvrtcCompileProgram(prog, len(options), [o.encode() for o in options])
+    _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+    log = b" " * size
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    text = log.decode(errors="replace").rstrip("\x00")
+    if int(compiled[0]) != 0:
+        raise CompileError(f"NVRTC could not compile {name} for {arch} with {dict(defines)}:\n{text}")
+    _, size = nvrtc.nvrtcGetCUBINSize(prog)
+    image = b" " * size
+    _check(nvrtc.nvrtcGetCUBIN(prog, image), "nvrtcGetCUBIN")
+    nvrtc.nvrtcDestroyProgram(prog)
+    registers = max((int(n) for n in re.findall(r"Used (\d+) registers", text)), default=0)
+    spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill", text))
+    return Cubin(image, registers, spills)
+
+
+def arch_of(device: torch.device) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
+
+
+_lock = threading.Lock()
+
+
+class Function:
+    """A kernel of a cubin, loaded in `device`'s primary context (torch's)."""
+
+    def __init__(self, cubin: Cubin, name: str, device: torch.device) -> None:
+        from cuda.bindings import driver
+
+        self._driver = driver
+        with _lock, torch.cuda.device(device):
+            torch.cuda.init()
+            _check(driver.cuInit(0), "cuInit")
+            err, ctx = driver.cuDevicePrimaryCtxRetain(device.index if device.index is not None else 0)
+            _check(err, "cuDevicePrimaryCtxRetain")
+            _check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")  # this thread may not have touched CUDA yet
+            err, self._module = driver.cuModuleLoadData(cubin.image)
+            _check(err, "cuModuleLoadData")
+            err, self._function = driver.cuModuleGetFunction(self._module, name.encode())
+            _check(err, f"cuModuleGetFunction({name})")
+        self.device = device
+
+    def __call__(self, grid: tuple[int, int, int], threads: int, args: tuple[torch.Tensor | int, ...]) -> None:
+        """Launches on torch's current stream of the device: tensors go in as their data pointers, ints as int32."""
+        values = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
+        types = tuple(ctypes.c_void_p if isinstance(a, torch.Tensor) else ctypes.c_int for a in args)
+        stream = self._driver.CUstream(torch.cuda.current_stream(self.device).cuda_stream)
+        _check(self._driver.cuLaunchKernel(self._function, *grid, threads, 1, 1, 0, stream, (values, types), 0),
+               "cuLaunchKernel")

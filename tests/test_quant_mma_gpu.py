@@ -1,0 +1,146 @@
+"""The 4-bit product with the weight as the tensor cores' 16-row operand (ignis.kernels.int4_mma) on a real GPU at
+the Qwen3.5-27B shapes: against its reference, a row's result independent of the batch and of the launch, the split
+over blocks of threads under CUDA-graph replay, packed_linear's routing, and the quantized built-in model loading
+repacked. Needs CUDA; CI has none."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+
+from ignis.kernels.int4_mma import Shape, choose, int4_mma, launch, pack, row_tiles
+from test_quant_gpu import INT4_SHAPES, _int4_weight, _rel, _replayed_then_side
+
+
+def _mma(x: torch.Tensor, qw: torch.Tensor, s: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    return int4_mma(x, pack(qw, s, z, x.dtype))
+
+
+@pytest.mark.parametrize("shape", [s for s in INT4_SHAPES if s[0] % 16 == 0])
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 16, 33, 64])
+def test_int4_mma_equals_its_reference_at_the_27b_shapes(shape: tuple[int, int], rows: int) -> None:
+    nout, ncols = shape
+    qw, s, z = _int4_weight(nout, ncols, 128, seed=nout + ncols)
+    x = torch.randn(rows, ncols, device="cuda", generator=torch.Generator(device="cuda").manual_seed(rows)).bfloat16()
+    assert _rel(_mma(x, qw, s, z), x, qw, s, z) < 1e-2
+
+
+@pytest.mark.parametrize("group", [64, 128])
+def test_int4_mma_fp16_activations_bf16_scales_and_group_64(group: int) -> None:
+    qw, s, z = _int4_weight(5120, 6144, group, seed=3)
+    x = torch.randn(5, 6144, device="cuda").half()
+    assert _rel(int4_mma(x, pack(qw, s, z, torch.float16)), x, qw, s, z) < 1e-2
+    assert _rel(int4_mma(x.bfloat16(), pack(qw, s.half(), z, torch.bfloat16)), x.bfloat16(), qw, s.half(), z) < 1e-2
+
+
+def test_a_rows_result_depends_on_neither_the_batch_nor_the_launch() -> None:
+    """choose's split fixes the order of the sums; the rows, and F, U, RB and AHEAD, must not change a bit."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for nout, ncols in ((5120, 17408), (14336, 5120), (5120, 6144)):  # split over blocks and warps, warps, 8 warps
+        qw, s, z = _int4_weight(nout, ncols, 128, seed=7)
+        w = pack(qw, s, z, torch.bfloat16)
+        base = choose(nout, ncols, 128, sms)
+        x = torch.randn(64, ncols, device="cuda").bfloat16()
+        alone = torch.cat([int4_mma(x[i : i + 1], w) for i in range(64)])
+        for rows in (2, 8, 9, 17, 33, 64):
+            assert torch.equal(int4_mma(x[:rows], w), alone[:rows]), (nout, rows)
+        for u, ahead, rb, f in ((2, 2, 2, 1), (base.unit, 1, 1, 2), (2, 1, 1, 4)):
+            other = Shape(u, ahead, base.kw, rb, f, base.unit, base.ks)
+            assert torch.equal(int4_mma(x[:8], w, other), alone[:8]), (nout, other)
+
+
+def test_int4_mma_under_cuda_graph_replay_and_on_a_side_stream() -> None:
+    from ignis.kernels.int4_mma import _counters
+
+    for (nout, ncols), rows in (((5120, 17408), 8), ((34816, 5120), 1), ((5120, 17408), 64)):
+        qw, s, z = _int4_weight(nout, ncols, 128, seed=11)
+        w = pack(qw, s, z, torch.bfloat16)
+
+        def run(x: torch.Tensor, *_: torch.Tensor) -> torch.Tensor:
+            return int4_mma(x, w)
+
+        def replayed(out: torch.Tensor, x: torch.Tensor) -> None:
+            assert _rel(out, x, qw, s, z) < 1e-2
+            assert torch.equal(out, int4_mma(x, w))  # eager and replayed alike
+
+        _, static_out, out = _replayed_then_side(run, rows, qw, s, z, replayed)
+        assert torch.equal(out, static_out)
+    torch.cuda.synchronize()
+    assert all(not bool(c.any()) for c in _counters.values())  # every split call left its counters at zero
+
+
+def test_every_launch_the_engine_makes_fits_the_device() -> None:
+    """The launches `launch` picks for 1 to 64 rows at the 27B shapes compile and run (registers and shared memory)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for nout, ncols in [s for s in INT4_SHAPES if s[0] % 16 == 0]:
+        qw, s, z = _int4_weight(nout, ncols, 128, seed=1)
+        w = pack(qw, s, z, torch.bfloat16)
+        for rows in (1, 16, 32, 64):
+            x = torch.randn(rows, ncols, device="cuda").bfloat16()
+            assert row_tiles(rows) * 8 >= rows
+            int4_mma(x, w, launch(choose(nout, ncols, 128, sms), row_tiles(rows)))
+    torch.cuda.synchronize()
+
+
+def test_packed_linear_runs_the_mma_kernel_on_repacked_weights() -> None:
+    from ignis.quant.linear import QuantLinear, fuse_packed, packed_linear
+
+    parts = []
+    for nout in (1024, 512):
+        q = QuantLinear(2048, nout, 128).cuda()
+        q.qweight, q.scales, q.qzeros = _int4_weight(nout, 2048, 128, seed=nout)
+        parts.append(q)
+    formats = [q.weight for q in parts]
+    assert all(q.repack(torch.bfloat16) for q in parts)
+    assert not hasattr(parts[0], "qweight")  # the format's codes are freed
+    joined = fuse_packed(tuple(parts))
+    x = torch.randn(4, 8, 2048, device="cuda").bfloat16()
+    both = packed_linear(x, joined)
+    assert both.shape == (4, 8, 1536)
+    for q, f, cols in zip(parts, formats, (slice(0, 1024), slice(1024, 1536)), strict=True):
+        assert q.codes.untyped_storage().data_ptr() == joined.codes.untyped_storage().data_ptr()  # views
+        assert torch.equal(packed_linear(x, q.weight), both[..., cols])  # a block's rows alone: the same bits
+        assert _rel(both[..., cols].reshape(32, -1), x.reshape(32, -1), f.qweight, f.scales, f.qzeros) < 1e-2
+    big = torch.randn(3, 100, 2048, device="cuda").bfloat16()  # past 64 rows: the dequantized reference
+    torch.testing.assert_close(packed_linear(big, joined), torch.nn.functional.linear(big, joined.dequantize()))
+
+
+def test_the_quantized_builtin_loads_repacked_and_keeps_its_greedy_tokens(tmp_path: Path) -> None:
+    """A converted built-in model on the GPU holds its projections in the mma kernel's order and its logits track the
+    format's own kernel (Triton) within bf16's reach."""
+    from ignis.artifact import BUILTIN
+    from ignis.model.batch import Batch, Segment
+    from ignis.model.cache import LaneCache
+    from ignis.model.loader import load_model
+    from ignis.quant.convert import convert
+    from ignis.quant.linear import QuantLinear, set_kernel
+
+    path = tmp_path / "int4"
+    convert(BUILTIN, path, group=128)
+    ids = torch.randint(3, 1000, (40,), generator=torch.Generator().manual_seed(0)).cuda()
+
+    def decode_logits(kernel: str) -> tuple[torch.Tensor, int]:
+        set_kernel(kernel)  # type: ignore[arg-type]
+        try:
+            model = load_model(path, device="cuda", dtype=torch.bfloat16, exact=False)
+            repacked = sum(m.mma is not None for m in model.modules() if isinstance(m, QuantLinear))
+            cache = LaneCache(model.config, lanes=1, context=128, max_cols=1, device="cuda", dtype=torch.bfloat16)
+            out = []
+            for i in range(ids.shape[0]):  # one row a forward: the kernel's path, not prefill's
+                pos, row = torch.tensor([i], device="cuda"), torch.tensor([0], device="cuda")
+                out.append(model(Batch(ids[i : i + 1], pos, (Segment(0, 0, i, 1, prefill=i == 0),), row),
+                                 cache).logits.float())
+            return torch.cat(out), repacked
+        finally:
+            set_kernel("auto")
+
+    mma, repacked = decode_logits("auto")
+    tri, none = decode_logits("triton")
+    assert repacked > 0 and none == 0
+    assert float((mma - tri).norm() / tri.norm()) < 2e-2
+    assert float((mma.argmax(-1) == tri.argmax(-1)).float().mean()) > 0.9
