@@ -7,10 +7,13 @@ the simulator); nothing here touches the driver.
 Block (TV * RS threads) = one value head of one lane, TV columns of its [dk, dv] state; thread (c, s) keeps rows
 s, s + RS, s + 2 RS, .. of column c in registers, so the state is read once and every column's update and output are
 sums over a thread's own rows plus RS partials combined by warp shuffles (the simulator runs them through the test
-suite's warp shim). Interleaved rows put the four threads of a state column on four shared-memory banks when they
-read k and q (rows in blocks of dk/RS put all four on one bank: a four-way conflict on every read, which bounded the
-verify's and a prefill's column loop on the H200), and each thread reads a column's k once. Per column j, with k and q l2-normalised (q also scaled) by the conv that
-produced them, beta = sigmoid(b) and g = rate * softplus(a + dt_bias) from the raw projections:
+suite's warp shim). A staged column of k or q is stored permuted (`slot`): each thread's rows in runs of four, the
+four threads' runs side by side, so a thread reads its k and q as 16-byte vectors (ld.shared.v4, one load per four
+multiply-adds rather than one per multiply-add; numba emits them for an unsigned index into a 16-byte aligned array)
+and the four threads of a state column read four distinct banks (rows in blocks of dk/RS would put all four on one
+bank: a four-way conflict on every read). Each thread reads a column's k once. Per column j, with k and q
+l2-normalised (q also scaled) by the conv that produced them, beta = sigmoid(b) and g = rate * softplus(a + dt_bias)
+from the raw projections:
     S <- exp(g) S;  delta = beta (v - S^T k);  S <- S + k delta^T;  o = S^T q
 `columns` writes o for every column and either the final state (decode, one column) or, for a verify, each column's
 normalised k, v, g and beta into a record, from which `replay` later applies columns 0..last to the lane's state:
@@ -22,7 +25,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from numba import cuda, float32
+from numba import cuda, float32, uint64
+from numba.cuda.core import config
 
 RS = 4  # threads that share one state column (row slices of dk): consecutive lanes of a warp
 FULL = 0xFFFFFFFF  # the full-warp mask: every block is whole warps (TV * RS = 128, or 32 in the tests)
@@ -61,68 +65,130 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
     rows = dk // RS
     if dk % (2 * RS):
         raise ValueError(f"the recurrence kernel takes key heads of a multiple of {2 * RS} channels, got {dk}")
+    vec = 4 if rows % 4 == 0 else 2  # a thread's rows one shared load carries: 16 bytes (8 for tiny heads)
+    align = None if config.ENABLE_CUDASIM else 4 * vec  # the simulator takes no alignment (it has no vector loads)
+    # Staging loads a batch of columns into registers before it stores any: numba's loads are generic (LD.E), which
+    # may alias shared memory, so ptxas issues no load ahead of an earlier shared store, and a loop of load-then-store
+    # waits out one memory latency per column.
+    batch = min(cmax, 8)
+    vcount = (cmax + RS - 1) // RS  # a thread's share of a tile's v (the four threads of a state column split it)
+    # Four blocks an SM: within 128 registers, which ptxas meets without spilling; unasked it took 132-134 for
+    # `columns` (CUDA 13.0's ptxas), which fit three. The simulator takes no launch bounds.
+    bounds = {} if config.ENABLE_CUDASIM else {"launch_bounds": (threads, 4)}
 
     @cuda.jit(device=True, inline=True)
-    def decay_memory(st, kr, sk, j, s, decay):  # numba device function: typed by numba, not annotated
+    def slot(base, i):  # numba device function: typed by numba, not annotated
+        """Where a staged column of k or q keeps a thread's row i (i a constant once the loops unroll), base = s * vec
+        its run's start (unsigned, as every index of the column loops: a signed index costs a wrap-around select that
+        hides the runs from the vectoriser)."""
+        return base + uint64((i // vec) * (RS * vec) + i % vec)
+
+    @cuda.jit(device=True, inline=True)
+    def decay_memory(st, kr, sk, j, base, decay):  # numba device function: typed by numba, not annotated
         """S <- decay S on this thread's rows, and S^T k of its state column (the RS partials summed), k being staged
         column j; keeps that k in kr for the update. Two running sums: half the dependent chain."""
         mem, mem2 = float32(0.0), float32(0.0)
         for i in range(0, rows, 2):
-            kr[i] = sk[j, i * RS + s]
-            kr[i + 1] = sk[j, (i + 1) * RS + s]
+            kr[i] = sk[j, slot(base, i)]
+            kr[i + 1] = sk[j, slot(base, i + 1)]
             st[i] *= decay
             st[i + 1] *= decay
             mem += kr[i] * st[i]
             mem2 += kr[i + 1] * st[i + 1]
         return quad_sum(mem + mem2)
 
-    @cuda.jit(cache=True)
+    @cuda.jit(device=True, inline=True)
+    def load_state(st, state, lane, h, s, c, nv):  # numba device function: typed by numba, not annotated
+        """This thread's rows s, s + RS, .. of state column c (zeros past the last column)."""
+        for i in range(rows):
+            st[i] = float32(0.0)
+        if c < nv:
+            for i in range(rows):
+                st[i] = state[lane, h, uint64(i * RS + s), uint64(c)]
+
+    @cuda.jit(device=True, inline=True)
+    def store_state(st, state, lane, h, s, c, nv):  # numba device function: typed by numba, not annotated
+        if c < nv:
+            for i in range(rows):
+                state[lane, h, uint64(i * RS + s), uint64(c)] = st[i]
+
+    @cuda.jit(cache=True, **bounds)
     def columns(state, lanes, mixed, ba, dt_bias, rate, out, record, ratio, key_dim, write_state, do_record):
         # state [L, Hv, dk, dv] f32; lanes [B] i64; mixed [B, C, 2 key_dim + Hv dv] f32: q | k | v, q and k
         # l2-normalised (q scaled); ba [B, C, 2 Hv] f32: the raw beta and decay projections; dt_bias, rate [Hv] f32;
         # out [B, C, Hv, dv]; record [L, C, Hv, dk + dv + 2]; grid (dv / TV, Hv, B).
-        # Everything a tile of columns reads (q, k, the gates, the thread's v) is staged before the loop over its
-        # columns, so that loop touches no global memory but its writes, and the four partial sums of a state column
-        # meet by warp shuffles: no block barrier inside it.
+        # Everything a tile of columns reads (q, k, the decays and betas, the thread's v) is staged, and recorded,
+        # before the loop over its columns, so that loop touches no global memory but the outputs, and the four
+        # partial sums of a state column meet by warp shuffles: no block barrier inside it. Indices that are never
+        # negative go in as uint64, which spares each access numba's wrap-around select.
         t = cuda.threadIdx.x
         cl, s = t // RS, t % RS
         c = cuda.blockIdx.x * tv + cl
-        h, b = cuda.blockIdx.y, cuda.blockIdx.z
-        lane = lanes[b]
+        h, b = uint64(cuda.blockIdx.y), uint64(cuda.blockIdx.z)
+        lane = uint64(lanes[b])
         hk = h // ratio
         nv = out.shape[3]
         hv = out.shape[2]
         ncols = mixed.shape[1]
         voff = 2 * key_dim + h * nv
-        sk = cuda.shared.array((cmax, dk), float32)
-        sq = cuda.shared.array((cmax, dk), float32)
-        gs = cuda.shared.array(cmax, float32)
+        keeper = do_record and cuda.blockIdx.x == 0  # one block of a head records its k and gates
+        sk = cuda.shared.array((cmax, dk), float32, alignment=align)  # k, rows in `slot` order
+        sq = cuda.shared.array((cmax, dk), float32, alignment=align)  # q, the same
+        ds = cuda.shared.array(cmax, float32)  # exp(g)
         bs = cuda.shared.array(cmax, float32)
         sv = cuda.shared.array((cmax, tv), float32)
         st = cuda.local.array(rows, float32)
         kr = cuda.local.array(rows, float32)  # column j's k at this thread's rows (registers: loops unroll)
-        for i in range(rows):
-            st[i] = state[lane, h, i * RS + s, c] if c < nv else float32(0.0)
+        qb = cuda.local.array(batch, float32)
+        kb = cuda.local.array(batch, float32)
+        vb = cuda.local.array(vcount, float32)
+        base = uint64(s * vec)
+        load_state(st, state, lane, h, s, c, nv)
         j0 = 0
         while j0 < ncols:  # tiles of cmax columns: a prefill runs many more columns than shared memory holds
             nt = min(cmax, ncols - j0)
             cuda.syncthreads()  # every thread is done with the last tile
-            i = t
-            while i < nt * dk:
-                j, e = i // dk, i % dk
-                sq[j, e] = mixed[b, j0 + j, hk * dk + e]
-                sk[j, e] = mixed[b, j0 + j, key_dim + hk * dk + e]
-                i += threads
-            if t < nt:
-                bs[t] = float32(1.0) / (float32(1.0) + math.exp(-ba[b, j0 + t, h]))
-                a = ba[b, j0 + t, hv + h] + dt_bias[h]
-                gs[t] = rate[h] * (a if a > float32(20.0) else math.log1p(math.exp(a)))  # rate * softplus
-            if s == 0:
-                for j in range(nt):
-                    sv[j, cl] = mixed[b, j0 + j, voff + c] if c < nv else float32(0.0)
+            e = t
+            while e < dk:  # one pass when the block has dk threads (dk = 128)
+                at = slot(uint64(e % RS * vec), e // RS)
+                qi, ki = uint64(hk * dk + e), uint64(key_dim + hk * dk + e)
+                for jb in range(0, nt, batch):
+                    for n in range(batch):  # every load of the batch before its first store: see `batch`
+                        if jb + n < nt:
+                            qb[n] = mixed[b, uint64(j0 + jb + n), qi]
+                            kb[n] = mixed[b, uint64(j0 + jb + n), ki]
+                    for n in range(batch):
+                        if jb + n < nt:
+                            sq[uint64(jb + n), at] = qb[n]
+                            sk[uint64(jb + n), at] = kb[n]
+                            if keeper:
+                                record[lane, uint64(j0 + jb + n), h, uint64(e)] = kb[n]
+                e += threads
+            for n in range(vcount):  # the four threads of a state column share its v
+                j = s + n * RS
+                if j < nt:
+                    vb[n] = mixed[b, uint64(j0 + j), uint64(voff + c)] if c < nv else float32(0.0)
+            j = t
+            while j < nt:
+                beta = float32(1.0) / (float32(1.0) + math.exp(-ba[b, j0 + j, h]))
+                a = ba[b, j0 + j, hv + h] + dt_bias[h]
+                g = rate[h] * (a if a > float32(20.0) else math.log1p(math.exp(a)))  # rate * softplus
+                ds[j] = math.exp(g)
+                bs[j] = beta
+                if keeper:
+                    record[lane, j0 + j, h, dk + nv] = g
+                    record[lane, j0 + j, h, dk + nv + 1] = beta
+                j += threads
+            for n in range(vcount):
+                j = s + n * RS
+                if j < nt:
+                    sv[uint64(j), cl] = vb[n]
+                    if do_record and c < nv:
+                        record[lane, uint64(j0 + j), h, uint64(dk + c)] = vb[n]
             cuda.syncthreads()
-            for j in range(nt):
-                mem = decay_memory(st, kr, sk, j, s, math.exp(gs[j]))
+            for jj in range(nt):
+                j = uint64(jj)
+                mem = decay_memory(st, kr, sk, j, base, ds[j])
                 delta = bs[j] * (sv[j, cl] - mem)
                 if c >= nv:
                     delta = float32(0.0)
@@ -130,63 +196,75 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
                 for i in range(0, rows, 2):
                     st[i] += kr[i] * delta
                     st[i + 1] += kr[i + 1] * delta
-                    o += sq[j, i * RS + s] * st[i]
-                    o2 += sq[j, (i + 1) * RS + s] * st[i + 1]
+                    o += sq[j, slot(base, i)] * st[i]
+                    o2 += sq[j, slot(base, i + 1)] * st[i + 1]
                 o = quad_sum(o + o2)
                 if s == 0 and c < nv:
-                    out[b, j0 + j, h, c] = o
-                if do_record:
-                    if cuda.blockIdx.x == 0:
-                        i = t
-                        while i < dk:
-                            record[lane, j0 + j, h, i] = sk[j, i]
-                            i += threads
-                        if t == 0:
-                            record[lane, j0 + j, h, dk + nv] = gs[j]
-                            record[lane, j0 + j, h, dk + nv + 1] = bs[j]
-                    if s == 0 and c < nv:
-                        record[lane, j0 + j, h, dk + c] = sv[j, cl]
+                    out[b, uint64(j0 + jj), h, uint64(c)] = o
             j0 += cmax
-        if write_state and c < nv:
-            for i in range(rows):
-                state[lane, h, i * RS + s, c] = st[i]
+        if write_state:
+            store_state(st, state, lane, h, s, c, nv)
 
-    @cuda.jit(cache=True)
+    @cuda.jit(cache=True, **bounds)
     def replay(state, lanes, record, last, nv):
         # state [L, Hv, dk, dv] f32; lanes, last [B] i64; record [L, C, Hv, dk + dv + 2] with C <= cmax;
-        # grid (dv / TV, Hv, B). The kept columns' k are staged once; no block barrier inside the loop.
+        # grid (dv / TV, Hv, B). The kept columns' k, decays, betas and the thread's v are staged once; no block
+        # barrier inside the loop.
         t = cuda.threadIdx.x
         cl, s = t // RS, t % RS
         c = cuda.blockIdx.x * tv + cl
-        h, b = cuda.blockIdx.y, cuda.blockIdx.z
-        lane = lanes[b]
+        h, b = uint64(cuda.blockIdx.y), uint64(cuda.blockIdx.z)
+        lane = uint64(lanes[b])
         kept = last[b] + 1
-        sk = cuda.shared.array((cmax, dk), float32)
+        sk = cuda.shared.array((cmax, dk), float32, alignment=align)  # k, rows in `slot` order
+        ds = cuda.shared.array(cmax, float32)
+        bs = cuda.shared.array(cmax, float32)
+        sv = cuda.shared.array((cmax, tv), float32)
         st = cuda.local.array(rows, float32)
         kr = cuda.local.array(rows, float32)  # column j's k at this thread's rows (registers: loops unroll)
-        for i in range(rows):
-            st[i] = state[lane, h, i * RS + s, c] if c < nv else float32(0.0)
+        kb = cuda.local.array(batch, float32)
+        vb = cuda.local.array(vcount, float32)
+        base = uint64(s * vec)
+        load_state(st, state, lane, h, s, c, nv)
         j0 = 0
         while j0 < kept:  # tiles of cmax columns, as in `columns`
             nt = min(cmax, kept - j0)
             cuda.syncthreads()
-            i = t
-            while i < nt * dk:
-                sk[i // dk, i % dk] = record[lane, j0 + i // dk, h, i % dk]
-                i += threads
+            e = t
+            while e < dk:
+                at = slot(uint64(e % RS * vec), e // RS)
+                for jb in range(0, nt, batch):
+                    for n in range(batch):  # loads before stores, as in `columns`
+                        if jb + n < nt:
+                            kb[n] = record[lane, uint64(j0 + jb + n), h, uint64(e)]
+                    for n in range(batch):
+                        if jb + n < nt:
+                            sk[uint64(jb + n), at] = kb[n]
+                e += threads
+            for n in range(vcount):
+                j = s + n * RS
+                if j < nt:
+                    vb[n] = record[lane, uint64(j0 + j), h, uint64(dk + c)] if c < nv else float32(0.0)
+            j = t
+            while j < nt:
+                ds[j] = math.exp(record[lane, j0 + j, h, dk + nv])
+                bs[j] = record[lane, j0 + j, h, dk + nv + 1]
+                j += threads
+            for n in range(vcount):
+                j = s + n * RS
+                if j < nt:
+                    sv[uint64(j), cl] = vb[n]
             cuda.syncthreads()
-            for j in range(nt):
-                bt = record[lane, j0 + j, h, dk + nv + 1]
-                mem = decay_memory(st, kr, sk, j, s, math.exp(record[lane, j0 + j, h, dk + nv]))
-                delta = float32(0.0)
-                if c < nv:
-                    delta = bt * (record[lane, j0 + j, h, dk + c] - mem)
+            for jj in range(nt):
+                j = uint64(jj)
+                mem = decay_memory(st, kr, sk, j, base, ds[j])
+                delta = bs[j] * (sv[j, cl] - mem)
+                if c >= nv:
+                    delta = float32(0.0)
                 for i in range(rows):
                     st[i] += kr[i] * delta
             j0 += cmax
-        if c < nv:
-            for i in range(rows):
-                state[lane, h, i * RS + s, c] = st[i]
+        store_state(st, state, lane, h, s, c, nv)
 
     return columns, replay
 

@@ -67,38 +67,47 @@ from tests.test_kernels_gdn import _inputs
 from tests.test_kernels_sim import _install_warp_shim
 _install_warp_shim()  # the recurrence sums a state column's four partials by warp shuffles
 
-b, c, hk, hv, dk, dv, lanes = 2, 5, 1, 2, 8, 16, 4
-x = _inputs(b, c, hk, hv, dk, dv, lanes, seed=1)
-# built for blocks of 8 state columns and run over dv = 16 (two blocks per head), staging 2 of the 5 columns at a
-# time (three tiles, the last one short)
-K_cols, K_rep = make_kernels(dk, 8, 2)
-tv, threads = block_shape(dk, 8)
-grid = ((dv + tv - 1) // tv, hv, b)
-np_ = {k: v.numpy().copy() for k, v in x.items()}
-# q and k as the fused conv leaves them (normalised, q scaled), as the kernel reads them
-from ignis.model.ops import l2norm
-normed_mixed = torch.cat([(l2norm(x["q"]) * dk**-0.5).flatten(2), l2norm(x["k"]).flatten(2), x["v"].flatten(2)], -1)
-for write_state, with_record in ((True, False), (False, True)):
-    mixed = normed_mixed
-    state = np_["state"].copy()
-    out = np.zeros((b, c, hv, dv), np.float32)
-    record = np.zeros((lanes, c, hv, record_width(dk, dv)), np.float32)
-    K_cols[grid, threads](state, np_["lanes"], mixed.numpy(), np_["ba"], np_["dt_bias"], np_["rate"], out, record,
-                          hv // hk, hk * dk, write_state, with_record)
-    ref_state = x["state"].clone()
-    ref_record = torch.zeros(lanes, c, hv, record_width(dk, dv))
-    ref = columns_reference(ref_state, x["lanes"], mixed, x["ba"], x["dt_bias"], x["rate"],
-                            ref_record if with_record else None, key_heads=hk, write_state=write_state,
-                            normalised=True)
-    torch.testing.assert_close(torch.from_numpy(out), ref, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(torch.from_numpy(state), ref_state, rtol=1e-5, atol=1e-5)
-    if with_record:
-        used = x["lanes"]
-        torch.testing.assert_close(torch.from_numpy(record)[used], ref_record[used], rtol=1e-5, atol=1e-5)
-        last = np.array([4, 2], np.int64)
-        K_rep[grid, threads](state, np_["lanes"], record, last, dv)
-        replay_reference(ref_state, x["lanes"], ref_record, torch.from_numpy(last))
+def check(b, c, hk, hv, dk, dv, lanes, cmax, seed):
+    x = _inputs(b, c, hk, hv, dk, dv, lanes, seed=seed)
+    # built for blocks of 8 state columns and run over dv = 16 (two blocks per head), staging cmax of the c columns
+    # at a time (the last tile short)
+    K_cols, K_rep = make_kernels(dk, 8, cmax)
+    tv, threads = block_shape(dk, 8)
+    grid = ((dv + tv - 1) // tv, hv, b)
+    np_ = {k: v.numpy().copy() for k, v in x.items()}
+    # q and k as the fused conv leaves them (normalised, q scaled), as the kernel reads them
+    from ignis.model.ops import l2norm
+    normed_mixed = torch.cat([(l2norm(x["q"]) * dk**-0.5).flatten(2), l2norm(x["k"]).flatten(2), x["v"].flatten(2)],
+                             -1)
+    for write_state, with_record in ((True, False), (False, True)):
+        mixed = normed_mixed
+        state = np_["state"].copy()
+        out = np.zeros((b, c, hv, dv), np.float32)
+        record = np.zeros((lanes, c, hv, record_width(dk, dv)), np.float32)
+        K_cols[grid, threads](state, np_["lanes"], mixed.numpy(), np_["ba"], np_["dt_bias"], np_["rate"], out,
+                              record, hv // hk, hk * dk, write_state, with_record)
+        ref_state = x["state"].clone()
+        ref_record = torch.zeros(lanes, c, hv, record_width(dk, dv))
+        ref = columns_reference(ref_state, x["lanes"], mixed, x["ba"], x["dt_bias"], x["rate"],
+                                ref_record if with_record else None, key_heads=hk, write_state=write_state,
+                                normalised=True)
+        torch.testing.assert_close(torch.from_numpy(out), ref, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(torch.from_numpy(state), ref_state, rtol=1e-5, atol=1e-5)
+        if with_record:
+            used = x["lanes"]
+            torch.testing.assert_close(torch.from_numpy(record)[used], ref_record[used], rtol=1e-5, atol=1e-5)
+            last = np.array([c - 1, c // 2], np.int64)
+            K_rep[grid, threads](state, np_["lanes"], record, last, dv)
+            replay_reference(ref_state, x["lanes"], ref_record, torch.from_numpy(last))
+            torch.testing.assert_close(torch.from_numpy(state), ref_state, rtol=1e-5, atol=1e-5)
+    return x
+
+
+# key heads of 8 channels (a thread's rows in runs of two) in tiles of 2 of 5 columns; of 16 channels (runs of four,
+# the GPU's 16-byte loads) in tiles of 16 of 21 columns (two load batches, a short tile, v split four ways)
+check(2, 21, 1, 2, 16, 16, 3, cmax=16, seed=3)
+lanes = 4
+x = check(2, 5, 1, 2, 8, 16, lanes, cmax=2, seed=1)
 
 # The conv window after a commit, for every kept column count, lanes out of order; int16 as bf16 bits arrive.
 from ignis.kernels.gdn import window_reference
@@ -110,7 +119,8 @@ inputs = torch.randint(-30000, 30000, (lanes, 4, 150), generator=g, dtype=torch.
 for kept in range(4):
     last = np.array([kept, 3 - kept], np.int64)
     conv = conv0.numpy().copy()
-    K_win[((150 + WINDOW_THREADS - 1) // WINDOW_THREADS, 2), WINDOW_THREADS](conv, inputs.numpy(), np_["lanes"], last)
+    K_win[((150 + WINDOW_THREADS - 1) // WINDOW_THREADS, 2), WINDOW_THREADS](conv, inputs.numpy(), x["lanes"].numpy(),
+                                                                             last)
     ref = conv0.clone()
     window_reference(ref, inputs, x["lanes"], torch.from_numpy(last), torch.arange(1, 4))
     assert torch.equal(torch.from_numpy(conv), ref), kept

@@ -1,6 +1,7 @@
 """The device round's numba-cuda kernels compile for sm_90 on a machine without a GPU, with the argument types the
 launches pass (bf16 as int16, fp32, int64 lanes and positions), so a typing or lowering error fails here, in CI,
-rather than on the first GPU start-up; and their per-thread arrays live in registers, not local memory."""
+rather than on the first GPU start-up; their per-thread arrays live in registers, not local memory; and the GDN
+recurrence reads k and q from shared memory as 16-byte vectors."""
 
 from __future__ import annotations
 
@@ -58,3 +59,15 @@ def test_kernel_compiles_for_sm90_with_registers_only(index: int) -> None:
     ptx, _ = cuda.compile_ptx(kernel.py_func, types.void(*signature), cc=(9, 0))
     assert ".target sm_90" in ptx, name
     assert ".local" not in ptx, f"{name}: a per-thread array spilled to local memory"
+
+
+@pytest.mark.parametrize("name", ["gdn columns", "gdn replay"])
+def test_recurrence_reads_k_and_q_as_16_byte_vectors(name: str) -> None:
+    # A thread's 32 rows of k (and q) at dk = 128 come in 8 ld.shared.v4.f32, one a four multiply-adds; a signed index
+    # or a shared array without 16-byte alignment would bring back one scalar load a multiply-add.
+    from numba import cuda
+    from numba.cuda import types
+
+    _, kernel, signature = next(k for k in _kernels() if k[0] == name)
+    ptx, _ = cuda.compile_ptx(kernel.py_func, types.void(*signature), cc=(9, 0))
+    assert ptx.count("ld.shared.v4.f32") == (16 if name == "gdn columns" else 8), name
