@@ -189,6 +189,32 @@ def test_generation_stops_at_its_deadline_but_not_before_a_first_completion(targ
     assert len(again) == len(data)  # the cut is final: a resumed run reads the same data
 
 
+def test_generation_streams_across_shards_and_its_data_do_not_depend_on_them(
+        target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    from ignis.train import generate as gen
+    from ignis.train.prompts import Prompt
+
+    prompts = [Prompt((1, 2, 3 + i, 4 + i % 3), f"p{i}") for i in range(10)]
+    whole = gen.generate(_engine(target), prompts, 6, 0, tmp_path / "whole", deadline=float("inf"))
+    monkeypatch.setattr(gen, "SHARD", 4)
+    engine = _engine(target)  # 3 lanes
+    mixed = []  # rounds whose lanes hold prompts of two shards: the next shard's prompts did not wait for the last one
+    step = engine.step
+
+    def watched() -> list:
+        mixed.append(len({int(r.id) // 4 for r in engine.scheduler.running}) > 1)
+        return step()
+
+    monkeypatch.setattr(engine, "step", watched)
+    split = gen.generate(engine, prompts, 6, 0, tmp_path / "split", deadline=float("inf"))
+    assert any(mixed)
+    assert sorted(p.name for p in (tmp_path / "split").glob("part-*.npz")) == [f"part-0000{s}.npz" for s in range(3)]
+    for name in ("tokens", "starts", "prompt_lengths", "greedy"):
+        assert np.array_equal(getattr(split, name), getattr(whole, name)), name
+
+
 def test_init_starts_from_a_drafters_weights_and_shape(target: Path, data: Path, tmp_path: Path) -> None:
     from safetensors.torch import load_file
 

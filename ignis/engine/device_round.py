@@ -130,7 +130,7 @@ class Emitted:
     tokens: list[int]  # drafts kept, then the model's own token
     drafted: int
     accepted: int
-    rows: torch.Tensor  # [K+1, V] float32, device: this lane's verify logits (logprobs read them)
+    rows: torch.Tensor | None  # [K+1, V] float32, device: this lane's verify logits, when its request asks logprobs
 
 
 @dataclass(frozen=True)
@@ -194,12 +194,12 @@ class DeviceRound:
 
     def collect(self, launched: Launched) -> list[Emitted]:
         """The committed tokens of a started round, in order; the caller has synchronised since `start`."""
-        out, logits = launched.buffers.host_out.tolist(), launched.buffers.logits
-        emitted = []
-        for i, d in enumerate(launched.decodes):
-            accepted = out[i][0]
-            tokens = out[i][1 : 1 + accepted] + [out[i][self.k + 1]]
-            emitted.append(Emitted(d.request, tokens, d.drafts, accepted, logits[i]))
+        out, logits, k = launched.buffers.host_out.tolist(), launched.buffers.logits, self.k
+        emitted: list[Emitted] = []
+        for i, (d, row) in enumerate(zip(launched.decodes, out)):
+            accepted = row[0]
+            rows = logits[i] if d.request.params.logprobs is not None else None  # a view a lane costs, unread else
+            emitted.append(Emitted(d.request, row[1 : 1 + accepted] + [row[k + 1]], d.drafts, accepted, rows))
         return emitted
 
     @torch.inference_mode()

@@ -91,7 +91,9 @@ class Retained:
         """host_bytes: the bound on host copies; state_bytes(n): the bytes of one lane's state covering n positions."""
         self.host_bytes = host_bytes
         self.state_bytes = state_bytes
-        self.slots: dict[int, Slot] = {}
+        self.slots: dict[int, Slot] = {}  # by key, which is also the order they were kept (least recent first)
+        self._lanes: dict[int, Slot] = {}  # lane -> the slot on it (at most one a lane): no scan of every slot
+        self._on_host = 0  # bytes of the host slots in `slots`
         self.counts = Counts()
         self._next = 0
         self._clock = 0
@@ -99,13 +101,14 @@ class Retained:
 
     @property
     def host_used(self) -> int:
-        return sum(s.nbytes for s in self.slots.values()) + sum(s.nbytes for s in self._pending)
+        return self._on_host + sum(s.nbytes for s in self._pending)
 
     def on_lane(self, lane: int) -> Slot | None:
-        for s in self.slots.values():
-            if s.lane == lane:
-                return s
-        return None
+        return self._lanes.get(lane)
+
+    def on_lanes(self) -> list[Slot]:
+        """The slots on lanes (not on the host)."""
+        return list(self._lanes.values())
 
     def keep(self, lane: int, ids: list[int]) -> bool:
         """A request released `lane`, whose state covers ids[:-1] with ids[-1] the token after them; False when it
@@ -114,7 +117,7 @@ class Retained:
             return False
         self._next += 1
         self._clock += 1
-        self.slots[self._next] = Slot(key=self._next, ids=ids, lane=lane, used=self._clock)
+        self.slots[self._next] = self._lanes[lane] = Slot(key=self._next, ids=ids, lane=lane, used=self._clock)
         return True
 
     def match(self, prompt: list[int]) -> Slot | None:
@@ -132,6 +135,9 @@ class Retained:
         """A request takes `slot`'s state into `lane` (its own lane, or any free lane for a host slot); returns
         the positions it covers. A host copy stays counted against the bound until `settle`."""
         del self.slots[slot.key]
+        if slot.lane >= 0:
+            del self._lanes[slot.lane]
+        self._on_host -= slot.nbytes  # 0 for a slot on its lane
         self.counts.hits += 1
         self.counts.resumed_tokens += slot.length
         if slot.lane < 0:
@@ -142,20 +148,28 @@ class Retained:
     def vacate(self, lane: int, moves: Moves) -> bool:
         """A request takes `lane` without resuming from its slot, or its pages are wanted: the slot goes to the host,
         or is dropped. False when no slot was on the lane."""
-        slot = self.on_lane(lane)
+        slot = self._lanes.pop(lane, None)
         if slot is None:
             return False
         nbytes = self.state_bytes(slot.length)
         if nbytes + sum(s.nbytes for s in self._pending) > self.host_bytes:  # no room even with every host slot gone
             del self.slots[slot.key]
             return True
-        host = sorted((s for s in self.slots.values() if s.lane < 0), key=lambda s: s.used)
-        while self.host_used + nbytes > self.host_bytes:
-            victim = host.pop(0)
+        victims: list[Slot] = []
+        used = self.host_used
+        for s in self.slots.values():  # least recently kept first, stopping as soon as the state fits
+            if used + nbytes <= self.host_bytes:
+                break
+            if s.lane < 0:
+                victims.append(s)
+                used -= s.nbytes
+        for victim in victims:
             del self.slots[victim.key]
             moves.drops.append(victim.key)
+            self._on_host -= victim.nbytes
         moves.saves.append(Save(slot.key, lane, slot.length))
         slot.lane, slot.nbytes = -1, nbytes
+        self._on_host += nbytes
         return True
 
     def settle(self) -> None:

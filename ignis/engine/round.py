@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ignis.backends.base import Observation, Proposal, ProposeIn, SpecBackend
@@ -128,11 +129,13 @@ class Runner:
     def _check_pages(self, plan: RoundPlan) -> None:
         """Every position the round writes has a page (host ints only: the table's host mirror)."""
         pool = self.cache.pool
-        for r, end in [(d.request, d.request.computed + 1 + d.drafts) for d in plan.decode] + [
-                (p.request, p.request.computed + p.length) for p in plan.prefill]:
-            if end > pool.held(r.lane) * pool.page:
-                raise AssertionError(f"lane {r.lane} writes positions up to {end - 1} past its "
-                                     f"{pool.held(r.lane)} pages")
+        writes = [(d.request, d.request.computed + 1 + d.drafts) for d in plan.decode] + [
+            (p.request, p.request.computed + p.length) for p in plan.prefill]
+        held = pool.held_lanes([r.lane for r, _ in writes])  # [n] int64
+        short = np.flatnonzero(np.asarray([end for _, end in writes]) > held * pool.page)
+        if short.size:
+            r, end = writes[short[0]]
+            raise AssertionError(f"lane {r.lane} writes positions up to {end - 1} past its {held[short[0]]} pages")
 
     def host_round(self, plan: RoundPlan) -> list[Emission]:
         proposal = self.propose(plan)

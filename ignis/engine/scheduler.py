@@ -188,7 +188,7 @@ class Scheduler:
         kept, pages = self.retained, self.pages
         if kept is None or pages is None:
             return False
-        on_lanes = [s for s in kept.slots.values() if s.lane >= 0 and pages.held(s.lane)]
+        on_lanes = [s for s in kept.on_lanes() if pages.held(s.lane)]
         if not on_lanes:
             return False
         lane = min(on_lanes, key=lambda s: s.used).lane
@@ -245,7 +245,7 @@ class Scheduler:
         """K/V pages held by retained slots on their lanes (but `but`'s)."""
         if self.pages is None or self.retained is None:
             return 0
-        return sum(self.pages.held(s.lane) for s in self.retained.slots.values() if s.lane >= 0 and s is not but)
+        return sum(self.pages.held(s.lane) for s in self.retained.on_lanes() if s is not but)
 
     def _free_lane(self) -> int:
         """A free lane: one with no retained state first, else the one whose retained state was kept longest ago."""

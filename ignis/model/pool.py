@@ -163,3 +163,8 @@ class KVPool:
         row = self.host[lane]
         empty = np.flatnonzero(row == NULL)
         return int(empty[0]) if empty.size else self.width
+
+    def held_lanes(self, lanes: list[int]) -> np.ndarray:
+        """[len(lanes)] int64: `held` of each lane, in one pass over their rows."""
+        empty = self.host[lanes] == NULL  # [n, width] bool
+        return np.where(empty.any(axis=1), empty.argmax(axis=1), self.width)

@@ -91,7 +91,12 @@ def train_drafter(o: Options) -> dict[str, Any]:
         f"over --max-prompts, from {', '.join(o.data)}")
 
     overrides = _engine_overrides(o, model_dir, max(len(p.ids) for p in usable) + max(o.gen_tokens, o.eval_tokens))
-    engine = Engine(load_config(profile=o.profile, overrides={**overrides, "spec.backend": "off"}))
+    # A request resumes a retained state only when its prompt extends another prompt and the completion the target
+    # wrote for it, which training prompts practically never do: copying every finished lane's state to the host when
+    # the next prompt takes the lane would cost host time each round and up to engine.retained_host_memory of pinned
+    # memory, for nothing.
+    engine = Engine(load_config(profile=o.profile, overrides={"engine.retained_host_memory": 0, **overrides,
+                                                              "spec.backend": "off"}))
     device, model = engine.runner.device, engine.model
     budget_s = o.time_budget
     reserve = max(20.0, 0.05 * budget_s) if budget_s else 0.0
