@@ -4,8 +4,9 @@ Owns: the exact top-k over the drafter's vocabulary (`topk`, ADR 0001); the Gate
 the conv window's commit (`gdn`, ADR 0004); the decode round's fused layer kernels (`fused`: residual add + RMSNorm,
 the GDN conv and gated norm, SwiGLU, q/k norms + RoPE + K/V write, the drafter's grouped conv); split-context paged
 attention for decode and verify rounds (`attention`: a Triton kernel on tensor cores, `attention_triton`, ADR 0009,
-or the numba one, ADR 0006); the 4-bit GEMV/GEMM for decode and verify rows (`int4_triton` on tensor cores, or
-`int4_gemv`, ADR 0005).
+or the numba one, ADR 0006); the 4-bit GEMV/GEMM for decode and verify rows (`int4_mma`, CUDA C++ on tensor cores
+over codes repacked into their register order, compiled at run time by `nvrtc`; or, over the format's codes,
+`int4_triton` on tensor cores or `int4_gemv`, ADR 0005).
 Does not own: library kernels used as they are (torch SDPA, cuBLAS, fla's Gated DeltaNet prefill), nor when the
 engine calls a kernel.
 
