@@ -84,7 +84,8 @@ class Function:
         with _lock, torch.cuda.device(device):
             torch.cuda.init()
             _check(driver.cuInit(0), "cuInit")
-            err, ctx = driver.cuDevicePrimaryCtxRetain(device.index if device.index is not None else 0)
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            err, ctx = driver.cuDevicePrimaryCtxRetain(index)
             _check(err, "cuDevicePrimaryCtxRetain")
             _check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")  # this thread may not have touched CUDA yet
             err, self._module = driver.cuModuleLoadData(cubin.image)
