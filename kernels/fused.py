@@ -1,10 +1,10 @@
 """Fused kernels of the decode round's layers: each replaces a run of small torch ops with one launch.
 
 Owns: `add_rms_norm`, `conv`, `gated_norm`, `swiglu`, `qk_rope_write`, `grouped_conv` (numba-cuda kernels on CUDA
-tensors, launched on torch's current stream so a CUDA graph captures them; `add_rms_norm` runs the Triton kernel of
-ignis.kernels.norm_triton where Triton is installed) and their torch references (what runs on the CPU, and what the
-kernels are tested against). Does not own: the layers that call them (ignis.model, the dflash2 drafter) or the
-kernel sources (ignis.kernels.fused_kernel, ignis.kernels.norm_triton). docs/adr/0006-fused-layer-kernels.md has the
+tensors, launched on torch's current stream so a CUDA graph captures them; `add_rms_norm` and `swiglu` run the Triton
+kernels of ignis.kernels.norm_triton and ignis.kernels.swiglu_triton where Triton is installed) and their torch
+references (what runs on the CPU, and what the kernels are tested against). Does not own: the layers that call them
+(ignis.model, the dflash2 drafter) or the kernel sources (ignis.kernels.fused_kernel, norm_triton, swiglu_triton). docs/adr/0006-fused-layer-kernels.md has the
 why and the numbers.
 
 Each reference is the torch code the layer ran before the kernel existed, so the CPU keeps its arithmetic exactly;
@@ -23,7 +23,8 @@ from ignis.kernels.launch import launch, triton_installed
 from ignis.kernels.gdn import normalise_qk
 from ignis.model.ops import apply_rope
 
-CONV_TILE = 8  # conv: columns a block (a prefill piece's columns spread over blocks; a decode's or verify's fit one)
+CONV_TILE = 8  # conv: the most columns a block takes (a prefill piece's columns spread over blocks)
+CONV_BLOCKS = 1024  # conv: the fewest blocks worth fewer columns a block (each column's norms wait on a block sync)
 
 # --- references -------------------------------------------------------------------------------------------------
 
@@ -158,11 +159,23 @@ def conv(
     mixed = torch.empty((b, c, dim), dtype=torch.float32, device=raw.device)
     ba_out = torch.empty(ba.shape, dtype=torch.float32, device=raw.device)
     k = _compiled(raw.dtype, dk)["conv"]
-    tile = max(CONV_TILE, window.shape[1])  # a block's columns: at least the window's, so only the first reads it
+    tile = conv_tile(b, c, -(-dim // dk), window.shape[1])
     launch(k, ((dim + dk - 1) // dk, b, (c + tile - 1) // tile), _threads(dk),
             (window, lanes, raw, weight, mixed, window if record is None else record, ba, ba_out, record is not None,
              dk, 2 * key_heads, float(dk**-0.5), tile), raw.device)
     return mixed, ba_out
+
+
+def conv_tile(lanes: int, cols: int, heads: int, window: int) -> int:
+    """Columns a conv block takes: the most, up to CONV_TILE, that still give CONV_BLOCKS blocks, and never fewer than
+    the window's width, so that only a lane's first block reads the window. A block's columns run one after another
+    (each waits on its norms' block sum), so a verify's few lanes want short tiles: on the H200 at the 27B shape (80
+    heads of 128 channels), 1 lane x 8 columns took 10.8 us in one tile of 8 and 6.6 in tiles of 3; 8 x 8 took 15.8
+    in tiles of 8 and 14.3 in tiles of 4; decodes (one column) do not change."""
+    tile = CONV_TILE
+    while tile > window and heads * lanes * -(-cols // tile) < CONV_BLOCKS:
+        tile //= 2
+    return max(tile, window)
 
 
 def gated_norm(out: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -179,13 +192,18 @@ def gated_norm(out: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: fl
 
 
 def swiglu(gu: torch.Tensor) -> torch.Tensor:
-    """gu [..., 2 I] (gate | up) -> silu(gate) * up [..., I]."""
+    """gu [..., 2 I] (gate | up) -> silu(gate) * up [..., I] (the Triton kernel of ignis.kernels.swiglu_triton where
+    Triton is installed, else the numba one)."""
     if not gu.is_cuda or torch.is_grad_enabled():
         return swiglu_reference(gu)
+    lead, inner = gu.shape[:-1], gu.shape[-1] // 2
+    flat = gu.reshape(-1, 2 * inner).contiguous()
+    if triton_installed():
+        from ignis.kernels import swiglu_triton
+
+        return swiglu_triton.swiglu(flat).reshape(*lead, inner)
     from ignis.kernels.fused_kernel import EW_THREADS
 
-    lead, inner = gu.shape[:-1], gu.shape[-1] // 2
-    flat = gu.reshape(-1, 2 * inner)
     y = torch.empty((flat.shape[0], inner), dtype=gu.dtype, device=gu.device)
     launch(_compiled(gu.dtype, 32)["swiglu"], ((inner + EW_THREADS - 1) // EW_THREADS, flat.shape[0]), EW_THREADS,
             (flat, y), gu.device)

@@ -30,22 +30,26 @@ MAX_WIDTH = 65536  # the widest row one program holds (a Qwen3.5 hidden size is 
 
 @triton.jit
 def _add_rms_norm(
-    x_ptr, d_ptr, scale_ptr, resid_ptr, normed_ptr,  # x, d, resid, normed [T, n] model dtype; scale [n] fp32
+    x_ptr, d_ptr, scale_ptr, resid_ptr, normed_ptr,  # x, d, resid, normed [T, n] model dtype; scale [n]
     n, eps,
-    ADD: tl.constexpr, BLOCK: tl.constexpr,
+    ADD: tl.constexpr, ROUND_FIRST: tl.constexpr, BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n
     v = tl.load(x_ptr + row * n + offs, mask=mask, other=0.0).to(tl.float32)
-    scale = tl.load(scale_ptr + offs, mask=mask, other=0.0)
+    scale = tl.load(scale_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if ADD:
         d = tl.load(d_ptr + row * n + offs, mask=mask, other=0.0).to(tl.float32)
         r = (v + d).to(resid_ptr.dtype.element_ty)  # the residual in the model dtype, as torch's add rounds it
         tl.store(resid_ptr + row * n + offs, r, mask=mask)
         v = r.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / n + eps)
-    tl.store(normed_ptr + row * n + offs, (v * inv * scale).to(normed_ptr.dtype.element_ty), mask=mask)
+    out = normed_ptr.dtype.element_ty
+    if ROUND_FIRST:  # Qwen3's norm: the normalised row rounded, then its product with the weight rounded
+        tl.store(normed_ptr + row * n + offs, ((v * inv).to(out).to(tl.float32) * scale).to(out), mask=mask)
+    else:
+        tl.store(normed_ptr + row * n + offs, (v * inv * scale).to(out), mask=mask)
 
 
 def warps(width: int) -> int:
@@ -57,19 +61,22 @@ def warps(width: int) -> int:
 def add_rms_norm(
     x: torch.Tensor,  # [T, n] model dtype, contiguous: the residual stream
     d: torch.Tensor | None,  # [T, n] like x: what the last block adds to it (None: nothing)
-    scale: torch.Tensor,  # [n] float32: 1 + w
+    scale: torch.Tensor,  # [n] float32: 1 + w; with round_first, the weight in x's dtype
     eps: float,
+    *,
+    round_first: bool = False,  # Qwen3's norm: w * (x / rms(x) rounded to x's dtype), rounded again
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + d, rms_norm(x + d) * scale) in x's dtype, one launch; with d None the residual is x itself."""
     t, n = x.shape
+    want = x.dtype if round_first else torch.float32
     if (n > MAX_WIDTH or not x.is_contiguous() or (d is not None and (d.shape != x.shape or not d.is_contiguous()))
-            or scale.shape != (n,) or scale.dtype != torch.float32):
-        raise ValueError(f"add_rms_norm takes contiguous x and d [T, n <= {MAX_WIDTH}] and a float32 scale [n]; got x "
+            or scale.shape != (n,) or scale.dtype != want):
+        raise ValueError(f"add_rms_norm takes contiguous x and d [T, n <= {MAX_WIDTH}] and a {want} scale [n]; got x "
                          f"{tuple(x.shape)}, d {None if d is None else tuple(d.shape)}, scale {tuple(scale.shape)} "
                          f"{scale.dtype}")
     resid = x if d is None else torch.empty_like(x)
     normed = torch.empty_like(x)
     if t:
         _add_rms_norm[(t,)](x, x if d is None else d, scale, resid, normed, n, float(eps), ADD=d is not None,
-                            BLOCK=triton.next_power_of_2(n), num_warps=warps(n))
+                            ROUND_FIRST=round_first, BLOCK=triton.next_power_of_2(n), num_warps=warps(n))
     return resid, normed

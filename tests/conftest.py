@@ -1,5 +1,6 @@
 """Suite-wide settings: tiny models run on one intra-op thread, here and in every engine process a test starts; and
-the `restore_logging` fixture for modules that configure logging.
+the `restore_logging` fixture for modules that configure logging, and `interpreted_loop_bounds` for Triton kernels
+whose loops have bounds computed in the kernel.
 
 For matrices this small a second thread only adds synchronisation, which turns into long stalls on a shared
 machine; one thread keeps the suite's time predictable on CI's two cores.
@@ -34,3 +35,19 @@ def restore_logging() -> Iterator[None]:
     root.handlers[:] = handlers
     root.setLevel(level)
     structlog.reset_defaults()
+
+
+@pytest.fixture()
+def interpreted_loop_bounds(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Triton 3.6's interpreter turns a tensor loop bound (a one-element array) into an int with int(array), which
+    NumPy 2.4 refuses for arrays with a dimension: it reads the element instead."""
+    from triton.runtime import interpreter
+
+    patch = interpreter._patch_lang_tensor
+
+    def patched(tensor: object, scope: interpreter._LangPatchScope) -> None:
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", patched)
+    yield

@@ -118,7 +118,7 @@ def _greedy(engine, ids: list[int], n: int) -> tuple[list[int], list[dict[int, f
                 return tokens, logprobs
 
 
-@pytest.mark.parametrize("backend,k", [("mtp", 3)])
+@pytest.mark.parametrize("backend,k", [("mtp", 3), ("dflash2", 7)])
 def test_speculative_greedy_equals_off_up_to_near_ties(backend: str, k: int) -> None:
     ids = Tokenizer.from_dir(BUILTIN).encode(PROMPT)
     fp32 = {"device": "cuda", "dtype": "float32"}

@@ -28,23 +28,9 @@ from tests.test_kernels_fused import paged, visible
 if torch.cuda.is_available():
     pytest.skip("the interpreter takes CPU tensors: tests/test_kernels_gpu.py runs these", allow_module_level=True)
 
+pytestmark = pytest.mark.usefixtures("interpreted_loop_bounds")
+
 NKV, GROUP, HD, LANES, SLOTS = 2, 6, 16, 5, 100  # 12 query heads, 2 of them KV heads; a 100-slot span
-
-
-@pytest.fixture(autouse=True)
-def interpreted_loop_bounds(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Triton 3.6's interpreter turns a tensor loop bound (a one-element array) into an int with int(array), which
-    NumPy 2.4 refuses for arrays with a dimension: it reads the element instead."""
-    from triton.runtime import interpreter
-
-    patch = interpreter._patch_lang_tensor
-
-    def patched(tensor: object, scope: interpreter._LangPatchScope) -> None:
-        patch(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
-
-    monkeypatch.setattr(interpreter, "_patch_lang_tensor", patched)
-    yield
 
 
 @pytest.fixture(autouse=True)

@@ -233,6 +233,17 @@ def test_attention_splits_fill_the_gpu_with_whole_tiles() -> None:
         assert ns == -(-span // 32) or ns * lanes * kv >= 132  # a split a tile, or at least a block an SM
 
 
+def test_conv_tiles_spread_a_verifys_columns_and_keep_the_window_in_the_first_block() -> None:
+    for lanes, cols in ((1, 1), (1, 8), (8, 8), (8, 1), (1, 4), (3, 5), (1, 64), (1, 512), (8, 512)):
+        tile = fused.conv_tile(lanes, cols, 80, 3)
+        assert 3 <= tile <= max(3, fused.CONV_TILE)  # only a lane's first block reads the window
+        longer = [t for t in (4, 8) if t > tile]  # a longer tile is taken whenever it still fills the GPU
+        assert all(80 * lanes * -(-cols // t) < fused.CONV_BLOCKS for t in longer), (lanes, cols, tile)
+    assert fused.conv_tile(1, 8, 80, 3) == 3 and fused.conv_tile(8, 8, 80, 3) == 4  # as measured (fused.conv_tile)
+    assert fused.conv_tile(1, 512, 80, 3) == fused.CONV_TILE
+    assert fused.conv_tile(1, 8, 80, 5) == 5  # a wider window sets the least
+
+
 def test_references_are_the_layers_torch_ops() -> None:
     """The references keep the CPU's arithmetic: spot checks against the ops they stand for."""
     x = inputs(torch.float32, seed=4)

@@ -61,6 +61,25 @@ def test_empty_and_bad_inputs() -> None:
         norm_triton.add_rms_norm(x, d[:1], scale, 1e-6)
 
 
+@pytest.mark.parametrize("add", [True, False])
+def test_round_first_is_the_qwen3_norm_of_the_drafter(add: bool) -> None:
+    """round_first: w * (x / rms(x)) with the normalised row rounded before the weight, as the dflash2 drafter's
+    Qwen3 norm computes it (the weight in the model dtype)."""
+    from ignis.backends.dflash2.model import Norm
+
+    x, d, _ = rows(3, 384, seed=11)
+    norm = Norm(384, 1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(384) + 0.5)
+    resid, normed = norm_triton.add_rms_norm(x, d if add else None, norm.weight.detach(), 1e-6, round_first=True)
+    want = x + d if add else x
+    assert torch.equal(resid, want)
+    with torch.no_grad():
+        torch.testing.assert_close(normed, norm(want), rtol=2e-6, atol=2e-6)
+    with pytest.raises(ValueError, match="float32 scale"):
+        norm_triton.add_rms_norm(x, None, norm.weight.detach().double(), 1e-6, round_first=True)
+
+
 def test_warps_grow_with_the_row() -> None:
     assert [norm_triton.warps(n) for n in (33, 384, 1024, 2048, 5120, 8192, 65536)] == [1, 2, 4, 8, 16, 16, 16]
 
@@ -82,7 +101,8 @@ for elt, n in (("bf16", 5120), ("bf16", 384), ("fp32", 5120)):
     for add in (True, False):
         types = {"x_ptr": "*" + elt, "d_ptr": "*" + elt, "scale_ptr": "*fp32", "resid_ptr": "*" + elt,
                  "normed_ptr": "*" + elt, "eps": "fp32"}
-        kernel = build(_add_rms_norm, types, {"ADD": add, "BLOCK": triton.next_power_of_2(n)}, ("n",), warps(n), 3)
+        kernel = build(_add_rms_norm, types, {"ADD": add, "ROUND_FIRST": False, "BLOCK": triton.next_power_of_2(n)},
+                       ("n",), warps(n), 3)
         ptx = kernel.asm["ptx"]
         assert ".target sm_90a" in ptx
         if n == 5120:

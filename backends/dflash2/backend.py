@@ -25,6 +25,7 @@ from ignis.backends.dflash2.selector import pick, select
 from ignis.backends.dflash2.shortlist import ShortlistHead
 from ignis.backends.dflash2.weights import SHORTLIST, load_drafter
 from ignis.errors import ConfigError
+from ignis.kernels.launch import triton_installed
 from ignis.logging import get_logger
 
 log = get_logger(__name__)
@@ -60,6 +61,10 @@ class DFlash2:
             self.shortlist = ShortlistHead(path / SHORTLIST, hidden=target.hidden_size, vocab=self.vocab,
                                            device=ctx.device, dtype=ctx.dtype)
         self.cache = ContextCache(cfg, lanes=ctx.lanes, context=ctx.context, device=ctx.device, dtype=ctx.dtype)
+        # The device round's attention and context writes read and write the rings in place (Triton kernels) on
+        # CUDA outside the exact mode; tests switch it on for CPU tensors under Triton's interpreter.
+        self.ring = (ctx.device.type == "cuda" and not ctx.model.exact and triton_installed()
+                     and ring_fits(cfg, ctx.dtype))
         self.offsets = torch.arange(cfg.block_size, dtype=torch.long, device=ctx.device)  # [B] int64, device
         self.masks = torch.full((cfg.width,), cfg.mask_token_id, dtype=torch.long, device=ctx.device)  # [B-1] int64
         log.info(
@@ -122,7 +127,11 @@ class DFlash2:
         kept = torch.arange(c, device=self.device)[None, :] <= rows.accepted[:, None]  # [B, C]
         lane_ix = torch.where(kept, rows.lanes[:, None], self.cache.scratch).reshape(-1)
         positions = rows.positions.reshape(-1)
-        self.cache.write_rows(lane_ix, positions, self.model.context_kv(rows.taps.reshape(b * c, -1), positions))
+        taps = rows.taps.reshape(b * c, -1)
+        if self.ring:
+            self.model.write_ring(taps, positions, lane_ix, self.cache.rings())
+        else:
+            self.cache.write_rows(lane_ix, positions, self.model.context_kv(taps, positions))
 
     @torch.inference_mode()
     def propose(self, inp: ProposeIn) -> Proposal:
@@ -159,10 +168,20 @@ class DFlash2:
         x = self.target.embed(ids)
         if self.cfg.input_embedding_scale != 1.0:
             x = x * self.cfg.input_embedding_scale
+        if self.ring:
+            return self.model.block_ring(x, q_pos, self.cache.rings(), lane_ix, span)[:, 1:].contiguous()
         kv, masks = self.cache.gather(lane_ix, q_pos, span)
         # The anchor row proposes nothing. Contiguous, so the output head is one plain 2-D product: on the strided
         # view cuBLAS picked a kernel that read the 2.5 GB head once per 8 rows at 8 lanes (4.7 ms, 27B shape, H200).
         return self.model.block(x, q_pos, kv, masks)[:, 1:].contiguous()
+
+
+def ring_fits(cfg: DrafterConfig, dtype: torch.dtype) -> bool:
+    """The ring kernels (ignis.kernels.drafter_triton, imported here: call only where Triton is installed) take
+    this drafter's heads in this dtype."""
+    from ignis.kernels import drafter_triton
+
+    return drafter_triton.fits(cfg.head_dim, cfg.rotary_dim, dtype)
 
 
 def load(ctx: BackendContext) -> DFlash2:

@@ -55,6 +55,10 @@ class ContextCache:
     def nbytes(self) -> int:
         return sum(t.nbytes for layer in self.layers for t in (layer.k, layer.v, layer.pos))
 
+    def rings(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Per layer (K, V, positions held): what the ring kernels read and write in place."""
+        return [(layer.k, layer.v, layer.pos) for layer in self.layers]
+
     def reset(self, lane: int) -> None:
         for layer in self.layers:
             layer.pos[lane] = -1

@@ -20,6 +20,7 @@ import torch
 from ignis.backends.base import Choice
 from ignis.backends.dflash2.config import DrafterConfig
 from ignis.backends.dflash2.model import Selector
+from ignis.kernels.launch import triton_installed
 from ignis.kernels.topk import MAX_K, topk_reference
 from ignis.kernels.topk import topk as kernel_topk
 
@@ -69,6 +70,10 @@ def select(
         pred = selector.predecessor_codebook[cand[:, :-1]].float() * hp[:, 1:, None, :]  # [n, k-1, K, r]
         pairs = torch.einsum("ntpr,ntcr->ntpc", pred, succ[:, 1:])  # [n, k-1, K (predecessor), K]
     width_k = cand.shape[-1]
+    if choice.uniforms is None and walk_in_one_launch(logits):  # every lane greedy
+        from ignis.kernels import drafter_triton
+
+        return drafter_triton.walk(unary, first, pairs, cand), None
     picks, probs = [], []
     pick = anchors  # unused for slot 0
     for t in range(k):
@@ -87,6 +92,12 @@ def select(
         return tokens, None
     q = torch.zeros((n, k, vocab), dtype=torch.float32, device=logits.device)
     return tokens, q.scatter_(-1, cand, torch.stack(probs, dim=1))
+
+
+def walk_in_one_launch(logits: torch.Tensor) -> bool:
+    """A greedy walk runs as one Triton launch (ignis.kernels.drafter_triton.walk) on CUDA where Triton is installed;
+    the loop below, which it equals, is the CPU's and the reference."""
+    return logits.is_cuda and triton_installed()
 
 
 def pick(

@@ -153,10 +153,18 @@ class Rope:
         self._table = None
         self._table = self.tables(torch.arange(n, device=device), dtype)
 
+    def precomputed(self, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The (cos, sin) [n, rotary_dim] tables `precompute` made, if it made them in this dtype on this device: a
+        kernel can read a position's row itself instead of a gathered copy."""
+        table = self._table
+        if table is not None and table[0].dtype == dtype and table[0].device == device:
+            return table
+        return None
+
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T] int64 -> (cos, sin) [T, rotary_dim] in dtype, computed in fp32 like HF."""
-        table = self._table
-        if table is not None and table[0].dtype == dtype and table[0].device == positions.device:
+        table = self.precomputed(dtype, positions.device)
+        if table is not None:
             return table[0].index_select(0, positions), table[1].index_select(0, positions)
         inv = self._on.get(positions.device)
         if inv is None:
