@@ -146,6 +146,28 @@ def test_converter_round_trips_a_random_checkpoint(tmp_path: Path, capsys: pytes
     assert torch.equal(a.argmax(-1), b.argmax(-1))
 
 
+def test_a_quantized_gdn_decodes_with_one_packed_and_one_dense_projection(tmp_path: Path) -> None:
+    """A 4-bit Gated DeltaNet keeps its gates (b, a) dense: fused, its packed qkv and z join into one packed product and
+    the gates into one dense one (views of the loaded tensors), and the device round's decodes through them give the
+    exact host round's greedy tokens."""
+    from engines import make_engine, prompts, run
+    from ignis.params import SamplingParams
+
+    src = tiny_checkpoint(tmp_path / "src", seed=5, mtp=True, vocab_size=512)
+    dst = tmp_path / "q"
+    assert main(["quantize", str(src), str(dst), "--group", "64"]) == 0
+    fused = load_model(dst, device="cpu", dtype=torch.float32, exact=False)
+    gdn = next(layer.linear_attn for layer in fused.layers if layer.kind == "linear_attention")
+    assert gdn.in_proj is None and isinstance(gdn.in_proj_qkvz, PackedWeight)
+    assert isinstance(gdn.in_proj_ba, torch.Tensor) and gdn.in_proj_ba.data_ptr() == gdn.in_proj_b.weight.data_ptr()
+    ps = prompts(4, 512, seed=2, lo=3, hi=40)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    want = {k: v.token_ids for k, v in run(make_engine(dst, "off"), ps, params).items()}
+    engine = make_engine(dst, "off", model={"exact": "off"}, lanes=2)
+    assert engine.runner.device_round is not None
+    assert {k: v.token_ids for k, v in run(engine, ps, params).items()} == want
+
+
 def test_converter_refuses_what_it_cannot_convert(tmp_path: Path) -> None:
     src = tiny_checkpoint(tmp_path / "src", seed=5, mtp=False)
     (tmp_path / "full").mkdir()

@@ -57,13 +57,19 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(c.linear_num_value_heads))
         self.norm = _GatedNormWeight(c.linear_value_head_dim)
         self.out_proj = nn.Linear(c.value_dim, c.hidden_size, bias=False)
-        # [conv_dim + value_dim + 2 Hv, H]: qkv | z | b | a, once fused (left unfused when qkv and z are 4-bit packed)
+        # [conv_dim + value_dim + 2 Hv, H]: qkv | z | b | a, once fused. Where qkv and z are 4-bit packed or fp8 and the
+        # gates keep their precision, two instead: qkv | z in the quantized form and b | a dense.
         self.in_proj: Weight | None = None
+        self.in_proj_qkvz: Weight | None = None
+        self.in_proj_ba: Weight | None = None
         self.decay_rate: torch.Tensor | None = None  # [Hv] float32: -exp(A_log), once fused
         self.conv_weight: torch.Tensor | None = None  # [conv_dim, Kc] float32, once fused
 
     def fuse(self) -> None:
         self.in_proj = fuse_weights(self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
+        if self.in_proj is None:
+            self.in_proj_qkvz = fuse_weights(self.in_proj_qkv, self.in_proj_z)
+            self.in_proj_ba = fuse_weights(self.in_proj_b, self.in_proj_a)
         self.decay_rate = -torch.exp(self.A_log.detach().float())
         self.conv_weight = self.conv1d.weight.detach()[:, 0, :].float()
 
@@ -126,6 +132,10 @@ class GatedDeltaNet(nn.Module):
         if self.in_proj is not None:
             qkv, z, ba = torch.split(linear(x, self.in_proj, False), [self.key_dim * 2 + self.value_dim, self.value_dim,
                                                                  2 * self.hv], dim=-1)
+        elif self.in_proj_qkvz is not None and self.in_proj_ba is not None:
+            qkv, z = torch.split(linear(x, self.in_proj_qkvz, False), [self.key_dim * 2 + self.value_dim,
+                                                                      self.value_dim], dim=-1)
+            ba = linear(x, self.in_proj_ba, False)
         else:
             qkv, z = linear(x, self.in_proj_qkv.weight, False), linear(x, self.in_proj_z.weight, False)
             ba = torch.cat([F.linear(x, self.in_proj_b.weight), F.linear(x, self.in_proj_a.weight)], dim=-1)
