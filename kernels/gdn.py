@@ -168,13 +168,18 @@ def columns(
 
 
 def replay(state: torch.Tensor, lanes: torch.Tensor, record: torch.Tensor, last: torch.Tensor) -> None:
-    """Apply recorded columns 0..last[b] (last [B] int64, device) to each lane's state, in place."""
+    """Apply recorded columns 0..last[b] (last [B] int64, device) to each lane's state, in place: one layer's (state
+    [L, Hv, dk, dv], record [L, C, Hv, dk + dv + 2]) or G layers' at once (state [G, L, ...], record [G, L, ...]),
+    one launch either way."""
+    if state.dim() == 4:
+        state, record = state[None], record[None]
     if not state.is_cuda:
-        replay_reference(state, lanes, record, last)
+        for st, rec in zip(state, record):
+            replay_reference(st, lanes, rec, last)
         return
-    dk, dv, hv = state.shape[2], state.shape[3], state.shape[1]
-    _, rep = _compiled(dk, dv, _tile(dk, dv, record.shape[1]))
-    _launch(rep, dv, hv, lanes.shape[0], dk, (state, lanes, record, last, dv), state.device)
+    dk, dv, hv = state.shape[3], state.shape[4], state.shape[2]
+    _, rep = _compiled(dk, dv, _tile(dk, dv, record.shape[2]))
+    _launch(rep, dv, hv, state.shape[0] * lanes.shape[0], dk, (state, lanes, record, last, dv), state.device)
 
 
 _window_kernel: list[Any] = []
@@ -183,14 +188,18 @@ _window_kernel: list[Any] = []
 def window(conv: torch.Tensor, inputs: torch.Tensor, lanes: torch.Tensor, last: torch.Tensor,
            taps: torch.Tensor) -> None:
     """After a verify: move each lane's conv window (conv [L, Kc-1, D]) to end at column last[b] of the inputs the
-    verify recorded (inputs [L, C, D], same dtype), in place; taps [Kc-1] = 1..Kc-1 (the reference's)."""
+    verify recorded (inputs [L, C, D], same dtype), in place; taps [Kc-1] = 1..Kc-1 (the reference's). G layers' at
+    once take conv [G, L, Kc-1, D] and inputs [G, L, C, D]: one launch either way."""
+    if conv.dim() == 3:
+        conv, inputs = conv[None], inputs[None]
     if not conv.is_cuda:
-        window_reference(conv, inputs, lanes, last, taps)
+        for cv, inp in zip(conv, inputs):
+            window_reference(cv, inp, lanes, last, taps)
         return
     from ignis.kernels.gdn_kernel import WINDOW_THREADS, make_window_kernel
 
     with _lock:
         if not _window_kernel:
             _window_kernel.append(make_window_kernel())
-    grid = ((conv.shape[2] + WINDOW_THREADS - 1) // WINDOW_THREADS, lanes.shape[0])
+    grid = ((conv.shape[3] + WINDOW_THREADS - 1) // WINDOW_THREADS, conv.shape[0] * lanes.shape[0])
     launch(_window_kernel[0], grid, WINDOW_THREADS, (conv, inputs, lanes, last), conv.device)

@@ -206,14 +206,16 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
             store_state(st, state, lane, h, s, c, nv)
 
     @cuda.jit(cache=True, **bounds)
-    def replay(state, lanes, record, last, nv):
-        # state [L, Hv, dk, dv] f32; lanes, last [B] i64; record [L, C, Hv, dk + dv + 2] with C <= cmax;
-        # grid (dv / TV, Hv, B). The kept columns' k, decays, betas and the thread's v are staged once; no block
-        # barrier inside the loop.
+    def replay(states, lanes, records, last, nv):
+        # states [G, L, Hv, dk, dv] f32 (G layers' states); lanes, last [B] i64; records [G, L, C, Hv, dk + dv + 2]
+        # with C <= cmax; grid (dv / TV, Hv, G * B): one launch commits every layer. The kept columns' k, decays,
+        # betas and the thread's v are staged once; no block barrier inside the loop.
         t = cuda.threadIdx.x
         cl, s = t // RS, t % RS
         c = cuda.blockIdx.x * tv + cl
-        h, b = uint64(cuda.blockIdx.y), uint64(cuda.blockIdx.z)
+        nb = uint64(lanes.shape[0])
+        h, b, g = uint64(cuda.blockIdx.y), uint64(cuda.blockIdx.z) % nb, uint64(cuda.blockIdx.z) // nb
+        state, record = states[g], records[g]
         lane = uint64(lanes[b])
         kept = last[b] + 1
         sk = cuda.shared.array((cmax, dk), float32, alignment=align)  # k, rows in `slot` order
@@ -274,12 +276,15 @@ WINDOW_THREADS = 128  # conv channels a block in `window`
 
 def make_window_kernel() -> Any:
     @cuda.jit(cache=True)
-    def window(conv, inputs, lanes, last):
-        # conv [L, Kc-1, D]: each lane's conv window; inputs [L, C, D]: the verify's raw conv input per column (same
-        # element type); lanes, last [B] i64; grid (ceil(D / WINDOW_THREADS), B). The window after a commit ends at
-        # column last: slot i takes row last + 1 + i of [window | inputs] (always a row > i, so in place is safe).
+    def window(convs, inputs_, lanes, last):
+        # convs [G, L, Kc-1, D]: G layers' conv windows; inputs_ [G, L, C, D]: the verify's raw conv input per column
+        # (same element type); lanes, last [B] i64; grid (ceil(D / WINDOW_THREADS), G * B). The window after a commit
+        # ends at column last: slot i takes row last + 1 + i of [window | inputs] (always a row > i, so in place is
+        # safe).
         ch = cuda.blockIdx.x * WINDOW_THREADS + cuda.threadIdx.x
-        b = cuda.blockIdx.y
+        nb = lanes.shape[0]
+        b, g = cuda.blockIdx.y % nb, cuda.blockIdx.y // nb
+        conv, inputs = convs[g], inputs_[g]
         if ch >= conv.shape[2]:
             return
         lane = lanes[b]

@@ -97,9 +97,14 @@ def check(b, c, hk, hv, dk, dv, lanes, cmax, seed):
             used = x["lanes"]
             torch.testing.assert_close(torch.from_numpy(record)[used], ref_record[used], rtol=1e-5, atol=1e-5)
             last = np.array([c - 1, c // 2], np.int64)
-            K_rep[grid, threads](state, np_["lanes"], record, last, dv)
+            # two layers in one launch: the second holds the lanes' states and records in reverse order
+            states, records = np.stack([state, state[::-1]]), np.stack([record, record[::-1]])
+            K_rep[(grid[0], grid[1], 2 * b), threads](states, np_["lanes"], records, last, dv)
+            ref_flip = ref_state.flip(0)
             replay_reference(ref_state, x["lanes"], ref_record, torch.from_numpy(last))
-            torch.testing.assert_close(torch.from_numpy(state), ref_state, rtol=1e-5, atol=1e-5)
+            replay_reference(ref_flip, x["lanes"], ref_record.flip(0), torch.from_numpy(last))
+            torch.testing.assert_close(torch.from_numpy(states[0]), ref_state, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(torch.from_numpy(states[1]), ref_flip, rtol=1e-5, atol=1e-5)
     return x
 
 
@@ -118,12 +123,13 @@ conv0 = torch.randint(-30000, 30000, (lanes, 3, 150), generator=g, dtype=torch.i
 inputs = torch.randint(-30000, 30000, (lanes, 4, 150), generator=g, dtype=torch.int16)
 for kept in range(4):
     last = np.array([kept, 3 - kept], np.int64)
-    conv = conv0.numpy().copy()
-    K_win[((150 + WINDOW_THREADS - 1) // WINDOW_THREADS, 2), WINDOW_THREADS](conv, inputs.numpy(), x["lanes"].numpy(),
-                                                                             last)
-    ref = conv0.clone()
-    window_reference(ref, inputs, x["lanes"], torch.from_numpy(last), torch.arange(1, 4))
-    assert torch.equal(torch.from_numpy(conv), ref), kept
+    convs = np.stack([conv0.numpy(), conv0.flip(0).numpy()])  # two layers in one launch
+    ins = np.stack([inputs.numpy(), inputs.flip(0).numpy()])
+    K_win[((150 + WINDOW_THREADS - 1) // WINDOW_THREADS, 4), WINDOW_THREADS](convs, ins, x["lanes"].numpy(), last)
+    for layer, (c0, inp) in enumerate(((conv0, inputs), (conv0.flip(0), inputs.flip(0)))):
+        ref = c0.clone()
+        window_reference(ref, inp, x["lanes"], torch.from_numpy(last), torch.arange(1, 4))
+        assert torch.equal(torch.from_numpy(convs[layer]), ref), (kept, layer)
 print("ok")
 """
 

@@ -44,8 +44,8 @@ def _kernels() -> list[tuple[str, Any, tuple[Any, ...]]]:
                                t.boolean, t.boolean)),
         ("gdn columns, prefill tile", tiled, (a(f, 4), a(i, 1), a(f, 3), a(f, 3), a(f, 1), a(f, 1), a(f, 4), a(f, 4),
                                               i, i, t.boolean, t.boolean)),
-        ("gdn replay", replay, (a(f, 4), a(i, 1), a(f, 4), a(i, 1), i)),
-        ("gdn window", make_window_kernel(), (a(e, 3), a(e, 3), a(i, 1), a(i, 1))),
+        ("gdn replay", replay, (a(f, 5), a(i, 1), a(f, 5), a(i, 1), i)),
+        ("gdn window", make_window_kernel(), (a(e, 4), a(e, 4), a(i, 1), a(i, 1))),
     ]
 
 

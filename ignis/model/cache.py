@@ -77,24 +77,24 @@ class LaneCache:
         state_shape = (c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim)
         record = max_cols > 1
         rows = lanes + 1
+        # Every GDN layer's tensors are slices of one tensor each, so a commit replays all layers in one launch.
+        g = sum(1 for kind in c.layer_types if kind != "full_attention")
+        self._conv = torch.zeros(g, rows, kc - 1, c.conv_dim, dtype=dtype, device=device)
+        self._state = torch.zeros(g, rows, *state_shape, dtype=torch.float32, device=device)
+        self._rec_inputs = torch.zeros(g, rows, max_cols, c.conv_dim, dtype=dtype, device=device) if record else None
+        self._rec_kv = torch.zeros(g, rows, max_cols, c.linear_num_value_heads, record_width(
+            c.linear_key_head_dim, c.linear_value_head_dim), dtype=torch.float32, device=device) if record else None
         self.layers: list[AttnState | GDNState] = []
         for kind in c.layer_types:
             if kind == "full_attention":
                 self.layers.append(pool.layer())
             else:
-                self.layers.append(
-                    GDNState(
-                        conv=torch.zeros(rows, kc - 1, c.conv_dim, dtype=dtype, device=device),
-                        state=torch.zeros(rows, *state_shape, dtype=torch.float32, device=device),
-                        rec_inputs=torch.zeros(rows, max_cols, c.conv_dim, dtype=dtype, device=device)
-                        if record
-                        else None,
-                        rec_kv=torch.zeros(rows, max_cols, c.linear_num_value_heads, record_width(
-                            c.linear_key_head_dim, c.linear_value_head_dim), dtype=torch.float32, device=device)
-                        if record
-                        else None,
-                    )
-                )
+                j = sum(1 for s in self.layers if isinstance(s, GDNState))
+                self.layers.append(GDNState(
+                    conv=self._conv[j], state=self._state[j],
+                    rec_inputs=self._rec_inputs[j] if self._rec_inputs is not None else None,
+                    rec_kv=self._rec_kv[j] if self._rec_kv is not None else None,
+                ))
 
     def reset(self, lane: int) -> None:
         """Zero the lane's recurrent and conv state (a new request starts on it)."""
@@ -133,12 +133,10 @@ class LaneCache:
     ) -> None:
         """After a static verify (`DecodeStep.record`): replay each lane's recorded columns 0..last onto its state and
         keep the conv window ending at column `last`. Device tensors only, no host read: capturable."""
-        taps = self._conv_taps  # [Kc-1] int64, device
-        for s in self.layers:
-            if isinstance(s, GDNState):
-                assert s.rec_kv is not None and s.rec_inputs is not None
-                replay(s.state, lanes, s.rec_kv, last)
-                window(s.conv, s.rec_inputs, lanes, last, taps)
+        if self._state.shape[0]:  # every GDN layer in one launch each
+            assert self._rec_kv is not None and self._rec_inputs is not None
+            replay(self._state, lanes, self._rec_kv, last)
+            window(self._conv, self._rec_inputs, lanes, last, self._conv_taps)
 
     def lane_state(self, lane: int, upto: int) -> dict[str, torch.Tensor]:
         """Copies of everything the target's layers carry for the lane's positions 0..upto-1, by name (for inspection
