@@ -98,6 +98,15 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
         return quad_sum(mem + mem2)
 
     @cuda.jit(device=True, inline=True)
+    def column_delta(st, kr, sk, sv, ds, bs, j, base, cl, c, nv):  # numba device function: typed by numba
+        """Column j's delta for this thread's state column c: beta (v - (decayed S)^T k), after decaying the thread's
+        rows of S in place (zero past the last column)."""
+        mem = decay_memory(st, kr, sk, j, base, ds[j])
+        if c >= nv:
+            return float32(0.0)
+        return bs[j] * (sv[j, cl] - mem)
+
+    @cuda.jit(device=True, inline=True)
     def load_state(st, state, lane, h, s, c, nv):  # numba device function: typed by numba, not annotated
         """This thread's rows s, s + RS, .. of state column c (zeros past the last column)."""
         for i in range(rows):
@@ -188,10 +197,7 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
             cuda.syncthreads()
             for jj in range(nt):
                 j = uint64(jj)
-                mem = decay_memory(st, kr, sk, j, base, ds[j])
-                delta = bs[j] * (sv[j, cl] - mem)
-                if c >= nv:
-                    delta = float32(0.0)
+                delta = column_delta(st, kr, sk, sv, ds, bs, j, base, cl, c, nv)
                 o, o2 = float32(0.0), float32(0.0)
                 for i in range(0, rows, 2):
                     st[i] += kr[i] * delta
@@ -259,10 +265,7 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
             cuda.syncthreads()
             for jj in range(nt):
                 j = uint64(jj)
-                mem = decay_memory(st, kr, sk, j, base, ds[j])
-                delta = bs[j] * (sv[j, cl] - mem)
-                if c >= nv:
-                    delta = float32(0.0)
+                delta = column_delta(st, kr, sk, sv, ds, bs, j, base, cl, c, nv)
                 for i in range(rows):
                     st[i] += kr[i] * delta
             j0 += cmax

@@ -23,6 +23,7 @@ from functools import lru_cache
 
 import torch
 from ignis.kernels.int4_mma_kernel import SOURCE
+from ignis.kernels.launch import SPLIT_COUNTERS, sm_count, split_counters
 
 from ignis.quant.format import dequantize
 
@@ -30,7 +31,6 @@ MAX_ROWS = 64  # activation rows a call takes: NT tiles of 8, NT <= 8
 ROW_TILES = (1, 2, 4, 8)  # NT variants compiled (tiles of 8 rows)
 MAGIC = {torch.bfloat16: 128.0, torch.float16: 1024.0}  # the float whose low mantissa bits hold a code
 ACTIVATIONS = tuple(MAGIC)
-COUNTERS = 1 << 14  # feature blocks of threads a split call may have
 AIM_WARPS_PER_SM = 23  # what the input split aims at (fitted to the H200 sweep of the 27B's five products)
 SHARED = 48 * 1024  # static shared memory a block of threads may have (the KW warps' partial sums)
 
@@ -161,26 +161,6 @@ def launch(base: Shape, nt: int) -> Shape:
 
 
 _lock = threading.Lock()
-_counters: dict[torch.device, torch.Tensor] = {}
-
-
-def _device_counters(device: torch.device) -> torch.Tensor:
-    """The device's split counters [COUNTERS] int32, zero between calls (allocated once: graphs keep addresses)."""
-    with _lock:
-        if device not in _counters:
-            _counters[device] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
-        return _counters[device]
-
-
-_sm_counts: dict[torch.device, int] = {}
-
-
-def _sms(device: torch.device) -> int:
-    if device not in _sm_counts:
-        _sm_counts[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _sm_counts[device]
-
-
 _functions: dict[tuple[torch.device, int, Shape, int, torch.dtype, torch.dtype], object] = {}
 
 
@@ -222,14 +202,14 @@ def int4_mma(x: torch.Tensor, w: MmaCodes, shape: Shape | None = None) -> torch.
     if nrows == 0:
         return out.reshape(*lead, nout)
     nt = row_tiles(nrows)
-    s = shape if shape is not None else launch(choose(nout, ncols, w.group, _sms(x.device)), nt)
+    s = shape if shape is not None else launch(choose(nout, ncols, w.group, sm_count(x.device)), nt)
     fn = _function(x.device, nt, s, w.group // 64, w.dtype, w.scale_dtype)
     grid = (math.ceil(nout // 16 / (s.rb * s.f)), s.ks, 1)
     if s.ks > 1:
-        if grid[0] > COUNTERS:
-            raise ValueError(f"{grid[0]} blocks of threads split over the input exceed the {COUNTERS} counters")
+        if grid[0] > SPLIT_COUNTERS:
+            raise ValueError(f"{grid[0]} blocks of threads split over the input exceed the {SPLIT_COUNTERS} counters")
         ws = torch.empty((s.ks, nrows, nout), dtype=torch.float32, device=x.device)  # [ks, rows, out] partials
-        cnt = _device_counters(x.device)  # [COUNTERS] int32, zero between calls
+        cnt = split_counters(x.device)  # [SPLIT_COUNTERS] int32, zero between calls
     else:
         ws, cnt = out, out  # not read
     fn(grid, 32 * s.kw * s.rb,  # type: ignore[operator]

@@ -40,13 +40,14 @@ at a time (one stream's order), as the engine's do.
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 import triton
 import triton.language as tl
+
+from ignis.kernels.launch import SPLIT_COUNTERS, sm_count, split_counters
 
 # The table's rows buckets: BLOCK_M, the activation rows a program. No 64: there the dot is wgmma, which rounds
 # differently from the mma.sync of 16 and 32 rows (seen on the H200: a row's result changed with 33 rows in the call),
@@ -56,8 +57,6 @@ SPLIT_TILE = 128  # output rows a tile when choosing the K split (fixed, so the 
 PROGRAMS_PER_SM = 2  # what the K split aims at
 MIN_SPLIT_STEPS = 4  # K steps a split reads at least
 MAX_SPLITS = 16
-COUNTERS = 1 << 14  # tiles (row tiles x output tiles) a split call may have; the split bounds them far below this
-CPU_SMS = 132  # an H200's SMs: the plan on the CPU (Triton's interpreter) is the H200's
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -234,27 +233,6 @@ def _int4_kernel(
             tl.atomic_xchg(tile, 0)  # ready for the next call (the next kernel on the stream sees it)
 
 
-_lock = threading.Lock()
-_counters: dict[torch.device, torch.Tensor] = {}
-_sms: dict[torch.device, int] = {}
-
-
-def _device_counters(device: torch.device) -> torch.Tensor:
-    """The device's split-K counters [COUNTERS] int32, zero between calls (allocated once: graphs keep addresses)."""
-    with _lock:
-        if device not in _counters:
-            _counters[device] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
-        return _counters[device]
-
-
-def _device_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return CPU_SMS
-    if device not in _sms:
-        _sms[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _sms[device]
-
-
 def k_blocked(qweight: torch.Tensor, block_k: int) -> torch.Tensor:
     """qweight uint8 [out, in/2] (the format's row-major codes) -> [in/block_k, out, block_k/2], contiguous: the same
     bytes with each K step's codes of every output row in one run, so a program's step reads BLOCK_N x block_k/2
@@ -291,7 +269,7 @@ def int4_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qz
     out = torch.empty((nrows, nout), dtype=x.dtype, device=x.device)  # [rows, out] x.dtype
     if nrows == 0 or nout == 0:
         return out.reshape(*lead, nout)
-    cfg = config if config is not None else choose(nrows, nout, ncols, group, _device_sms(x.device))
+    cfg = config if config is not None else choose(nrows, nout, ncols, group, sm_count(x.device))
     check(cfg, ncols, group)
     if blocked and qweight.shape[2] * 2 != cfg.block_k:
         raise ValueError(f"a k-blocked weight of steps of {qweight.shape[2] * 2} columns needs block_k = that; the "
@@ -303,10 +281,10 @@ def int4_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qz
     asm, magic = _ASM.get(x.dtype, ("", 0.0)) if x.is_cuda else ("", 0.0)
     grid = (math.ceil(nrows / cfg.block_m), math.ceil(nout / cfg.block_n), cfg.split_k)
     if cfg.split_k > 1:
-        if grid[0] * grid[1] > COUNTERS:
-            raise ValueError(f"{grid[0] * grid[1]} tiles split over K exceed the {COUNTERS} counters")
+        if grid[0] * grid[1] > SPLIT_COUNTERS:
+            raise ValueError(f"{grid[0] * grid[1]} tiles split over K exceed the {SPLIT_COUNTERS} counters")
         ws = torch.empty((cfg.split_k, nrows, nout), dtype=torch.float32, device=x.device)  # [splits, rows, out]
-        counters = _device_counters(x.device)  # [COUNTERS] int32
+        counters = split_counters(x.device)  # [SPLIT_COUNTERS] int32
     else:
         ws = counters = out  # not read: the unsplit variant has no workspace
     _int4_kernel[grid](

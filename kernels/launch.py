@@ -3,13 +3,16 @@
 Owns: `launch`, which every numba kernel module of ignis.kernels uses: bf16 tensors go in as int16 views (torch
 exports no bf16 to numba; the kernels widen the bits), and the launch goes to the stream torch is on, read at every
 call, so a CUDA graph being captured records it. `triton_installed` and `nvrtc_installed`, which the paths that
-prefer a Triton or a CUDA C++ kernel (attention, the int4 product) ask. Importing this module imports neither numba, triton nor CUDA.
+prefer a Triton or a CUDA C++ kernel (attention, the int4 product) ask. `split_counters` and `sm_count`, which the
+int4 kernels that meet their input splits through counters share. Importing this module imports neither numba,
+triton nor CUDA.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import threading
 import warnings
 from typing import Any
 
@@ -45,3 +48,31 @@ def nvrtc_installed() -> bool:
         return importlib.util.find_spec("cuda.bindings") is not None
     except ModuleNotFoundError:  # no `cuda` namespace at all
         return False
+
+
+SPLIT_COUNTERS = 1 << 14  # counters a device holds for kernels whose input splits meet through them
+PLANNING_SMS = 132  # an H200's SMs: what a launch plan assumes off a GPU (the CPU's Triton interpreter)
+
+_lock = threading.Lock()
+_counters: dict[torch.device, torch.Tensor] = {}
+_sms: dict[torch.device, int] = {}
+
+
+def split_counters(device: torch.device) -> torch.Tensor:
+    """The device's split counters [SPLIT_COUNTERS] int32, zero between calls: a kernel's last split to arrive at a
+    counter resets it, and products on one device run one at a time (one stream's order), so every kernel that meets
+    its splits this way shares them. Allocated once: captured graphs keep the address."""
+    with _lock:
+        if device not in _counters:
+            _counters[device] = torch.zeros(SPLIT_COUNTERS, dtype=torch.int32, device=device)
+        return _counters[device]
+
+
+def sm_count(device: torch.device) -> int:
+    """The device's streaming multiprocessors (PLANNING_SMS off a GPU)."""
+    if device.type != "cuda":
+        return PLANNING_SMS
+    with _lock:
+        if device not in _sms:
+            _sms[device] = torch.cuda.get_device_properties(device).multi_processor_count
+        return _sms[device]

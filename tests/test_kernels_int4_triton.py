@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from ignis.kernels.int4_gemv import int4_gemv_reference
-from ignis.kernels.int4_triton import _ASM, COUNTERS, Config, check, choose, int4_triton
+from ignis.kernels.int4_triton import _ASM, Config, check, choose, int4_triton
+from ignis.kernels.launch import SPLIT_COUNTERS
 from ignis.quant.format import dequantize, quantize
 
 
@@ -83,7 +84,7 @@ def test_scale_dtypes_and_leading_dims() -> None:
 
 
 def test_repeated_split_calls_reset_the_counters() -> None:
-    from ignis.kernels.int4_triton import _counters
+    from ignis.kernels.launch import _counters
 
     qw, s, z = _weight(37, 512, 128, seed=2)
     x = torch.randn(3, 512, generator=torch.Generator().manual_seed(2))
@@ -111,7 +112,7 @@ def test_the_table_fixes_the_order_of_the_sums_by_shape() -> None:
             assert len({(c.block_k, c.split_k) for c in configs}) == 1
             for c in configs:
                 check(c, ncols, group)
-                assert c.split_k == 1 or 2 * -(-nout // c.block_n) <= COUNTERS  # row tiles x output tiles
+                assert c.split_k == 1 or 2 * -(-nout // c.block_n) <= SPLIT_COUNTERS  # row tiles x output tiles
     assert choose(1, 5120, 17408, 128, 132).split_k > 1  # 40 output tiles alone would leave most SMs idle
     assert choose(1, 34816, 5120, 128, 132).split_k == 1
     # no 64-row tile: its wgmma rounds unlike the mma.sync of 16 and 32 rows, and rows must not depend on the batch

@@ -246,7 +246,8 @@ def test_int4_triton_rows_do_not_depend_on_the_batch() -> None:
 
 
 def test_int4_triton_under_cuda_graph_replay_and_on_a_side_stream() -> None:
-    from ignis.kernels.int4_triton import _counters, int4_triton
+    from ignis.kernels.int4_triton import int4_triton
+    from ignis.kernels.launch import _counters
 
     def replayed(out: torch.Tensor, x: torch.Tensor) -> None:
         assert _rel(out, x, qw, s, z) < 1e-2

@@ -55,7 +55,7 @@ def test_a_rows_result_depends_on_neither_the_batch_nor_the_launch() -> None:
 
 
 def test_int4_mma_under_cuda_graph_replay_and_on_a_side_stream() -> None:
-    from ignis.kernels.int4_mma import _counters
+    from ignis.kernels.launch import _counters
 
     for (nout, ncols), rows in (((5120, 17408), 8), ((34816, 5120), 1), ((5120, 17408), 64)):
         qw, s, z = _int4_weight(nout, ncols, 128, seed=11)

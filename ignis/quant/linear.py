@@ -158,7 +158,8 @@ def uses_mma(device: torch.device, dtype: torch.dtype) -> bool:
 
 def fuse_packed(linears: tuple[QuantLinear, ...]) -> PackedWeight | MmaCodes | None:
     """One packed weight holding the rows of `linears`, which keep their buffers as views of it (no extra memory);
-    None where some are repacked and some not, or a repacked one's rows are not whole 16-row blocks."""
+    None where some are repacked and some not. Repacked weights are whole 16-row blocks (int4_mma.fits), so their
+    blocks join end to end."""
     mma = [m.mma for m in linears if m.mma is not None]
     if mma:
         if len(mma) != len(linears):
