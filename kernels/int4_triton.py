@@ -29,7 +29,7 @@ additions.
 Split K, deterministic: where the output tiles alone cannot fill the device, the input dimension is split. Every split
 stores its fp32 partial sums in a workspace and bumps its tile's counter (release/acquire, GPU scope); the last one
 to arrive adds the splits' partials in split order, writes the output and resets the counter, all in one launch (a
-second, finishing launch would cost more than the product's own tail at these sizes). The sum's order never depends
+second, finishing launch would cost more than the product's own tail at these sizes; ignis.kernels.split_k_triton). The sum's order never depends
 on which split finishes last, and BLOCK_K and the split come from the weight's shape alone (`choose`), so a row's
 result does not depend on how many rows share the call: row tiles are 16 or 32 rows, on mma.sync, because a 64-row
 tile's wgmma adds a product's terms differently (tests/test_quant_gpu.py checks it bitwise; 64 rows cost two tiles'
@@ -48,6 +48,7 @@ import triton
 import triton.language as tl
 
 from ignis.kernels.launch import SPLIT_COUNTERS, sm_count, split_counters
+from ignis.kernels.split_k_triton import store_split
 
 # The table's rows buckets: BLOCK_M, the activation rows a program. No 64: there the dot is wgmma, which rounds
 # differently from the mma.sync of 16 and 32 rows (seen on the H200: a row's result changed with 33 rows in the call),
@@ -217,20 +218,7 @@ def _int4_kernel(
         q_ptrs += stride_qk
     offs = offs_m[:, None] * N + offs_n[None, :]  # the output [M, N] and each split's partials [M, N]
     mask = mask_m[:, None] & mask_n[None, :]
-    if SPLIT_K == 1:
-        tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
-    else:
-        tl.store(ws_ptr + pid_k * M * N + offs, acc, mask=mask)
-        # every thread's partials are issued before one thread's release: the split-K semaphore of CUTLASS
-        tl.debug_barrier()
-        tile = cnt_ptr + pid_n * tl.num_programs(0) + pid_m
-        arrived = tl.atomic_add(tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_K - 1:
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for k in range(SPLIT_K):  # split order, whichever came last; a loop, as unrolled loads all stay live
-                total += tl.load(ws_ptr + k * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
-            tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
-            tl.atomic_xchg(tile, 0)  # ready for the next call (the next kernel on the stream sees it)
+    store_split(acc, out_ptr, ws_ptr, cnt_ptr + pid_n * tl.num_programs(0) + pid_m, offs, mask, pid_k, M, N, SPLIT_K)
 
 
 def k_blocked(qweight: torch.Tensor, block_k: int) -> torch.Tensor:

@@ -6,7 +6,7 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
    weight that none is still in L2: the int4 kernels, numba on CUDA cores ("int4", ignis.kernels.int4_gemv), Triton
    on tensor cores ("int4 triton", ignis.kernels.int4_triton, its table's choice) and CUDA C++ with the weight as the
    tensor cores' 16-row operand ("int4 mma", ignis.kernels.int4_mma, its codes repacked), bf16 F.linear, fp8
-   (torch._scaled_mm, ignis.quant.fp8) and, at 64 rows, the int4 reference (dequantize + F.linear). "x floor" is ms
+   (ignis.quant.fp8.fp8_linear: the Triton kernel up to 64 rows, torch._scaled_mm beyond) and, at 64 rows, the int4 reference (dequantize + F.linear). "x floor" is ms
    over the form's own bytes (weight, scales, zero points, x and y) at the copy bandwidth.
    Then the numba kernel's alternative shapes of work (ignis.kernels.int4_gemv.Tuning) at three of the shapes, and
    with --sweep-triton the Triton kernel's launch shapes (ignis.kernels.int4_triton.Config) at the same three shapes

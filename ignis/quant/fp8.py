@@ -6,7 +6,9 @@ load-time conversion of a model's projections), `fp8_linear` (the one function e
 through) and its reference, and joining fp8 weights by rows (`fuse_fp8`). Does not own: which projections qualify (the
 same set as the 4-bit format, ignis.quant.format.quantized_name) or loading (ignis.model.loader).
 
-The product: on CUDA with bf16 activations, torch._scaled_mm with row-wise scales. Each activation row is scaled into
+The product: on CUDA with bf16 activations and up to 64 rows (decode and verify), a Triton kernel that widens the
+codes to bf16 on the way to the tensor cores and applies the row scale to the fp32 sum, x unquantized
+(ignis.kernels.fp8_triton); for more rows, torch._scaled_mm with row-wise scales. Each activation row is scaled into
 e4m3's range by its own absolute maximum (computed on the device, no host read, so it is capturable), the weight
 operand is the [in, out] column-major view of the row-major [out, in] codes, and cuBLAS/CUTLASS sums in fp32 and
 applies both scales: y[r, o] = sa[r] * sw[o] * sum_c xq[r, c] * wq[o, c]. _scaled_mm wants the inner and output
@@ -23,12 +25,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ignis.kernels.launch import triton_installed
 from ignis.quant.format import quantized_name
 
 FP8 = torch.float8_e4m3fn
 E4M3_MAX = 448.0  # the largest finite e4m3fn value; e4m3fn has no infinity, so larger values must be clamped
 TINY = 2.0**-60  # the smallest scale: a row of zeros stays zeros
 ALIGN = 16  # _scaled_mm's multiple for the inner and output dimensions, and the rows we pad to
+FP8_TRITON_ROWS = 64  # the most rows a product takes through ignis.kernels.fp8_triton (decode and verify rounds)
 
 
 @dataclass(frozen=True)
@@ -78,8 +82,14 @@ def fp8_scaled_linear(x: torch.Tensor, weight: Fp8Weight) -> torch.Tensor:
 
 
 def fp8_linear(x: torch.Tensor, weight: Fp8Weight) -> torch.Tensor:
-    """x [..., in] @ W^T -> [..., out] for an fp8 W: _scaled_mm for bf16 CUDA inputs, the reference otherwise."""
+    """x [..., in] @ W^T -> [..., out] for an fp8 W. For bf16 CUDA inputs: up to 64 rows (decode and verify rounds)
+    the Triton kernel that reads the codes once with x unquantized (ignis.kernels.fp8_triton) where Triton is
+    installed, more rows (a prefill) _scaled_mm; the reference otherwise."""
     if x.is_cuda and x.dtype == torch.bfloat16:
+        if x.numel() <= FP8_TRITON_ROWS * x.shape[-1] and x.shape[-1] % 128 == 0 and triton_installed():
+            from ignis.kernels.fp8_triton import fp8_triton
+
+            return fp8_triton(x, weight.weight, weight.scale)
         return fp8_scaled_linear(x, weight)
     return fp8_linear_reference(x, weight)
 
