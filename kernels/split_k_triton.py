@@ -5,7 +5,7 @@ tile (one split) or stores its partials in a workspace and bumps the tile's coun
 last split to arrive adds every split's partials in split order, writes the output and resets the counter, all in the
 one launch. The sum's order never depends on which split finishes last. Does not own: the counters (one static array
 a device, ignis.kernels.launch.split_counters: products on one device run one at a time, in one stream's order) or
-the kernels that call it (ignis.kernels.int4_triton, ignis.kernels.fp8_triton).
+the kernels that call it (ignis.kernels.int4_triton, ignis.kernels.gemv_triton).
 """
 
 from __future__ import annotations

@@ -160,6 +160,28 @@ def test_fp8_linear_equals_the_product_of_its_operands(shape: tuple[int, int], r
         torch.testing.assert_close(got.double(), want, rtol=2**-7, atol=4e-3 * float(want.abs().max()))
 
 
+@pytest.mark.parametrize("rows", [1, 8, 64])
+def test_the_gates_dense_product_equals_f_linear_and_replays(rows: int) -> None:
+    """A quantized Gated DeltaNet's gates (b | a, 96 x 5,120 at the 27B shape) through ignis.model.ops.gate_linear:
+    the Triton kernel's split sum against the fp64 product within bf16's rounding, a row alone the same bits, and the
+    split counters reset under graph replay."""
+    from ignis.model.ops import gate_linear
+
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    w = (torch.randn(96, 5120, device="cuda", generator=g) * 0.02).bfloat16()
+    x = torch.randn(rows, 5120, device="cuda", generator=g).bfloat16()
+    got = gate_linear(x, w)
+    want = x.double() @ w.double().T
+    torch.testing.assert_close(got.double(), want, rtol=2**-8, atol=1e-3 * float(want.abs().max()))
+    assert torch.equal(gate_linear(x[rows // 2 : rows // 2 + 1], w)[0], got[rows // 2])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gate_linear(x, w)
+    for _ in range(3):
+        graph.replay()
+        assert torch.equal(out, got)
+
+
 @pytest.mark.skipif(torch.cuda.get_device_capability() < (8, 9), reason="fp8 matmuls need sm_89 or newer")
 def test_fp8_linear_under_cuda_graph_replay() -> None:
     from ignis.quant.fp8 import fp8_linear, quantize_fp8

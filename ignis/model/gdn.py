@@ -23,6 +23,7 @@ from ignis.model.ops import (
     Step,
     Weight,
     fuse_weights,
+    gate_linear,
     gated_rms_norm,
     l2norm,
     linear,
@@ -135,7 +136,8 @@ class GatedDeltaNet(nn.Module):
         elif self.in_proj_qkvz is not None and self.in_proj_ba is not None:
             qkv, z = torch.split(linear(x, self.in_proj_qkvz, False), [self.key_dim * 2 + self.value_dim,
                                                                       self.value_dim], dim=-1)
-            ba = linear(x, self.in_proj_ba, False)
+            assert isinstance(self.in_proj_ba, torch.Tensor)  # the gates keep their precision
+            ba = gate_linear(x, self.in_proj_ba)
         else:
             qkv, z = linear(x, self.in_proj_qkv.weight, False), linear(x, self.in_proj_z.weight, False)
             ba = torch.cat([F.linear(x, self.in_proj_b.weight), F.linear(x, self.in_proj_a.weight)], dim=-1)

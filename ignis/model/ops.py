@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ignis.kernels.int4_mma import MmaCodes
+from ignis.kernels.launch import triton_installed
 from ignis.model.batch import Segment
 from ignis.quant.fp8 import Fp8Linear, Fp8Weight, fp8_linear, fuse_fp8
 from ignis.quant.linear import PackedWeight, QuantLinear, fuse_packed, packed_linear
@@ -109,6 +110,21 @@ def fuse_weights(*linears: nn.Module) -> Weight | None:
     if len(fp8) == len(linears):
         return fuse_fp8(tuple(fp8))
     return None
+
+
+GATE_ROWS = 64  # the most activation rows `gate_linear` sends to the Triton kernel (decode and verify rounds)
+
+
+def gate_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ weight^T for a dense weight of few output rows beside quantized projections (a quantized Gated DeltaNet's
+    gates b | a): on CUDA at decode and verify rows one Triton launch (ignis.kernels.gemv_triton.dense_gemv), where
+    cuBLAS runs a split-K GEMM and a reduction; F.linear elsewhere."""
+    if (x.is_cuda and x.numel() <= GATE_ROWS * x.shape[-1] and x.shape[-1] % 128 == 0 and x.dtype == weight.dtype
+            and triton_installed()):
+        from ignis.kernels.gemv_triton import dense_gemv
+
+        return dense_gemv(x, weight)
+    return F.linear(x, weight)
 
 
 def fuse_rows(*linears: nn.Linear) -> torch.Tensor:

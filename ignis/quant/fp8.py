@@ -8,7 +8,7 @@ same set as the 4-bit format, ignis.quant.format.quantized_name) or loading (ign
 
 The product: on CUDA with bf16 activations and up to 64 rows (decode and verify), a Triton kernel that widens the
 codes to bf16 on the way to the tensor cores and applies the row scale to the fp32 sum, x unquantized
-(ignis.kernels.fp8_triton); for more rows, torch._scaled_mm with row-wise scales. Each activation row is scaled into
+(ignis.kernels.gemv_triton.fp8_gemv); for more rows, torch._scaled_mm with row-wise scales. Each activation row is scaled into
 e4m3's range by its own absolute maximum (computed on the device, no host read, so it is capturable), the weight
 operand is the [in, out] column-major view of the row-major [out, in] codes, and cuBLAS/CUTLASS sums in fp32 and
 applies both scales: y[r, o] = sa[r] * sw[o] * sum_c xq[r, c] * wq[o, c]. _scaled_mm wants the inner and output
@@ -32,7 +32,7 @@ FP8 = torch.float8_e4m3fn
 E4M3_MAX = 448.0  # the largest finite e4m3fn value; e4m3fn has no infinity, so larger values must be clamped
 TINY = 2.0**-60  # the smallest scale: a row of zeros stays zeros
 ALIGN = 16  # _scaled_mm's multiple for the inner and output dimensions, and the rows we pad to
-FP8_TRITON_ROWS = 64  # the most rows a product takes through ignis.kernels.fp8_triton (decode and verify rounds)
+FP8_TRITON_ROWS = 64  # the most rows a product takes through ignis.kernels.gemv_triton (decode and verify rounds)
 
 
 @dataclass(frozen=True)
@@ -83,13 +83,13 @@ def fp8_scaled_linear(x: torch.Tensor, weight: Fp8Weight) -> torch.Tensor:
 
 def fp8_linear(x: torch.Tensor, weight: Fp8Weight) -> torch.Tensor:
     """x [..., in] @ W^T -> [..., out] for an fp8 W. For bf16 CUDA inputs: up to 64 rows (decode and verify rounds)
-    the Triton kernel that reads the codes once with x unquantized (ignis.kernels.fp8_triton) where Triton is
+    the Triton kernel that reads the codes once with x unquantized (ignis.kernels.gemv_triton.fp8_gemv) where Triton is
     installed, more rows (a prefill) _scaled_mm; the reference otherwise."""
     if x.is_cuda and x.dtype == torch.bfloat16:
         if x.numel() <= FP8_TRITON_ROWS * x.shape[-1] and x.shape[-1] % 128 == 0 and triton_installed():
-            from ignis.kernels.fp8_triton import fp8_triton
+            from ignis.kernels.gemv_triton import fp8_gemv
 
-            return fp8_triton(x, weight.weight, weight.scale)
+            return fp8_gemv(x, weight.weight, weight.scale)
         return fp8_scaled_linear(x, weight)
     return fp8_linear_reference(x, weight)
 

@@ -1,5 +1,5 @@
-"""The FP8 weight-only Triton product (ignis.kernels.fp8_triton) against the float64 product of its operands, and
-`fp8_linear`'s choice of it.
+"""The weight-streaming Triton products (ignis.kernels.gemv_triton: fp8 codes with row scales, and a dense weight)
+against the float64 product of their operands, and the CPU's choice of the references.
 
 Without a GPU the kernel runs in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET) on CPU tensors with
 fp32 activations: one and several row tiles, splits of the input and none, output rows that are and are not whole
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ignis.kernels.fp8_triton import Config, choose, fp8_triton
+from ignis.kernels.gemv_triton import Config, choose, dense_gemv, fp8_gemv
 from ignis.quant.fp8 import quantize_fp8
 from tests.sm90 import run_child
 
@@ -39,15 +39,35 @@ def expected(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor) -> torch
 ])
 def test_kernel_equals_the_product_of_its_operands(rows: int, nout: int, ncols: int, config: Config | None) -> None:
     x, codes, scale = operands(rows, nout, ncols, seed=rows + nout)
-    got = fp8_triton(x, codes, scale, config)
+    got = fp8_gemv(x, codes, scale, config)
     assert got.dtype == torch.float32 and got.shape == (rows, nout)
     torch.testing.assert_close(got.double(), expected(x, codes, scale), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows,nout", [(1, 96), (8, 96), (64, 200)])
+def test_dense_gemv_equals_the_product(rows: int, nout: int) -> None:
+    """The dense form, at the shape of a quantized Gated DeltaNet's gates (2 x 48 rows) and one of several tiles."""
+    g = torch.Generator().manual_seed(rows)
+    x, w = torch.randn(rows, 1024, generator=g), torch.randn(nout, 1024, generator=g) * 0.05
+    got = dense_gemv(x, w)
+    torch.testing.assert_close(got.double(), x.double() @ w.double().T, rtol=1e-5, atol=1e-5)
+    assert choose(nout, 1024, 132).split_k > 1  # too few output tiles to fill the device alone
+    with pytest.raises(ValueError, match="of x's dtype"):
+        dense_gemv(x, w.double())
+
+
+def test_gate_linear_keeps_f_linear_on_the_cpu() -> None:
+    from ignis.model.ops import gate_linear
+
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(3, 256, generator=g), torch.randn(96, 256, generator=g)
+    assert torch.equal(gate_linear(x, w), torch.nn.functional.linear(x, w))
 
 
 def test_a_rows_result_does_not_depend_on_the_batch() -> None:
     x, codes, scale = operands(20, 64, 1024, seed=3)
     cfg = Config(64, 128, 4, 4, 1)
-    assert torch.equal(fp8_triton(x[5:6], codes, scale, cfg)[0], fp8_triton(x, codes, scale, cfg)[5])
+    assert torch.equal(fp8_gemv(x[5:6], codes, scale, cfg)[0], fp8_gemv(x, codes, scale, cfg)[5])
 
 
 def test_the_split_depends_on_the_shape_and_fills_the_device() -> None:
@@ -63,11 +83,11 @@ def test_the_split_depends_on_the_shape_and_fills_the_device() -> None:
 def test_bad_inputs_are_refused() -> None:
     x, codes, scale = operands(2, 64, 256, seed=1)
     with pytest.raises(ValueError, match="e4m3 weight"):
-        fp8_triton(x, codes.float(), scale)
+        fp8_gemv(x, codes.float(), scale)
     with pytest.raises(ValueError, match="multiple of 128"):
-        fp8_triton(x[:, :200], codes[:, :200], scale)
+        fp8_gemv(x[:, :200], codes[:, :200], scale)
     with pytest.raises(ValueError, match="block_k must divide"):
-        fp8_triton(x, codes, scale, Config(64, 128, 3, 4, 1))
+        fp8_gemv(x, codes, scale, Config(64, 128, 3, 4, 1))
 
 
 def test_fp8_linear_keeps_the_reference_on_the_cpu() -> None:
@@ -80,7 +100,7 @@ def test_fp8_linear_keeps_the_reference_on_the_cpu() -> None:
 
 
 COMPILE = r"""
-from ignis.kernels.fp8_triton import _fp8_kernel, choose
+from ignis.kernels.gemv_triton import _gemv_kernel, choose
 from tests.sm90 import build, spills
 
 for nout, ncols in ((34816, 5120), (5120, 17408)):
@@ -88,8 +108,8 @@ for nout, ncols in ((34816, 5120), (5120, 17408)):
     types = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "out_ptr": "*bf16", "ws_ptr": "*fp32",
              "cnt_ptr": "*i32"}
     consts = {"BLOCK_M": 16, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k, "STEPS": ncols // c.block_k // c.split_k,
-              "SPLIT_K": c.split_k, "PRECISION": "tf32"}
-    kernel = build(_fp8_kernel, types, consts, ("stride_xm", "stride_wn"), c.warps, c.stages)
+              "SPLIT_K": c.split_k, "SCALED": True, "PRECISION": "tf32"}
+    kernel = build(_gemv_kernel, types, consts, ("stride_xm", "stride_wn"), c.warps, c.stages)
     ptx = kernel.asm["ptx"]
     assert ".target sm_90a" in ptx and "mma.sync" in ptx and spills(kernel) == 0, (nout, ncols)
     print("ok", nout, ncols)
