@@ -38,7 +38,8 @@ from ignis.model.config import ModelConfig
 from ignis.model.model import HybridModel
 from ignis.quant.format import QuantConfig, quantized_name
 from ignis.quant.fp8 import FP8, Fp8Linear, Fp8Weight, fp8_eligible
-from ignis.quant.linear import QuantLinear
+from ignis.kernels import int4_mma
+from ignis.quant.linear import QuantLinear, uses_mma
 
 GIB = 2**30
 RUNTIME = int(1.5 * GIB)  # CUDA context (~0.5 GiB), cuBLAS workspaces, allocator fragmentation
@@ -166,6 +167,8 @@ def _plan(cfg: IgnisConfig, model_dir: Path, *, fitted: bool) -> MemoryPlan:
         if fp8:
             _to_fp8(model)
     weights = sum(_stored_bytes(name, t, size) for name, t in model.state_dict().items())
+    if quant is not None and cuda and uses_mma(torch.device("cuda"), dtype):
+        weights += _repack_growth(model, quant.group_size)
     largest = max((m.out_features * m.in_features for m in model.modules() if isinstance(m, QuantLinear)), default=0)
 
     ec, k = cfg.engine, cfg.spec.draft_tokens
@@ -276,6 +279,13 @@ def _pack(model: HybridModel, group: int) -> None:
         if isinstance(module, torch.nn.Linear) and quantized_name(stored, tuple(module.weight.shape), group):
             parent, _, attr = name.rpartition(".")
             setattr(model.get_submodule(parent), attr, QuantLinear(module.in_features, module.out_features, group))
+
+
+def _repack_growth(model: HybridModel, group: int) -> int:
+    """Bytes the loader's repacking for the mma kernel adds (ignis.quant.linear.to_mma): each row and group of a
+    projection it takes holds its scale and -(magic + z) in 4 bytes, where the format stores 3."""
+    return sum(m.out_features * (m.in_features // group) for m in model.modules()
+               if isinstance(m, QuantLinear) and int4_mma.fits(m.out_features, m.in_features, group))
 
 
 def _stored_bytes(name: str, t: torch.Tensor, size: int) -> int:

@@ -47,8 +47,8 @@ def q27b(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 DFLASH2 = {"spec.backend": "dflash2", "spec.draft_tokens": 7}
 # profile -> (weights it states, whether the 27B with its drafter fits, total GiB as its comment states)
-PROFILES = {"rtx5090": ("int4", True, 27.7), "rtxpro6000": ("bf16", True, 73.9), "h200": ("bf16", True, 73.9),
-            "rtx50-16gb": ("int4", False, 27.7)}
+PROFILES = {"rtx5090": ("int4", True, 27.8), "rtxpro6000": ("bf16", True, 73.9), "h200": ("bf16", True, 73.9),
+            "rtx50-16gb": ("int4", False, 27.8)}
 
 
 @pytest.mark.parametrize("profile", sorted(PROFILES))
@@ -62,7 +62,8 @@ def test_each_profile_plans_the_27b_with_its_drafter(profile: str, q27b: dict[st
     pages = lanes * -(-(context + 8) // 64) + 1  # every lane's context and verify columns, and the null page
     assert items["kv cache"] == pages * 64 * KV_PER_POSITION + (lanes + 1) * -(-(context + 8) // 64) * 8  # + table
     # bf16: every parameter in two bytes (27.3 B with the MTP layer); int4: the projections in half a byte plus
-    # 3 bytes of scale and zero point a group of 128, the embedding, head, norms, gates and MTP layer in bf16.
+    # 3 bytes of scale and zero point a group of 128 (4 as the loader repacks them for the mma kernel on a GPU), the
+    # embedding, head, norms, gates and MTP layer in bf16.
     assert (17.0 if weights == "int4" else 50.5) * GIB < items["weights"] < (18.0 if weights == "int4" else 51.5) * GIB
     assert 3.3 * GIB < items["drafter"] < 4.2 * GIB  # 1.83 B parameters in bf16 and its context K/V
     assert plan.capacity == cfg.engine.memory_mib * 2**20
@@ -140,3 +141,21 @@ def test_serve_refuses_a_plan_that_cannot_fit_with_the_numbers(q27b: dict[str, P
     stated = f"engine.kv_memory={20 * GIB}"
     assert main(["serve", "--profile", "rtx5090", "--model", str(q27b["int4"]), "--set", stated]) == 2
     assert "this model and config need" in capsys.readouterr().err
+
+
+def test_the_repacked_weights_growth_is_what_the_mma_layout_holds(tmp_path: Path) -> None:
+    """On a GPU the loader repacks 4-bit projections for the mma kernel; the plan adds what that layout holds beyond the
+    format's: packed here on the CPU (the same function), the bytes differ by exactly the plan's growth."""
+    from ignis.kernels import int4_mma
+    from ignis.plan import _repack_growth
+    from ignis.quant.linear import QuantLinear
+
+    src = tiny_checkpoint(tmp_path / "src", seed=3, mtp=True)
+    convert(src, tmp_path / "q", group=64)
+    model = load_model(tmp_path / "q", device="cpu", dtype=torch.bfloat16, exact=True)
+    grown = 0
+    for m in model.modules():
+        if isinstance(m, QuantLinear) and int4_mma.fits(m.out_features, m.in_features, 64):
+            w = int4_mma.pack(m.qweight, m.scales, m.qzeros, torch.bfloat16)
+            grown += w.codes.nbytes + w.zs.nbytes - (m.qweight.nbytes + m.scales.nbytes + m.qzeros.nbytes)
+    assert grown > 0 and grown == _repack_growth(model, 64)
