@@ -1,6 +1,6 @@
 """The dflash2 drafter's ring kernels on a real GPU, in bf16 at the 27B drafter's shape (5 layers of 5,120, 32 heads,
-8 KV heads of 128) and the built-in drafter's: `DrafterModel.block_ring` against `block` over the gathered context,
-`write_ring` against `context_kv` + `write_rows`, and both under CUDA-graph replay. Needs CUDA; CI has none (the
+8 KV heads of 128) and the built-in drafter's: `ring.block` against `DrafterModel.block` over the gathered context,
+`ring.write` against `context_kv` + `write_rows`, and both under CUDA-graph replay. Needs CUDA; CI has none (the
 interpreter runs the same kernels on the CPU in tests/test_dflash2_ring.py)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ignis.backends.dflash2 import ring
 from ignis.backends.dflash2.config import DrafterConfig, drafter_config_json
 from ignis.backends.dflash2.context import ContextCache
 from ignis.backends.dflash2.weights import random_drafter, spread_layer_ids
@@ -110,7 +111,7 @@ def test_one_layers_ring_attention_equals_the_gathered_torch_path(shape: str, la
 
 @pytest.mark.parametrize("shape", ["27b", "builtin"])
 @pytest.mark.parametrize("lanes", [1, 8])
-def test_block_ring_is_as_close_to_fp32_as_the_torch_path(shape: str, lanes: int) -> None:
+def test_ring_block_is_as_close_to_fp32_as_the_torch_path(shape: str, lanes: int) -> None:
     """Five layers in bf16 drift from the fp32 drafter by a few percent whichever path runs them (random weights
     amplify each rounding): the ring path may not drift further than the torch path does. It also replays in a
     CUDA graph to the same bits."""
@@ -125,7 +126,7 @@ def test_block_ring_is_as_close_to_fp32_as_the_torch_path(shape: str, lanes: int
         truth = exact.block(x32, q_pos, kv, masks)
         kv, masks = cache.gather(lane_ix, q_pos, span)
         torch_path = model.block(x, q_pos, kv, masks)
-        got = model.block_ring(x, q_pos, cache.rings(), lane_ix, span)
+        got = ring.block(model, x, q_pos, cache.rings(), lane_ix, span)
         assert relative(got, truth) < 1.25 * relative(torch_path, truth), (relative(got, truth),
                                                                             relative(torch_path, truth))
 
@@ -133,9 +134,9 @@ def test_block_ring_is_as_close_to_fp32_as_the_torch_path(shape: str, lanes: int
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            model.block_ring(x, q_pos, cache.rings(), lane_ix, span)  # warm-up: Triton compiles outside capture
+            ring.block(model, x, q_pos, cache.rings(), lane_ix, span)  # warm-up: Triton compiles outside capture
             with torch.cuda.graph(graph):
-                out = model.block_ring(x, q_pos, cache.rings(), lane_ix, span)
+                out = ring.block(model, x, q_pos, cache.rings(), lane_ix, span)
         torch.cuda.current_stream().wait_stream(stream)
         graph.replay()
         torch.cuda.synchronize()
@@ -143,7 +144,7 @@ def test_block_ring_is_as_close_to_fp32_as_the_torch_path(shape: str, lanes: int
 
 
 @pytest.mark.parametrize("shape", ["27b", "builtin"])
-def test_write_ring_equals_context_kv_and_write_rows(shape: str) -> None:
+def test_ring_write_equals_context_kv_and_write_rows(shape: str) -> None:
     cfg, model = drafter(shape)
     cache, lengths = filled(cfg, model, seed=4)
     other, _ = filled(cfg, model, seed=4)
@@ -156,7 +157,7 @@ def test_write_ring_equals_context_kv_and_write_rows(shape: str) -> None:
     taps = torch.randn(LANES * cols, len(cfg.target_layer_ids) * cfg.hidden_size, generator=g, device=CUDA, dtype=BF16)
     with torch.inference_mode():
         cache.write_rows(lane_ix, positions, model.context_kv(taps, positions))
-        model.write_ring(taps, positions, lane_ix, other.rings())
+        ring.write(model, taps, positions, lane_ix, other.rings())
     for (k, v, pos), (k2, v2, pos2) in zip(cache.rings(), other.rings()):
         assert torch.equal(pos[:LANES], pos2[:LANES])
         assert relative(k2[:LANES], k[:LANES]) < 1e-2 and relative(v2[:LANES], v[:LANES]) < 1e-2, (

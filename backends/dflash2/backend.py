@@ -20,6 +20,7 @@ import torch
 from ignis.backends.base import BackendContext, Choice, Committed, Observation, Proposal, ProposeIn
 from ignis.backends.dflash2.config import DrafterConfig
 from ignis.backends.dflash2.context import ContextCache
+from ignis.backends.dflash2 import ring
 from ignis.backends.dflash2.model import DrafterModel
 from ignis.backends.dflash2.selector import pick, select
 from ignis.backends.dflash2.shortlist import ShortlistHead
@@ -129,7 +130,7 @@ class DFlash2:
         positions = rows.positions.reshape(-1)
         taps = rows.taps.reshape(b * c, -1)
         if self.ring:
-            self.model.write_ring(taps, positions, lane_ix, self.cache.rings())
+            ring.write(self.model, taps, positions, lane_ix, self.cache.rings())
         else:
             self.cache.write_rows(lane_ix, positions, self.model.context_kv(taps, positions))
 
@@ -169,7 +170,7 @@ class DFlash2:
         if self.cfg.input_embedding_scale != 1.0:
             x = x * self.cfg.input_embedding_scale
         if self.ring:
-            return self.model.block_ring(x, q_pos, self.cache.rings(), lane_ix, span)[:, 1:].contiguous()
+            return ring.block(self.model, x, q_pos, self.cache.rings(), lane_ix, span)[:, 1:].contiguous()
         kv, masks = self.cache.gather(lane_ix, q_pos, span)
         # The anchor row proposes nothing. Contiguous, so the output head is one plain 2-D product: on the strided
         # view cuBLAS picked a kernel that read the 2.5 GB head once per 8 rows at 8 lanes (4.7 ms, 27B shape, H200).

@@ -205,73 +205,6 @@ class DrafterModel(nn.Module):
             cast(Layer, layer).self_attn.fuse()
             cast(Layer, layer).mlp.fuse()
 
-    def write_ring(
-        self,
-        taps: torch.Tensor,  # [T, len(target_layer_ids) * H] model dtype, CUDA: the target's tapped outputs
-        positions: torch.Tensor,  # [T] int64: the rows' absolute positions
-        lane_ix: torch.Tensor,  # [T] int64: each row's lane in the rings
-        rings: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],  # per layer (K, V, positions held) rings
-    ) -> None:
-        """`context_kv` written straight into the lanes' context rings, one kernel a layer after its k/v product
-        (ignis.kernels.drafter_triton.ring_write; the fused, inference form on CUDA)."""
-        from ignis.kernels import drafter_triton
-
-        c = _add_norm(self.hidden_norm, self.fc(taps), None)[1]
-        cos, sin = self._rope_table(c)
-        for layer, (k, v, held) in zip(self.layers, rings):
-            att = cast(Layer, layer).self_attn
-            assert att.qkv_proj is not None
-            kv = F.linear(c, att.qkv_proj[att.num_heads * att.head_dim :])
-            drafter_triton.ring_write(kv, att.k_norm.weight, att.k_norm.eps, cos, sin, lane_ix, positions, k, v, held)
-
-    def block_ring(
-        self,
-        x: torch.Tensor,  # [n, B, H] model dtype, CUDA: embedded [anchor, MASK...] rows (already scaled)
-        positions: torch.Tensor,  # [n, B] int64: absolute positions of the rows
-        rings: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],  # per layer (K, V, positions held) rings
-        lanes: torch.Tensor,  # [n] int64: each block's lane in the rings
-        span: int,  # ring slots worth reading: every lane has committed fewer rows
-    ) -> torch.Tensor:
-        """`block` reading the lanes' context rings in place: each layer's attention is one kernel over its fused
-        q|k|v product (ignis.kernels.drafter_triton.ring_attention) and each residual add joins the next norm. The
-        fused, inference form on CUDA; `block` stays the reference."""
-        from ignis.kernels import drafter_triton
-
-        c = self.config
-        n, rows, hidden = x.shape
-        cos, sin = self._rope_table(x)
-        q_pos = positions.contiguous()
-        h, d = x.reshape(n * rows, hidden).contiguous(), None
-        for i, (layer, (k, v, held)) in enumerate(zip(self.layers, rings)):
-            layer = cast(Layer, layer)
-            att = layer.self_attn
-            assert att.qkv_proj is not None
-            h, a = _add_norm(layer.input_layernorm, h, d)
-            dyn = None
-            if layer.attention_conv is not None:
-                a, dyn = layer.attention_conv.prepare(a.view(n, rows, hidden))
-            qkv = F.linear(a.reshape(n * rows, hidden), att.qkv_proj)
-            window = c.sliding_window if c.layer_types[i] == "sliding_attention" else None
-            o = att.o_proj(drafter_triton.ring_attention(
-                qkv, att.q_norm.weight, att.k_norm.weight, att.q_norm.eps, cos, sin, k, v, held, lanes, q_pos, span,
-                window, c.causal[i], att.num_heads))
-            if layer.attention_conv is not None:
-                assert dyn is not None
-                o = layer.attention_conv.finish(o.view(n, rows, hidden), dyn)
-            h, y = _add_norm(layer.post_attention_layernorm, h, o.reshape(n * rows, hidden))
-            if layer.mlp_conv is not None:
-                y3, dyn = layer.mlp_conv.prepare(y.view(n, rows, hidden))
-                d = layer.mlp_conv.finish(layer.mlp(y3), dyn).reshape(n * rows, hidden)
-            else:
-                d = layer.mlp(y)
-        return _add_norm(self.norm, h, d)[1].view(n, rows, hidden)
-
-    def _rope_table(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        table = self.rope.precomputed(like.dtype, like.device)
-        if table is None:
-            raise RuntimeError("the drafter's ring kernels read RoPE rows by position: call rope.precompute first")
-        return table
-
     def context_kv(
         self,
         taps: torch.Tensor,  # [T, len(target_layer_ids) * H] model dtype, device: the target's tapped outputs
@@ -295,13 +228,6 @@ class DrafterModel(nn.Module):
         for layer, (k, v), mask in zip(self.layers, context, masks):
             h = layer(h, cos, sin, k, v, mask)
         return self.norm(h)
-
-
-def _add_norm(norm: Norm, h: torch.Tensor, d: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(h + d, norm(h + d)) in one Triton launch, rounding as `Norm` does (the fast path's residual add and norm)."""
-    from ignis.kernels import norm_triton
-
-    return norm_triton.add_rms_norm(h, d, norm.weight, norm.eps, round_first=True)
 
 
 def block_mask(
