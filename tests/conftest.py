@@ -51,3 +51,26 @@ def interpreted_loop_bounds(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     monkeypatch.setattr(interpreter, "_patch_lang_tensor", patched)
     yield
+
+
+@pytest.fixture()
+def interpreted_dot_by_rows(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The interpreter's tl.dot is one np.matmul over the whole tile, and OpenBLAS's sgemm rounds a row differently
+    by where it sits in the tile on some CPUs (AMD EPYC with OpenBLAS 0.3.31: 4e-7 apart), which the tensor cores'
+    mma does not. Rows one at a time (the same [1, K] x [K, N] product for every row) keep the tests of a row's
+    bits alone and in a batch about the kernel, not about the CPU's BLAS."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    dot = interpreter.InterpreterBuilder.create_dot
+
+    def by_rows(self: object, a: object, b: object, d: object, input_precision: object, imprecise: object) -> object:
+        out = dot(self, a, b, d, input_precision, imprecise)
+        a_data, b_data, acc = a.data, b.data, d.data  # type: ignore[attr-defined]
+        if a_data.dtype == np.float32 and b_data.dtype == np.float32 and a_data.ndim == 2:
+            rows = [np.matmul(a_data[i : i + 1], b_data, dtype=acc.dtype) for i in range(a_data.shape[0])]
+            out.data = np.concatenate(rows) + acc  # type: ignore[attr-defined]
+        return out
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", by_rows)
+    yield

@@ -20,7 +20,7 @@ from tests.sm90 import run_child
 if torch.cuda.is_available():
     pytest.skip("the interpreter takes CPU tensors: tests/test_quant_gpu.py runs these", allow_module_level=True)
 
-pytestmark = pytest.mark.usefixtures("interpreted_loop_bounds")
+pytestmark = pytest.mark.usefixtures("interpreted_loop_bounds", "interpreted_dot_by_rows")
 
 
 def operands(rows: int, nout: int, ncols: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -21,6 +21,8 @@ from ignis.kernels.int4_triton import _ASM, Config, check, choose, int4_triton
 from ignis.kernels.launch import SPLIT_COUNTERS
 from ignis.quant.format import dequantize, quantize
 
+pytestmark = pytest.mark.usefixtures("interpreted_dot_by_rows")  # a row's bits alone and in a batch: tests/conftest.py
+
 
 def _weight(nout: int, ncols: int, group: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
