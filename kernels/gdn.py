@@ -6,8 +6,9 @@ kernels are tested against) and `record_width`. Does not own: the projections, c
 (ignis.model.gdn) or where the state lives (ignis.model.cache). docs/adr/0004-gdn-kernel.md has the why.
 
 The record: a verify does not store the state after every column (3 MiB per column, lane and layer at the 27B
-shape); it stores each column's normalised k, v, g and beta ([dk + dv + 2] floats per head), and the commit replays
-columns 0..last from the lane's state, which the verify left untouched.
+shape); it stores each column's normalised k, its delta = beta (v - (exp(g) S)^T k), g and beta ([dk + dv + 2] floats
+per head), and the commit replays columns 0..last from the lane's state, which the verify left untouched, as
+S <- exp(g) S + k delta^T: the same operations, in the same order, as the column's own step.
 """
 
 from __future__ import annotations
@@ -26,11 +27,18 @@ def record_width(dk: int, dv: int) -> int:
     return dk + dv + 2
 
 
-def _step(state: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
-    """state [B, Hv, dk, dv]; k [B, Hv, dk] (normalised); v [B, Hv, dv]; g, beta [B, Hv] -> the state after."""
+def _step(state: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+          beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """state [B, Hv, dk, dv]; k [B, Hv, dk] (normalised); v [B, Hv, dv]; g, beta [B, Hv] -> (the state after, the
+    column's delta [B, Hv, dv])."""
     state = state * torch.exp(g)[..., None, None]
     memory = (k[..., None, :] @ state)[..., 0, :]
-    return state + k[..., :, None] * ((v - memory) * beta[..., None])[..., None, :]
+    delta = (v - memory) * beta[..., None]
+    return _apply(state, k, delta), delta
+
+
+def _apply(decayed: torch.Tensor, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    return decayed + k[..., :, None] * delta[..., None, :]
 
 
 def _heads(x: torch.Tensor, hv: int) -> torch.Tensor:
@@ -74,10 +82,10 @@ def columns_reference(
     for j in range(q.shape[1]):
         kj = _heads(k[:, j] if normalised else l2norm(k[:, j]), hv)
         qj = _heads(q[:, j] if normalised else l2norm(q[:, j]) * dk**-0.5, hv)
-        st = _step(st, kj, v[:, j], g[:, j], beta[:, j])
+        st, delta = _step(st, kj, v[:, j], g[:, j], beta[:, j])
         outs.append((qj[..., None, :] @ st)[..., 0, :])
         if record is not None:
-            row = torch.cat([kj, v[:, j], g[:, j, :, None], beta[:, j, :, None]], dim=-1)  # [B, Hv, width]
+            row = torch.cat([kj, delta, g[:, j, :, None], beta[:, j, :, None]], dim=-1)  # [B, Hv, width]
             record[:, j].index_copy_(0, lanes, row)
     if write_state:
         state.index_copy_(0, lanes, st)
@@ -91,7 +99,7 @@ def replay_reference(state: torch.Tensor, lanes: torch.Tensor, record: torch.Ten
     st = state.index_select(0, lanes)
     for j in range(rec.shape[1]):
         r = rec[:, j]
-        after = _step(st, r[..., :dk], r[..., dk : dk + dv], r[..., dk + dv], r[..., dk + dv + 1])
+        after = _apply(st * torch.exp(r[..., dk + dv])[..., None, None], r[..., :dk], r[..., dk : dk + dv])
         st = torch.where((j <= last)[:, None, None, None], after, st)
     state.index_copy_(0, lanes, st)
 
@@ -106,10 +114,12 @@ def window_reference(conv: torch.Tensor, inputs: torch.Tensor, lanes: torch.Tens
 
 
 _lock = threading.Lock()
-_kernels: dict[tuple[int, int, int], tuple[Any, Any]] = {}
+_kernels: dict[tuple[int, int, int], Any] = {}
+CHUNK_COLUMNS = 8  # the most columns a verify runs through `verify` (chunk form); past it, or at 0, through `columns`
 
 
-def _compiled(dk: int, dv: int, cols: int) -> tuple[Any, Any]:
+def _compiled(dk: int, dv: int, cols: int) -> Any:
+    """ignis.kernels.gdn_kernel.Kernels for heads of dk x dv staging `cols` columns at a time."""
     with _lock:
         if (dk, dv, cols) not in _kernels:
             from ignis.kernels.gdn_kernel import make_kernels
@@ -120,7 +130,8 @@ def _compiled(dk: int, dv: int, cols: int) -> tuple[Any, Any]:
 
 def _tile(dk: int, dv: int, cols: int) -> int:
     """The staging tile a launch over `cols` columns compiles with: one column for a decode, 8 for a verify or a
-    short prefill piece, else the largest tile that fits: three compiled kernels serve every column count."""
+    short prefill piece (ignis.kernels.gdn_chunk_kernel.VERIFY_COLUMNS), else the largest tile that fits: three compiled
+    kernels serve every column count."""
     from ignis.kernels.gdn_kernel import column_tile
 
     if cols == 1:
@@ -161,9 +172,12 @@ def columns(
     mixed, ba = mixed.contiguous(), ba.contiguous()
     out = torch.empty((b, c, hv, dv), dtype=torch.float32, device=mixed.device)
     rec = record if record is not None else out  # a placeholder of the right type when nothing is recorded
-    cols, _ = _compiled(dk, dv, _tile(dk, dv, c))
-    _launch(cols, dv, hv, b, dk, (state, lanes, mixed, ba, dt_bias, rate, out, rec, hv // key_heads, key_heads * dk,
-                                   write_state, record is not None), mixed.device)
+    kernels = _compiled(dk, dv, _tile(dk, dv, c))
+    args = (state, lanes, mixed, ba, dt_bias, rate, out, rec, hv // key_heads, key_heads * dk)
+    if record is not None and not write_state and c <= CHUNK_COLUMNS:
+        _launch(kernels.verify, dv, hv, b, dk, args, mixed.device)
+    else:
+        _launch(kernels.columns, dv, hv, b, dk, (*args, write_state, record is not None), mixed.device)
     return out
 
 
@@ -178,7 +192,7 @@ def replay(state: torch.Tensor, lanes: torch.Tensor, record: torch.Tensor, last:
             replay_reference(st, lanes, rec, last)
         return
     dk, dv, hv = state.shape[3], state.shape[4], state.shape[2]
-    _, rep = _compiled(dk, dv, _tile(dk, dv, record.shape[2]))
+    rep = _compiled(dk, dv, _tile(dk, dv, record.shape[2])).replay
     _launch(rep, dv, hv, state.shape[0] * lanes.shape[0], dk, (state, lanes, record, last, dv), state.device)
 
 

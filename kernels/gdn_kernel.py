@@ -1,4 +1,5 @@
-"""The numba-cuda kernels of the Gated DeltaNet recurrence over C columns of B lanes: `columns` and `replay`.
+"""The numba-cuda kernels of the Gated DeltaNet recurrence over C columns of B lanes: `columns`, `verify` and
+`replay`.
 
 Owns: the kernel sources and their block shape. Does not own: argument checks, the torch reference or the launch
 on torch's stream (ignis.kernels.gdn). Importing this module imports numba.cuda (or, with NUMBA_ENABLE_CUDASIM=1,
@@ -15,15 +16,17 @@ bank: a four-way conflict on every read). Each thread reads a column's k once. P
 l2-normalised (q also scaled) by the conv that produced them, beta = sigmoid(b) and g = rate * softplus(a + dt_bias)
 from the raw projections:
     S <- exp(g) S;  delta = beta (v - S^T k);  S <- S + k delta^T;  o = S^T q
-`columns` writes o for every column and either the final state (decode, one column) or, for a verify, each column's
-normalised k, v, g and beta into a record, from which `replay` later applies columns 0..last to the lane's state:
-the state is read by the verify and read and written by the commit, never stored per column.
+`columns` runs that loop and writes o for every column and either the final state (decode, a prefill piece) or each
+column's record; `verify` computes the same outputs and record for a verify's few columns in chunk form (see its
+comment). The record is a column's normalised k, its delta, g and beta; `replay` later applies columns 0..last to
+the lane's state as S <- exp(g) S + k delta^T, so the state is read by the verify and read and written by the commit,
+never stored per column.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 from numba import cuda, float32, uint64
 from numba.cuda.core import config
@@ -59,22 +62,45 @@ def column_tile(dk: int, dv: int) -> int:
     return tile
 
 
-def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
-    """`columns` and `replay` for heads of dk x dv, staging `cmax` columns at a time (any column count runs)."""
+@cuda.jit(device=True, inline=True)
+def gates(ba, b, j, h, hv, dt_bias, rate):  # numba device function: typed by numba, not annotated
+    """(g, beta) of head h at column j of lane b from the raw projections: rate * softplus(a + dt_bias), sigmoid(b)."""
+    beta = float32(1.0) / (float32(1.0) + math.exp(-ba[b, j, h]))
+    a = ba[b, j, hv + h] + dt_bias[h]
+    return rate[h] * (a if a > float32(20.0) else math.log1p(math.exp(a))), beta
+
+
+class Layout(NamedTuple):
+    """A kernel's shape of work, fixed when it is built."""
+
+    tv: int  # state columns a block
+    threads: int  # TV * RS
+    rows: int  # a thread's rows of a state column: dk / RS
+    vec: int  # of them one shared load carries: 4 (16 bytes), 2 for tiny heads
+    align: int | None  # the staged k and q arrays' alignment (None in the simulator, which has no vector loads)
+    batch: int  # columns whose staging loads issue before their stores
+    vcount: int  # a thread's share of a tile's v (the four threads of a state column split it)
+    bounds: dict[str, Any]  # cuda.jit's launch bounds
+
+
+def layout(dk: int, dv: int, cmax: int) -> Layout:
     tv, threads = block_shape(dk, dv)
     rows = dk // RS
     if dk % (2 * RS):
         raise ValueError(f"the recurrence kernel takes key heads of a multiple of {2 * RS} channels, got {dk}")
-    vec = 4 if rows % 4 == 0 else 2  # a thread's rows one shared load carries: 16 bytes (8 for tiny heads)
-    align = None if config.ENABLE_CUDASIM else 4 * vec  # the simulator takes no alignment (it has no vector loads)
+    vec = 4 if rows % 4 == 0 else 2
     # Staging loads a batch of columns into registers before it stores any: numba's loads are generic (LD.E), which
     # may alias shared memory, so ptxas issues no load ahead of an earlier shared store, and a loop of load-then-store
     # waits out one memory latency per column.
-    batch = min(cmax, 8)
-    vcount = (cmax + RS - 1) // RS  # a thread's share of a tile's v (the four threads of a state column split it)
     # Four blocks an SM: within 128 registers, which ptxas meets without spilling; unasked it took 132-134 for
     # `columns` (CUDA 13.0's ptxas), which fit three. The simulator takes no launch bounds.
-    bounds = {} if config.ENABLE_CUDASIM else {"launch_bounds": (threads, 4)}
+    return Layout(tv, threads, rows, vec, None if config.ENABLE_CUDASIM else 4 * vec, min(cmax, 8),
+                  (cmax + RS - 1) // RS, {} if config.ENABLE_CUDASIM else {"launch_bounds": (threads, 4)})
+
+
+def state_io(lay: Layout) -> tuple[Any, Any, Any]:
+    """The device functions every recurrence kernel of this layout shares: (slot, load_state, store_state)."""
+    rows, vec = lay.rows, lay.vec
 
     @cuda.jit(device=True, inline=True)
     def slot(base, i):  # numba device function: typed by numba, not annotated
@@ -82,6 +108,39 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
         its run's start (unsigned, as every index of the column loops: a signed index costs a wrap-around select that
         hides the runs from the vectoriser)."""
         return base + uint64((i // vec) * (RS * vec) + i % vec)
+
+    @cuda.jit(device=True, inline=True)
+    def load_state(st, state, lane, h, s, c, nv):  # numba device function: typed by numba, not annotated
+        """This thread's rows s, s + RS, .. of state column c (zeros past the last column)."""
+        for i in range(rows):
+            st[i] = float32(0.0)
+        if c < nv:
+            for i in range(rows):
+                st[i] = state[lane, h, uint64(i * RS + s), uint64(c)]
+
+    @cuda.jit(device=True, inline=True)
+    def store_state(st, state, lane, h, s, c, nv):  # numba device function: typed by numba, not annotated
+        if c < nv:
+            for i in range(rows):
+                state[lane, h, uint64(i * RS + s), uint64(c)] = st[i]
+
+    return slot, load_state, store_state
+
+
+class Kernels(NamedTuple):
+    columns: Any  # any column count: a decode, a prefill piece, or a verify past cmax
+    verify: Any  # a verify of at most cmax columns in chunk form (ignis.kernels.gdn_chunk_kernel); None past 8
+    replay: Any  # a commit of every layer's kept columns
+
+
+def make_kernels(dk: int, dv: int, cmax: int = 1) -> Kernels:
+    """The recurrence's kernels for heads of dk x dv, staging `cmax` columns at a time (any column count runs in
+    `columns`; `verify` takes at most cmax and compiles only for cmax <= VERIFY_COLUMNS)."""
+    from ignis.kernels.gdn_chunk_kernel import make_verify
+
+    lay = layout(dk, dv, cmax)
+    tv, threads, rows, vec, align, batch, vcount, bounds = lay
+    slot, load_state, store_state = state_io(lay)
 
     @cuda.jit(device=True, inline=True)
     def decay_memory(st, kr, sk, j, base, decay):  # numba device function: typed by numba, not annotated
@@ -105,21 +164,6 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
         if c >= nv:
             return float32(0.0)
         return bs[j] * (sv[j, cl] - mem)
-
-    @cuda.jit(device=True, inline=True)
-    def load_state(st, state, lane, h, s, c, nv):  # numba device function: typed by numba, not annotated
-        """This thread's rows s, s + RS, .. of state column c (zeros past the last column)."""
-        for i in range(rows):
-            st[i] = float32(0.0)
-        if c < nv:
-            for i in range(rows):
-                st[i] = state[lane, h, uint64(i * RS + s), uint64(c)]
-
-    @cuda.jit(device=True, inline=True)
-    def store_state(st, state, lane, h, s, c, nv):  # numba device function: typed by numba, not annotated
-        if c < nv:
-            for i in range(rows):
-                state[lane, h, uint64(i * RS + s), uint64(c)] = st[i]
 
     @cuda.jit(cache=True, **bounds)
     def columns(state, lanes, mixed, ba, dt_bias, rate, out, record, ratio, key_dim, write_state, do_record):
@@ -179,9 +223,7 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
                     vb[n] = mixed[b, uint64(j0 + j), uint64(voff + c)] if c < nv else float32(0.0)
             j = t
             while j < nt:
-                beta = float32(1.0) / (float32(1.0) + math.exp(-ba[b, j0 + j, h]))
-                a = ba[b, j0 + j, hv + h] + dt_bias[h]
-                g = rate[h] * (a if a > float32(20.0) else math.log1p(math.exp(a)))  # rate * softplus
+                g, beta = gates(ba, b, j0 + j, h, hv, dt_bias, rate)
                 ds[j] = math.exp(g)
                 bs[j] = beta
                 if keeper:
@@ -192,12 +234,12 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
                 j = s + n * RS
                 if j < nt:
                     sv[uint64(j), cl] = vb[n]
-                    if do_record and c < nv:
-                        record[lane, uint64(j0 + j), h, uint64(dk + c)] = vb[n]
             cuda.syncthreads()
             for jj in range(nt):
                 j = uint64(jj)
                 delta = column_delta(st, kr, sk, sv, ds, bs, j, base, cl, c, nv)
+                if do_record and s == 1 and c < nv:
+                    record[lane, uint64(j0 + jj), h, uint64(dk + c)] = delta
                 o, o2 = float32(0.0), float32(0.0)
                 for i in range(0, rows, 2):
                     st[i] += kr[i] * delta
@@ -214,8 +256,9 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
     @cuda.jit(cache=True, **bounds)
     def replay(states, lanes, records, last, nv):
         # states [G, L, Hv, dk, dv] f32 (G layers' states); lanes, last [B] i64; records [G, L, C, Hv, dk + dv + 2]
-        # with C <= cmax; grid (dv / TV, Hv, G * B): one launch commits every layer. The kept columns' k, decays,
-        # betas and the thread's v are staged once; no block barrier inside the loop.
+        # with C <= cmax; grid (dv / TV, Hv, G * B): one launch commits every layer. Each kept column j is
+        # S <- exp(g_j) S + k_j delta_j^T with the delta its verify recorded: the thread's own rows only, no sums
+        # across threads, so nothing in the loop waits on another thread.
         t = cuda.threadIdx.x
         cl, s = t // RS, t % RS
         c = cuda.blockIdx.x * tv + cl
@@ -226,12 +269,10 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
         kept = last[b] + 1
         sk = cuda.shared.array((cmax, dk), float32, alignment=align)  # k, rows in `slot` order
         ds = cuda.shared.array(cmax, float32)
-        bs = cuda.shared.array(cmax, float32)
-        sv = cuda.shared.array((cmax, tv), float32)
+        sd = cuda.shared.array((cmax, tv), float32)  # each kept column's delta at the block's state columns
         st = cuda.local.array(rows, float32)
-        kr = cuda.local.array(rows, float32)  # column j's k at this thread's rows (registers: loops unroll)
         kb = cuda.local.array(batch, float32)
-        vb = cuda.local.array(vcount, float32)
+        db = cuda.local.array(vcount, float32)
         base = uint64(s * vec)
         load_state(st, state, lane, h, s, c, nv)
         j0 = 0
@@ -252,26 +293,25 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> tuple[Any, Any]:
             for n in range(vcount):
                 j = s + n * RS
                 if j < nt:
-                    vb[n] = record[lane, uint64(j0 + j), h, uint64(dk + c)] if c < nv else float32(0.0)
+                    db[n] = record[lane, uint64(j0 + j), h, uint64(dk + c)] if c < nv else float32(0.0)
             j = t
             while j < nt:
                 ds[j] = math.exp(record[lane, j0 + j, h, dk + nv])
-                bs[j] = record[lane, j0 + j, h, dk + nv + 1]
                 j += threads
             for n in range(vcount):
                 j = s + n * RS
                 if j < nt:
-                    sv[uint64(j), cl] = vb[n]
+                    sd[uint64(j), cl] = db[n]
             cuda.syncthreads()
             for jj in range(nt):
                 j = uint64(jj)
-                delta = column_delta(st, kr, sk, sv, ds, bs, j, base, cl, c, nv)
+                decay, delta = ds[j], sd[j, cl]
                 for i in range(rows):
-                    st[i] += kr[i] * delta
+                    st[i] = st[i] * decay + sk[j, slot(base, i)] * delta
             j0 += cmax
         store_state(st, state, lane, h, s, c, nv)
 
-    return columns, replay
+    return Kernels(columns, make_verify(dk, dv, cmax), replay)
 
 
 WINDOW_THREADS = 128  # conv channels a block in `window`

@@ -70,8 +70,9 @@ _install_warp_shim()  # the recurrence sums a state column's four partials by wa
 def check(b, c, hk, hv, dk, dv, lanes, cmax, seed):
     x = _inputs(b, c, hk, hv, dk, dv, lanes, seed=seed)
     # built for blocks of 8 state columns and run over dv = 16 (two blocks per head), staging cmax of the c columns
-    # at a time (the last tile short)
-    K_cols, K_rep = make_kernels(dk, 8, cmax)
+    # at a time (the last tile short); a verify of at most cmax columns runs in chunk form (`verify`)
+    K = make_kernels(dk, 8, cmax)
+    K_rep = K.replay
     tv, threads = block_shape(dk, 8)
     grid = ((dv + tv - 1) // tv, hv, b)
     np_ = {k: v.numpy().copy() for k, v in x.items()}
@@ -84,8 +85,12 @@ def check(b, c, hk, hv, dk, dv, lanes, cmax, seed):
         state = np_["state"].copy()
         out = np.zeros((b, c, hv, dv), np.float32)
         record = np.zeros((lanes, c, hv, record_width(dk, dv)), np.float32)
-        K_cols[grid, threads](state, np_["lanes"], mixed.numpy(), np_["ba"], np_["dt_bias"], np_["rate"], out,
-                              record, hv // hk, hk * dk, write_state, with_record)
+        args = (state, np_["lanes"], mixed.numpy(), np_["ba"], np_["dt_bias"], np_["rate"], out, record, hv // hk,
+                hk * dk)
+        if with_record and c <= cmax:
+            K.verify[grid, threads](*args)
+        else:
+            K.columns[grid, threads](*args, write_state, with_record)
         ref_state = x["state"].clone()
         ref_record = torch.zeros(lanes, c, hv, record_width(dk, dv))
         ref = columns_reference(ref_state, x["lanes"], mixed, x["ba"], x["dt_bias"], x["rate"],
@@ -111,6 +116,9 @@ def check(b, c, hk, hv, dk, dv, lanes, cmax, seed):
 # key heads of 8 channels (a thread's rows in runs of two) in tiles of 2 of 5 columns; of 16 channels (runs of four,
 # the GPU's 16-byte loads) in tiles of 16 of 21 columns (two load batches, a short tile, v split four ways)
 check(2, 21, 1, 2, 16, 16, 3, cmax=16, seed=3)
+# a verify in chunk form: 7 of 8 columns (a group of four and a short one), and one column alone
+check(2, 7, 1, 2, 16, 16, 3, cmax=8, seed=4)
+check(2, 1, 1, 2, 16, 16, 3, cmax=1, seed=5)
 lanes = 4
 x = check(2, 5, 1, 2, 8, 16, lanes, cmax=2, seed=1)
 

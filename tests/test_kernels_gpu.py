@@ -146,7 +146,9 @@ def test_gdn_kernels_equal_their_references(shape: tuple[int, ...]) -> None:
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(st, ref_st, rtol=1e-4, atol=1e-4)
         if record:
-            torch.testing.assert_close(rec[ids], ref_rec[ids], rtol=1e-5, atol=1e-5)
+            # k, g and beta are copies; a column's delta comes of sums in another order (a verify of at most
+            # CHUNK_COLUMNS columns runs in chunk form)
+            torch.testing.assert_close(rec[ids], ref_rec[ids], rtol=1e-4, atol=1e-4)
             last = torch.randint(0, c, (b,), device="cuda", generator=g)
             replay(st, ids, rec, last)
             replay_reference(ref_st, ids, ref_rec, last)

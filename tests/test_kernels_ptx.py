@@ -26,8 +26,8 @@ def _kernels() -> list[tuple[str, Any, tuple[Any, ...]]]:
     e, f, i = t.int16, t.float32, t.int64  # a bf16 element, fp32, int64
     k = make_kernels(True, 128, 5)  # bf16, blocks of 128 for per-head kernels, rows up to 5 x 1024 for the norm
     att = attention_kernels(True, 6, 256)
-    cols, replay = gdn_kernels(128, 128, 8)
-    tiled, _ = gdn_kernels(128, 128, column_tile(128, 128))  # a prefill's columns, staged a tile at a time
+    gdn = gdn_kernels(128, 128, 8)
+    tiled = gdn_kernels(128, 128, column_tile(128, 128)).columns  # a prefill's columns, staged a tile at a time
     return [
         ("add_rms_norm", k["add_rms_norm"], (a(e, 2), a(e, 2), a(f, 1), a(e, 2), a(e, 2), f, t.boolean)),
         ("conv", k["conv"], (a(e, 3), a(i, 1), a(e, 3), a(f, 2), a(f, 3), a(e, 3), a(e, 3), a(f, 3), t.boolean, i, i,
@@ -40,16 +40,17 @@ def _kernels() -> list[tuple[str, Any, tuple[Any, ...]]]:
         ("attention partial", att["partial"], (a(e, 4), a(e, 4), a(e, 4), a(i, 2), a(i, 1), a(i, 2), a(f, 5), a(f, 4),
                                                a(f, 4), f, i)),
         ("attention combine", att["combine"], (a(f, 5), a(f, 4), a(f, 4), a(e, 2), a(e, 2), i)),
-        ("gdn columns", cols, (a(f, 4), a(i, 1), a(f, 3), a(f, 3), a(f, 1), a(f, 1), a(f, 4), a(f, 4), i, i,
+        ("gdn columns", gdn.columns, (a(f, 4), a(i, 1), a(f, 3), a(f, 3), a(f, 1), a(f, 1), a(f, 4), a(f, 4), i, i,
                                t.boolean, t.boolean)),
         ("gdn columns, prefill tile", tiled, (a(f, 4), a(i, 1), a(f, 3), a(f, 3), a(f, 1), a(f, 1), a(f, 4), a(f, 4),
                                               i, i, t.boolean, t.boolean)),
-        ("gdn replay", replay, (a(f, 5), a(i, 1), a(f, 5), a(i, 1), i)),
+        ("gdn verify", gdn.verify, (a(f, 4), a(i, 1), a(f, 3), a(f, 3), a(f, 1), a(f, 1), a(f, 4), a(f, 4), i, i)),
+        ("gdn replay", gdn.replay, (a(f, 5), a(i, 1), a(f, 5), a(i, 1), i)),
         ("gdn window", make_window_kernel(), (a(e, 4), a(e, 4), a(i, 1), a(i, 1))),
     ]
 
 
-@pytest.mark.parametrize("index", range(12))
+@pytest.mark.parametrize("index", range(13))
 def test_kernel_compiles_for_sm90_with_registers_only(index: int) -> None:
     from numba import cuda
     from numba.cuda import types
