@@ -59,15 +59,21 @@ def fits(nout: int, ncols: int) -> bool:
 
 @lru_cache(maxsize=256)
 def choose(nout: int, ncols: int, sms: int) -> Config:
-    """64 output rows and 128 input columns a step (8 KiB of codes a stage, four stages in flight); the K split is the
-    least divisor of the steps giving every SM PROGRAMS_PER_SM programs where the output tiles alone do not, at most
-    MAX_SPLITS and none shorter than MIN_SPLIT_STEPS steps."""
-    block_n, block_k = 64, 128
+    """64 output rows and 128 input columns a step (8 KiB of codes a stage, four stages in flight) and the split
+    `plan` gives them: the launch every product takes."""
+    return plan(nout, ncols, sms)
+
+
+def plan(nout: int, ncols: int, sms: int, block_n: int = 64, block_k: int = 128,
+         programs_per_sm: int = PROGRAMS_PER_SM, warps: int = 4, stages: int = 4) -> Config:
+    """A launch of these tiles whose K split is the least divisor of the steps giving every SM `programs_per_sm`
+    programs where the output tiles alone do not, at most MAX_SPLITS and none shorter than MIN_SPLIT_STEPS steps
+    (`choose` with its defaults; benchmarks try others)."""
     tiles = math.ceil(nout / block_n)
     steps = ncols // block_k
-    want = math.ceil(PROGRAMS_PER_SM * sms / tiles)
+    want = math.ceil(programs_per_sm * sms / tiles)
     divisors = [d for d in range(1, min(MAX_SPLITS, steps // MIN_SPLIT_STEPS) + 1) if steps % d == 0] or [1]
-    return Config(block_n, block_k, next((d for d in divisors if d >= want), divisors[-1]), 4, 4)
+    return Config(block_n, block_k, next((d for d in divisors if d >= want), divisors[-1]), warps, stages)
 
 
 @triton.jit

@@ -83,3 +83,24 @@ def test_policies_are_valid_launches_and_summarised() -> None:
     line, = summary({"policies": {"rows": [], "sums": sums, "best": sums[1]}})
     assert line == ("Triton policies: best (64, 4, 4, 4) (block_n, warps, stages, programs a SM): a decode step's int4 "
                     "products 2.000 ms at 1 row and 2.100 at 8; the table's (128, 4, 4, 2) 4.000 and 4.200")
+
+
+def test_gemv_sweep_launches_and_summary() -> None:
+    """tools.bench_gemv times the default launch first and only launches the kernel takes at every product it
+    sweeps; the summary names each form's fastest launch and its speed against cuBLAS."""
+    from ignis.kernels.gemv_triton import choose
+    from tools.bench_gemv import PRODUCTS, launches, summary
+
+    for _, nout, ncols in PRODUCTS:
+        configs = launches(nout, ncols, 132)
+        assert configs[0] == choose(nout, ncols, 132) and len(set(configs)) == len(configs) > 8
+        for c in configs:
+            assert ncols % c.block_k == 0 and (ncols // c.block_k) % c.split_k == 0
+    base = {"product": "mlp down", "rows": 1, "floor_ms": 0.04}
+    rows = [{**base, "form": "bf16 cublas", "ms": 0.05, "x_floor": 1.25, "config": None, "default": None},
+            {**base, "form": "bf16 triton", "ms": 0.06, "x_floor": 1.5, "config": {"block_n": 64}, "default": True},
+            {**base, "form": "bf16 triton", "ms": 0.04, "x_floor": 1.0, "config": {"block_n": 32}, "default": False},
+            {**base, "form": "bf16 triton", "error": "out of resources", "config": {"block_n": 256}, "default": False}]
+    line, = summary(rows)
+    assert line == ("mlp down rows 1: cuBLAS 50.0 us (x1.25); bf16 triton best 40.0 us (x1.00, 1.25x cuBLAS's speed) "
+                    "at {'block_n': 32}, default 60.0 us")

@@ -1,0 +1,151 @@
+"""The Triton weight-streaming product (ignis.kernels.gemv_triton) against cuBLAS at a decode's and a verify's rows,
+its launch shapes swept, in one run on one GPU.
+
+For each product of a Qwen3.5-27B decode step (the SHAPES of tools.bench_quant, plus the output head) and 1, 8 and
+64 rows: bf16 `F.linear` (cuBLAS), then the Triton kernel on the same bf16 weight (`dense_gemv`) and on its fp8
+codes (`fp8_gemv`), each at `choose`'s launch and at the variants of `plan` around it (tile width, step, warps,
+stages, the split's target of programs a SM). Every figure is a CUDA graph of calls cycling over enough weight
+copies that none is read from L2 (tools.bench_quant.graph_ms), in µs and over the form's own bytes at the copy
+bandwidth measured in the same run. The summary names, per product and row count, the fastest launch of each form
+and its ratio to cuBLAS: where the dense kernel beats cuBLAS, and which launch the fp8 kernel should take.
+
+    python -m tools.bench_gemv --out gemv.json
+    python -m tools.bench_gemv --out gemv.json --shapes "mlp down,o_proj / gdn out_proj" --rows 1,8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ignis.kernels.gemv_triton import Config, dense_gemv, fits, fp8_gemv, plan
+from ignis.quant.fp8 import quantize_fp8
+from tools.bench_quant import C, SHAPES, _copies, graph_ms
+from tools.bench_round import copy_bandwidth
+
+PRODUCTS = [*SHAPES, ("output head", C["vocab_size"], C["hidden_size"])]
+# (block_n, block_k, programs a SM, warps, stages) around the default launch (64, 128, 4, 4, 4), one knob at a time
+VARIANTS = [(32, 128, 4, 4, 4), (128, 128, 4, 4, 4), (128, 128, 4, 8, 4), (64, 64, 4, 4, 4), (64, 256, 4, 4, 4),
+            (64, 256, 4, 8, 3), (64, 128, 2, 4, 4), (64, 128, 8, 4, 4), (64, 128, 4, 8, 4), (64, 128, 4, 4, 3),
+            (64, 128, 4, 4, 6), (32, 256, 8, 4, 4)]
+
+
+def launches(nout: int, ncols: int, sms: int) -> list[Config]:
+    """The default launch first, then each variant that fits the shape (duplicates dropped)."""
+    found = [plan(nout, ncols, sms)]
+    for bn, bk, pps, warps, stages in VARIANTS:
+        if ncols % bk:
+            continue
+        c = plan(nout, ncols, sms, block_n=bn, block_k=bk, programs_per_sm=pps, warps=warps, stages=stages)
+        if c not in found:
+            found.append(c)
+    return found
+
+
+def time_form(calls: list[Callable[[], object]], reps: int) -> dict[str, Any]:
+    """ms of one call, or the error of a launch that does not compile or run (out of shared memory, say)."""
+    try:
+        return {"ms": graph_ms(calls, reps)}
+    except Exception as e:  # noqa: BLE001 - a launch the device cannot run is a result of the sweep, not its end
+        torch.cuda.synchronize()
+        return {"error": repr(e)[:300]}
+
+
+def sweep(bw: float, reps: int, names: list[str], row_counts: list[int]) -> list[dict[str, Any]]:
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    out: list[dict[str, Any]] = []
+    for name, nout, ncols in (p for p in PRODUCTS if p[0] in names):
+        if not fits(nout, ncols):
+            continue
+        w = torch.randn(nout, ncols, device=dev) * 0.02
+        f8 = quantize_fp8(w)
+        wb = w.bfloat16()
+        del w
+        nb, n8 = wb.nbytes, f8.weight.nbytes + f8.scale.nbytes
+        cb = _copies(nb, wb.clone)
+        c8 = _copies(n8, lambda: (f8.weight.clone(), f8.scale.clone()))
+        for r in row_counts:
+            x = torch.randn(r, ncols, device=dev).bfloat16()
+            io = 2 * r * (ncols + nout)
+            forms: list[tuple[str, int, Config | None, list[Callable[[], object]]]] = [
+                ("bf16 cublas", nb, None, [partial(F.linear, x, p) for p in cb])]
+            for cfg in launches(nout, ncols, sms):
+                forms.append(("bf16 triton", nb, cfg, [partial(dense_gemv, x, p, cfg) for p in cb]))
+                forms.append(("fp8 triton", n8, cfg, [partial(fp8_gemv, x, q, s, cfg) for q, s in c8]))
+            for form, nbytes, cfg, calls in forms:
+                floor = (nbytes + io) / bw * 1e3
+                row: dict[str, Any] = {"product": name, "out": nout, "in": ncols, "rows": r, "form": form,
+                                       "floor_ms": floor, "config": asdict(cfg) if cfg else None,
+                                       "default": cfg == plan(nout, ncols, sms) if cfg else None,
+                                       **time_form(calls, reps)}
+                if "ms" in row:
+                    row["x_floor"] = row["ms"] / floor
+                out.append(row)
+                said = (f"{1e3 * row['ms']:8.1f} us  x{row['x_floor']:5.2f}" if "ms" in row
+                        else f"failed: {row['error'][:80]}")
+                print(f"{name:22s} rows {r:2d}  {form:11s} {str(asdict(cfg) if cfg else ''):80s} {said}", flush=True)
+        del cb, c8
+        torch.cuda.empty_cache()
+    return out
+
+
+def summary(rows: list[dict[str, Any]]) -> list[str]:
+    """Per product and row count: cuBLAS, and the fastest launch of each Triton form with its ratio to cuBLAS."""
+    lines = []
+    keys = dict.fromkeys((r["product"], r["rows"]) for r in rows)
+    for product, nrows in keys:
+        mine = [r for r in rows if r["product"] == product and r["rows"] == nrows and "ms" in r]
+        cublas = next((r for r in mine if r["form"] == "bf16 cublas"), None)
+        if cublas is None:
+            continue
+        said = [f"{product} rows {nrows}: cuBLAS {1e3 * cublas['ms']:.1f} us (x{cublas['x_floor']:.2f})"]
+        for form in ("bf16 triton", "fp8 triton"):
+            runs = [r for r in mine if r["form"] == form]
+            if not runs:
+                continue
+            best = min(runs, key=lambda r: r["ms"])
+            default = next((r for r in runs if r["default"]), None)
+            said.append(f"{form} best {1e3 * best['ms']:.1f} us (x{best['x_floor']:.2f}, {cublas['ms'] / best['ms']:.2f}x "
+                        f"cuBLAS's speed) at {best['config']}"
+                        + (f", default {1e3 * default['ms']:.1f} us" if default else ""))
+        lines.append("; ".join(said))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.bench_gemv", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="JSON file for every number")
+    ap.add_argument("--reps", type=int, default=10, help="graph replays a form (median)")
+    ap.add_argument("--shapes", default=",".join(p[0] for p in PRODUCTS), help="comma list of product names")
+    ap.add_argument("--rows", default="1,8,64", help="comma list of activation row counts")
+    args = ap.parse_args(argv)
+    names = [n.strip() for n in args.shapes.split(",")]
+    unknown = set(names) - {p[0] for p in PRODUCTS}
+    if unknown:
+        ap.error(f"--shapes: unknown products {sorted(unknown)}; known: {[p[0] for p in PRODUCTS]}")
+    t0 = time.perf_counter()
+    bw = copy_bandwidth(torch.device("cuda"))
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}", flush=True)
+    rows = sweep(bw, args.reps, names, [int(r) for r in args.rows.split(",")])
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_tb_s": bw / 1e12,
+              "rows": rows, "summary": summary(rows), "total_s": time.perf_counter() - t0}
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print("\n".join(result["summary"]))
+    print(f"done in {result['total_s']:.0f} s -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
