@@ -163,7 +163,7 @@ def _plan(cfg: IgnisConfig, model_dir: Path, *, fitted: bool) -> MemoryPlan:
     with torch.device("meta"):
         model = HybridModel(config, mtp=mtp)
         if quant is not None:
-            _pack(model, quant.group_size)
+            _pack(model, quant.group_size, quant.head)
         if fp8:
             _to_fp8(model)
     weights = sum(_stored_bytes(name, t, size) for name, t in model.state_dict().items())
@@ -174,7 +174,8 @@ def _plan(cfg: IgnisConfig, model_dir: Path, *, fitted: bool) -> MemoryPlan:
     ec, k = cfg.engine, cfg.spec.draft_tokens
     cache = LaneCache(config, lanes=ec.lanes, context=ec.context, max_cols=k + 1, device="meta", dtype=dtype)
     recurrent = cache.nbytes() - cache.pool.nbytes()
-    fmt = (f"int4 (group {quant.group_size})" if quant is not None else "fp8 e4m3 (made at load)" if fp8
+    head = ", output head too" if quant is not None and quant.head else ""
+    fmt = (f"int4 (group {quant.group_size}{head})" if quant is not None else "fp8 e4m3 (made at load)" if fp8
            else str(dtype).removeprefix("torch."))
     items = [
         Item("weights", weights, f"target, {fmt}" + (" with its MTP layer" if mtp else "")),
@@ -272,11 +273,11 @@ def _to_fp8(model: HybridModel) -> None:
             setattr(model.get_submodule(parent), attr, Fp8Linear(empty))
 
 
-def _pack(model: HybridModel, group: int) -> None:
+def _pack(model: HybridModel, group: int, head: bool) -> None:
     """Put a QuantLinear in place of every linear `ignis quantize` packs (named as in the checkpoint)."""
     for name, module in list(model.named_modules()):
-        stored = f"{name}.weight" if name.startswith("mtp.") else f"model.{name}.weight"
-        if isinstance(module, torch.nn.Linear) and quantized_name(stored, tuple(module.weight.shape), group):
+        stored = f"{name}.weight" if name.startswith("mtp.") or name == "lm_head" else f"model.{name}.weight"
+        if isinstance(module, torch.nn.Linear) and quantized_name(stored, tuple(module.weight.shape), group, head):
             parent, _, attr = name.rpartition(".")
             setattr(model.get_submodule(parent), attr, QuantLinear(module.in_features, module.out_features, group))
 

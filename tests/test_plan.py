@@ -83,10 +83,11 @@ def test_the_h200_fp8_option_plans_the_27b_as_its_comment_states(q27b: dict[str,
 
 def test_the_planned_weights_are_what_the_loader_holds(tmp_path: Path) -> None:
     """Counted from config.json alone, the weights item equals the bytes of the model loaded from the converted
-    checkpoint (packed projections, kept embeddings, norms, gates and MTP layer)."""
+    checkpoint (packed projections, kept embeddings, norms, gates and MTP layer; with --head, the head packed)."""
     src = tiny_checkpoint(tmp_path / "src", seed=3, mtp=True)
     convert(src, tmp_path / "q", group=64)
-    for path in (src, tmp_path / "q"):
+    convert(src, tmp_path / "qh", group=64, head=True)  # the output head packed too
+    for path in (src, tmp_path / "q", tmp_path / "qh"):
         model = load_model(path, device="cpu", dtype=torch.float32, exact=True)
         held = sum(t.nbytes for t in model.state_dict().values())
         plan = memory_plan(load_config(profile="cpu"), path)

@@ -146,6 +146,39 @@ def test_converter_round_trips_a_random_checkpoint(tmp_path: Path, capsys: pytes
     assert torch.equal(a.argmax(-1), b.argmax(-1))
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_head_quantized_too(tmp_path: Path, tied: bool) -> None:
+    """`ignis quantize --head` stores the output head packed (a tied head as a packed copy of the embedding, which
+    keeps its bits, and the checkpoint untied); it loads as a QuantLinear whose logits are the dequantized head's, and
+    speculation through it keeps plain decoding's greedy tokens."""
+    from engines import make_engine, prompts, run
+    from ignis.params import SamplingParams
+
+    src = tiny_checkpoint(tmp_path / "src", seed=5, mtp=True, vocab_size=512, tie_word_embeddings=tied)
+    dst = tmp_path / "q"
+    assert main(["quantize", str(src), str(dst), "--group", "64", "--head"]) == 0
+    quant = json.loads((dst / "config.json").read_text())["quantization_config"]
+    assert quant["head"] is True and "lm_head" not in quant["kept"]
+    with safe_open(str(src / "model.safetensors"), "pt") as f:
+        original = {n: f.get_tensor(n) for n in f.keys()}  # noqa: SIM118
+    with safe_open(str(dst / "model.safetensors"), "pt") as f:
+        stored = {n: f.get_tensor(n) for n in f.keys()}  # noqa: SIM118
+    head = original["model.embed_tokens.weight" if tied else "lm_head.weight"]
+    assert "lm_head.weight" not in stored
+    assert torch.equal(stored["model.embed_tokens.weight"], original["model.embed_tokens.weight"])
+    qweight, scales, qzeros = (stored[f"lm_head.{s}"] for s in ("qweight", "scales", "qzeros"))
+    w = dequantize(qweight, scales, qzeros, torch.float32)
+    assert bool(((w - head).abs() <= scales.float().repeat_interleave(64, dim=1) / 2 + 1e-7).all())
+    model = load_model(dst, device="cpu", dtype=torch.float32, exact=True)
+    assert isinstance(model.lm_head, QuantLinear) and not model.config.tie_word_embeddings
+    hidden = torch.randn(5, model.config.hidden_size, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(model.logits(hidden), linear(hidden, w, True).float())
+    ps = prompts(3, 512, seed=2, lo=3, hi=40)
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    want = {k: v.token_ids for k, v in run(make_engine(dst, "off"), ps, params).items()}
+    assert {k: v.token_ids for k, v in run(make_engine(dst, "mtp", 3), ps, params).items()} == want
+
+
 def test_a_quantized_gdn_decodes_with_one_packed_and_one_dense_projection(tmp_path: Path) -> None:
     """A 4-bit Gated DeltaNet keeps its gates (b, a) dense: fused, its packed qkv and z join into one packed product and
     the gates into one dense one (views of the loaded tensors), and the device round's decodes through them give the

@@ -130,3 +130,24 @@ def test_layouts_that_do_not_fit_are_refused_naming_the_field(int4: Path, tmp_pa
     save_file(tensors, str(tmp_path / "g" / "model.safetensors"))
     with pytest.raises(ArtifactError, match="g_idx"):
         load_model(tmp_path / "g", device="cpu", dtype=torch.float32, exact=True)
+
+
+def test_a_gptq_head_loads_and_plans_as_ignis_packs_it(tmp_path: Path) -> None:
+    """A GPTQ checkpoint whose head is quantized too (`"lm_head": true`) loads it as a QuantLinear holding the bytes
+    `ignis quantize --head` makes, and the memory plan counts it packed."""
+    from ignis.config import load_config
+    from ignis.plan import memory_plan
+
+    src = tiny_checkpoint(tmp_path / "src", seed=7, mtp=True)
+    assert main(["quantize", str(src), str(tmp_path / "int4"), "--group", "64", "--head"]) == 0
+    quant = {"quant_method": "gptq", "bits": 4, "group_size": 64, "desc_act": False, "sym": False, "lm_head": True}
+    _relayout(tmp_path / "int4", tmp_path / "gptq", quant, "v1")
+    ours = load_model(tmp_path / "int4", device="cpu", dtype=torch.float32, exact=True)
+    theirs = load_model(tmp_path / "gptq", device="cpu", dtype=torch.float32, exact=True)
+    assert isinstance(ours.lm_head, QuantLinear) and isinstance(theirs.lm_head, QuantLinear)
+    for buf in ("qweight", "scales", "qzeros"):
+        assert torch.equal(getattr(ours.lm_head, buf), getattr(theirs.lm_head, buf)), buf
+    assert torch.equal(_logits(ours), _logits(theirs))
+    held = sum(t.nbytes for t in theirs.state_dict().values())
+    plan = memory_plan(load_config(profile="cpu"), tmp_path / "gptq")
+    assert {i.name: i.nbytes for i in plan.items}["weights"] == held

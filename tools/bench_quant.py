@@ -6,8 +6,8 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
    weight that none is still in L2: the int4 kernels, numba on CUDA cores ("int4", ignis.kernels.int4_gemv), Triton
    on tensor cores ("int4 triton", ignis.kernels.int4_triton, its table's choice) and CUDA C++ with the weight as the
    tensor cores' 16-row operand ("int4 mma", ignis.kernels.int4_mma, its codes repacked), bf16 F.linear, fp8
-   (ignis.quant.fp8.fp8_linear: the Triton kernel up to 64 rows, torch._scaled_mm beyond) and, at 64 rows, the int4 reference (dequantize + F.linear). "x floor" is ms
-   over the form's own bytes (weight, scales, zero points, x and y) at the copy bandwidth.
+   (ignis.quant.fp8.fp8_linear: the Triton kernel up to 64 rows, torch._scaled_mm beyond) and, at 64 rows, the int4
+   reference (dequantize + F.linear). "x floor" is ms over the form's own bytes (weight, scales, zero points, x and y) at the copy bandwidth.
    Then the numba kernel's alternative shapes of work (ignis.kernels.int4_gemv.Tuning) at three of the shapes, and
    with --sweep-triton the Triton kernel's launch shapes (ignis.kernels.int4_triton.Config) at the same three shapes
    for 1, 8 and 64 rows: the table (int4_triton.TABLE) is what this sweep picks. With --policies, whole launch
@@ -15,11 +15,11 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
    summed as a decode step runs them; the best stays in force for the decode step below.
 3. A decode step of one lane at a 512-token context (random weights built on the GPU, as tools.bench_round does)
    through DeviceRound with CUDA graphs, bf16 then the same weights packed to int4 (group 128, products through the
-   kernel --int4-kernel names) then converted to fp8; speed-ups are bf16 ms over int4 or fp8 ms, floors are each
-   model's weight bytes plus the lane's state and K/V.
-4. The built-in model in bf16 on the GPU, as shipped, int4 (group 128) and fp8: perplexity, greedy agreement and
-   logit error against bf16 (tools.quant_quality.compare) over held-out prompts, and dflash2 tokens a round
-   (ignis.acceptance.measure, 7 drafts, greedy, eager rounds) with each target.
+   kernel --int4-kernel names), then with the output head packed too (`ignis quantize --head`), then converted to
+   fp8; speed-ups are bf16 ms over int4 or fp8 ms, floors are each model's weight bytes plus the lane's state and K/V.
+4. The built-in model in bf16 on the GPU, as shipped, int4 (group 128; and with its head, `--head`) and fp8:
+   perplexity, greedy agreement and logit error against bf16 (tools.quant_quality.compare) over held-out prompts, and
+   dflash2 tokens a round (ignis.acceptance.measure, 7 drafts, greedy, eager rounds) with each target.
 
     python -m tools.bench_quant --out quant.json
     python -m tools.bench_quant --out sweep.json --skip tunings,decode,quality --sweep-triton
@@ -313,13 +313,13 @@ def layouts(bw: float, reps: int) -> list[dict[str, Any]]:
     return rows_out
 
 
-def to_int4(model: nn.Module, group: int) -> int:
-    """Pack every projection `ignis quantize` would pack, in place on the model's device (scales in the model dtype,
-    as the loader keeps them), and fuse again. Returns how many were packed."""
+def to_int4(model: nn.Module, group: int, head: bool = False) -> int:
+    """Pack every projection `ignis quantize` would pack (with `head`, as `--head` does: the output head too), in place
+    on the model's device (scales in the model dtype, as the loader keeps them). Returns how many were packed."""
     done = 0
     for name, m in list(model.named_modules()):
         stored = f"{name}.weight" if name.startswith("mtp.") else f"model.{name}.weight"
-        if isinstance(m, nn.Linear) and quantized_name(stored, tuple(m.weight.shape), group):
+        if isinstance(m, nn.Linear) and quantized_name(stored, tuple(m.weight.shape), group, head):
             qw, s, z = quantize(m.weight, group)
             with torch.device("meta"):
                 q = QuantLinear(m.in_features, m.out_features, group)
@@ -382,6 +382,10 @@ def decode_steps(bw: float, context: int, iters: int) -> dict[str, Any]:
     fuse_and_own(model)
     out["int4_packed"], out["int4_convert_s"] = packed, time.perf_counter() - t0
     out["int4"] = decode_step("int4", model, bw, context, iters)
+    out["int4_head_packed"] = to_int4(model, GROUP, head=True)  # `ignis quantize --head`: the output head as well
+    if uses_mma(dev, torch.bfloat16):
+        to_mma(model, torch.bfloat16)
+    out["int4_head"] = decode_step("int4 head", model, bw, context, iters)
     del model
     torch.cuda.empty_cache()
     model = random_model(C, seed=0, mtp=False, device=dev, dtype=torch.bfloat16)
@@ -390,9 +394,10 @@ def decode_steps(bw: float, context: int, iters: int) -> dict[str, Any]:
     out["fp8"] = decode_step("fp8", model, bw, context, iters)
     del model
     torch.cuda.empty_cache()
-    for form in ("int4", "fp8"):
+    for form in ("int4", "int4_head", "fp8"):
         out[f"speedup_{form}"] = out["bf16"]["graph_ms"] / out[form]["graph_ms"]
-    print(f"27B decode step speed-up over bf16: int4 x{out['speedup_int4']:.2f}, fp8 x{out['speedup_fp8']:.2f}")
+    print(f"27B decode step speed-up over bf16: int4 x{out['speedup_int4']:.2f} (output head too "
+          f"x{out['speedup_int4_head']:.2f}), fp8 x{out['speedup_fp8']:.2f}")
     return out
 
 
@@ -413,18 +418,20 @@ def quality(prompts_n: int, tokens: int, accept_n: int, max_tokens: int, device:
     prompts = [tok.encode(json.loads(line)["prompt"]) for line in lines if line.strip()]
     out: dict[str, Any] = {"prompts": prompts_n, "tokens": tokens}
     with tempfile.TemporaryDirectory() as tmp:
-        int4 = Path(tmp) / "int4"
+        int4, int4_head = Path(tmp) / "int4", Path(tmp) / "int4-head"
         convert(BUILTIN, int4, group=GROUP)
+        convert(BUILTIN, int4_head, group=GROUP, head=True)  # its tied head as a packed copy of the embedding
         dtype = torch.bfloat16 if device == "cuda" else torch.float32
         ref = load_model(BUILTIN, device=device, dtype=dtype, exact=False)
-        forms = {"int4": (int4, False), "fp8": (BUILTIN, True)}
+        forms = {"int4": (int4, False), "int4_head": (int4_head, False), "fp8": (BUILTIN, True)}
         for form, (path, fp8) in forms.items():
             model = load_model(path, device=device, dtype=dtype, exact=False, fp8=fp8)
             out[form] = compare(ref, model, [p[-tokens:] for p in prompts[:prompts_n]])
             del model
         del ref
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-        for form, path, weights in (("bf16", BUILTIN, "auto"), ("int4", int4, "auto"), ("fp8", BUILTIN, "fp8")):
+        for form, path, weights in (("bf16", BUILTIN, "auto"), ("int4", int4, "auto"), ("int4_head", int4_head, "auto"),
+                                    ("fp8", BUILTIN, "fp8")):
             cfg = load_config(overrides={"model.path": str(path), "model.device": device,
                                          "model.dtype": str(dtype).removeprefix("torch."),
                                          "model.weights": weights, "spec.backend": "dflash2", "spec.draft_tokens": 7,
@@ -437,7 +444,8 @@ def quality(prompts_n: int, tokens: int, accept_n: int, max_tokens: int, device:
             del engine
             if device == "cuda":
                 torch.cuda.empty_cache()
-    print("built-in quality:", json.dumps({k: out[k] for k in ("int4", "fp8", "dflash2_tokens_per_round")}))
+    print("built-in quality:",
+          json.dumps({k: out[k] for k in ("int4", "int4_head", "fp8", "dflash2_tokens_per_round")}))
     return out
 
 
@@ -484,12 +492,14 @@ def summary(result: dict[str, Any]) -> list[str]:
     dec = result.get("decode")
     if dec:
         lines.append(f"27B decode step, 1 lane, graphs: bf16 {dec['bf16']['graph_ms']:.2f} ms, int4 "
-                     f"{dec['int4']['graph_ms']:.2f} ms (x{dec['speedup_int4']:.2f}), fp8 {dec['fp8']['graph_ms']:.2f} "
-                     f"ms (x{dec['speedup_fp8']:.2f})")
+                     f"{dec['int4']['graph_ms']:.2f} ms (x{dec['speedup_int4']:.2f}), int4 with the output head "
+                     f"{dec['int4_head']['graph_ms']:.2f} ms (x{dec['speedup_int4_head']:.2f}), fp8 "
+                     f"{dec['fp8']['graph_ms']:.2f} ms (x{dec['speedup_fp8']:.2f})")
     q = result.get("quality")
     if q:
         lines.append(f"built-in perplexity: bf16 {q['int4']['ppl_reference']:.3f}, int4 "
-                     f"{q['int4']['ppl_quantized']:.3f}, fp8 {q['fp8']['ppl_quantized']:.3f}; dflash2 tokens a round: "
+                     f"{q['int4']['ppl_quantized']:.3f}, int4 with the head {q['int4_head']['ppl_quantized']:.3f}, "
+                     f"fp8 {q['fp8']['ppl_quantized']:.3f}; dflash2 tokens a round: "
                      + ", ".join(f"{k} {v:.2f}" for k, v in q["dflash2_tokens_per_round"].items()))
     return lines
 

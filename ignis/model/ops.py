@@ -54,6 +54,15 @@ def linear(x: torch.Tensor, weight: Weight, exact: bool) -> torch.Tensor:
     return F.linear(rows, weight)[:m].reshape(*lead, weight.shape[0])
 
 
+def dense(weight: Weight, dtype: torch.dtype) -> torch.Tensor:
+    """The weight as a dense [out, in] tensor of `dtype`: a packed or fp8 one dequantized (a copy), a dense one cast."""
+    if isinstance(weight, (PackedWeight, MmaCodes)):
+        return weight.dequantize().to(dtype)
+    if isinstance(weight, Fp8Weight):
+        return weight.dequantize(dtype)
+    return weight.to(dtype)
+
+
 def sigmoid(x: torch.Tensor, exact: bool) -> torch.Tensor:
     return 1.0 / (1.0 + torch.exp(-x)) if exact else torch.sigmoid(x)
 

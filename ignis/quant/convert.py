@@ -31,20 +31,24 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 
 
-def convert(src: str | Path, dst: str | Path, *, group: int = 128, bits: int = 4,
+def convert(src: str | Path, dst: str | Path, *, group: int = 128, bits: int = 4, head: bool = False,
             progress: Callable[[int, int, str], None] | None = None) -> QuantConfig:
-    """Write the int4 form of the checkpoint `src` into the new or empty directory `dst`.
+    """Write the int4 form of the checkpoint `src` into the new or empty directory `dst`; with `head`, the output
+    head (lm_head) too.
 
     progress(done_bytes, total_bytes, shard) is called after every tensor. Raises ArtifactError for a source ignis
     cannot read (no config.json or weights, another architecture, already quantized) or a non-empty `dst`."""
     source, target = Path(src), Path(dst)
     try:
-        quant = QuantConfig(bits=bits, group_size=group)
+        quant = QuantConfig(bits=bits, group_size=group, head=head)
     except ValueError as e:
         raise ArtifactError(str(e)) from e
     config_path = source / "config.json"
-    ModelConfig.from_dir(source)  # the architecture check, before any work
+    model_config = ModelConfig.from_dir(source)  # the architecture check, before any work
     config = json.loads(config_path.read_text())
+    # A tied head (the embedding read as the output head) becomes its own packed copy of the embedding, which keeps
+    # its precision for the lookups: the converted checkpoint unties them.
+    untie = head and model_config.tie_word_embeddings
     if "quantization_config" in config:
         raise ArtifactError(f"{config_path}: already quantized ({config['quantization_config'].get('quant_method')}); "
                             f"convert the checkpoint in its own precision")
@@ -55,6 +59,7 @@ def convert(src: str | Path, dst: str | Path, *, group: int = 128, bits: int = 4
     target.mkdir(parents=True, exist_ok=True)
     weight_map: dict[str, str] = {}
     done = 0  # bytes of the finished shards
+    untied = False
     for shard in shards:
         out: dict[str, torch.Tensor] = {}
         read = 0
@@ -62,12 +67,13 @@ def convert(src: str | Path, dst: str | Path, *, group: int = 128, bits: int = 4
             for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
                 tensor = f.get_tensor(name)
                 read += tensor.nbytes
-                if quantized_name(name, tuple(tensor.shape), group):
-                    stem = name.removesuffix(".weight")
-                    packed = quantize(tensor, group)
-                    out.update({f"{stem}.qweight": packed[0], f"{stem}.scales": packed[1], f"{stem}.qzeros": packed[2]})
+                if quantized_name(name, tuple(tensor.shape), group, head):
+                    out.update(_packed(name.removesuffix(".weight"), tensor, group))
                 else:
                     out[name] = tensor
+                if untie and _is_embedding(name):
+                    out.update(_packed("lm_head", tensor, group))
+                    untied = True
                 del tensor
                 if progress is not None:
                     progress(min(done + read, total - 1), total, shard.name)
@@ -80,6 +86,14 @@ def convert(src: str | Path, dst: str | Path, *, group: int = 128, bits: int = 4
     size = sum((target / s.name).stat().st_size for s in shards)
     (target / INDEX).write_text(json.dumps({"metadata": {"total_size": size}, "weight_map": weight_map}, indent=2,
                                            sort_keys=True) + "\n")
+    if untie and not untied:
+        raise ArtifactError(f"{source}: tie_word_embeddings is true but no embed_tokens.weight was found to make the "
+                            f"output head of")
+    if untie:
+        for c in (config, config.get("text_config")):
+            if isinstance(c, dict) and "tie_word_embeddings" in c:
+                c["tie_word_embeddings"] = False
+        config.setdefault("tie_word_embeddings", False)
     config["quantization_config"] = quant.to_json()
     (target / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     for item in source.iterdir():
@@ -88,6 +102,15 @@ def convert(src: str | Path, dst: str | Path, *, group: int = 128, bits: int = 4
     if (source / "drafter").is_dir():
         shutil.copytree(source / "drafter", target / "drafter")
     return quant
+
+
+def _packed(stem: str, weight: torch.Tensor, group: int) -> dict[str, torch.Tensor]:
+    qweight, scales, qzeros = quantize(weight, group)
+    return {f"{stem}.qweight": qweight, f"{stem}.scales": scales, f"{stem}.qzeros": qzeros}
+
+
+def _is_embedding(name: str) -> bool:
+    return name.endswith("embed_tokens.weight") and not name.startswith(("mtp.", "model.visual.", "visual."))
 
 
 def _shards(root: Path) -> list[Path]:

@@ -51,6 +51,7 @@ class QuantConfig:
     bits: int = BITS
     group_size: int = 128
     published: Published | None = None
+    head: bool = False  # the output head (lm_head) is stored packed too (`ignis quantize --head`)
 
     def __post_init__(self) -> None:
         if self.bits != BITS:
@@ -59,9 +60,10 @@ class QuantConfig:
             raise ValueError(f"group size must be one of {', '.join(map(str, GROUPS))}, got {self.group_size}")
 
     def to_json(self) -> dict[str, Any]:
+        kept = "embed_tokens, " + ("" if self.head else "lm_head, ")
         return {"quant_method": METHOD, "bits": self.bits, "group_size": self.group_size, "zero_point": True,
-                "scale_dtype": "float16", "packing": "uint8, low nibble first",
-                "kept": "embed_tokens, lm_head, norms, in_proj_a, in_proj_b, conv1d, A_log, dt_bias, mtp.*"}
+                "scale_dtype": "float16", "packing": "uint8, low nibble first", "head": self.head,
+                "kept": kept + "norms, in_proj_a, in_proj_b, conv1d, A_log, dt_bias, mtp.*"}
 
     @staticmethod
     def of(config: dict[str, Any], where: Path) -> QuantConfig | None:
@@ -77,14 +79,15 @@ class QuantConfig:
                 pub = published_config(q)
             except ValueError as e:
                 raise ArtifactError(f"{where}: quantization_config: {e}") from e
-            return QuantConfig(group_size=pub.group_size, published=pub)
+            return QuantConfig(group_size=pub.group_size, published=pub, head=bool(q.get("lm_head", False)))
         if not isinstance(q, dict) or q.get("quant_method") != METHOD:
             method = q.get("quant_method") if isinstance(q, dict) else q
             raise ArtifactError(f"{where}: quantization_config.quant_method is {method!r}; ignis reads {METHOD!r} "
                                 f"checkpoints (made by `ignis quantize`), 4-bit GPTQ and AWQ ones "
                                 f"(docs/quantization.md) and unquantized ones")
         try:
-            return QuantConfig(bits=int(q.get("bits", 0)), group_size=int(q.get("group_size", 0)))
+            return QuantConfig(bits=int(q.get("bits", 0)), group_size=int(q.get("group_size", 0)),
+                               head=bool(q.get("head", False)))
         except (TypeError, ValueError) as e:
             raise ArtifactError(f"{where}: quantization_config: {e}") from e
 
@@ -98,12 +101,13 @@ class QuantConfig:
         return QuantConfig.of(config, path)
 
 
-def quantized_name(name: str, shape: tuple[int, ...], group: int) -> bool:
-    """Whether the checkpoint tensor `name` of `shape` is stored quantized with groups of `group` columns."""
+def quantized_name(name: str, shape: tuple[int, ...], group: int, head: bool = False) -> bool:
+    """Whether the checkpoint tensor `name` of `shape` is stored quantized with groups of `group` columns: the
+    decoder layers' projections, and with `head` the output head (lm_head) too."""
     if not name.endswith(".weight") or len(shape) != 2 or name.startswith(("mtp.", "model.visual.", "visual.")):
         return False
     module = name.rsplit(".", 2)[-2]
-    return module in PROJECTIONS and shape[1] % group == 0
+    return (module in PROJECTIONS or (head and module == "lm_head")) and shape[1] % group == 0
 
 
 def quantize(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -8,9 +8,9 @@ same set as the 4-bit format, ignis.quant.format.quantized_name) or loading (ign
 
 The product: on CUDA with bf16 activations and up to 64 rows (decode and verify), a Triton kernel that widens the
 codes to bf16 on the way to the tensor cores and applies the row scale to the fp32 sum, x unquantized
-(ignis.kernels.gemv_triton.fp8_gemv); for more rows, torch._scaled_mm with row-wise scales. Each activation row is scaled into
-e4m3's range by its own absolute maximum (computed on the device, no host read, so it is capturable), the weight
-operand is the [in, out] column-major view of the row-major [out, in] codes, and cuBLAS/CUTLASS sums in fp32 and
+(ignis.kernels.gemv_triton.fp8_gemv); for more rows, torch._scaled_mm with row-wise scales. Each activation row is
+scaled into e4m3's range by its own absolute maximum (computed on the device, no host read, so it is capturable), the
+weight operand is the [in, out] column-major view of the row-major [out, in] codes, and cuBLAS/CUTLASS sums in fp32 and
 applies both scales: y[r, o] = sa[r] * sw[o] * sum_c xq[r, c] * wq[o, c]. _scaled_mm wants the inner and output
 dimensions to be multiples of 16 (projections that are not keep their precision) and gets its rows padded to a
 multiple of 16. Elsewhere (the CPU, other dtypes) the reference: F.linear on the weight dequantized to x's dtype,

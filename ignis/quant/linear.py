@@ -152,7 +152,8 @@ def to_mma(model: nn.Module, dtype: torch.dtype) -> int:
 
 
 def uses_mma(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether a model loading on `device` in `dtype` should be repacked: the mma kernel is the choice and runs there."""
+    """Whether a model loading on `device` in `dtype` should be repacked: the mma kernel is the choice and runs
+    there."""
     return device.type == "cuda" and dtype in int4_mma.ACTIVATIONS and chosen() == "mma"
 
 

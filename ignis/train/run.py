@@ -29,6 +29,7 @@ from ignis.config import load_config, parse_overrides
 from ignis.engine.core import Engine
 from ignis.errors import ArtifactError, InputError
 from ignis.model.config import ModelConfig, read_config_json
+from ignis.model.ops import dense
 from ignis.tokenizer import Tokenizer
 from ignis.train import generate, memory, prompts, recipe, shortlist
 from ignis.train.evaluate import evaluate
@@ -117,7 +118,7 @@ def train_drafter(o: Options) -> dict[str, Any]:
         drafter.load_state_dict(start.state_dict())
         del start
     embed = model.embed_tokens.weight
-    head = embed if model.lm_head is None else model.lm_head.weight
+    head = embed if model.lm_head is None else dense(model.lm_head.weight, embed.dtype)  # a 4-bit head dequantized
     params = sum(p.numel() for p in drafter.parameters())
     log(f"drafter: {cfg.num_layers} layers, taps {list(cfg.target_layer_ids)}, {params / 1e6:.2f}M parameters")
     loop = Loop(drafter, embed, head, features, data, list(range(len(data))),
@@ -160,7 +161,8 @@ def train_drafter(o: Options) -> dict[str, Any]:
 def _mask_id(o: Options, tok: Tokenizer, target: ModelConfig) -> int:
     if o.mask_token_id is not None:
         if not 0 <= o.mask_token_id < target.vocab_size:
-            raise InputError("--mask-token-id", f"{o.mask_token_id} is not a row of the {target.vocab_size}-row embedding")
+            raise InputError("--mask-token-id",
+                             f"{o.mask_token_id} is not a row of the {target.vocab_size}-row embedding")
         return o.mask_token_id
     for name in MASK_NAMES:
         found = tok.token_to_id(name)
