@@ -43,7 +43,8 @@ def test_triton_sweep_configs_and_summary() -> None:
     from dataclasses import asdict
 
     from ignis.kernels.int4_triton import check, choose
-    from tools.bench_quant import SHAPES, summary, triton_configs
+    from tools.bench_quant import summary
+    from tools.quant_products import SHAPES, triton_configs
 
     for _, nout, ncols in SHAPES:
         for rows in (1, 8, 64):
@@ -63,7 +64,8 @@ def test_policies_are_valid_launches_and_summarised() -> None:
     """--policies: every candidate is a launch the kernel takes at every 27B shape, the first is the table's, and
     the summary names the best beside it."""
     from ignis.kernels import int4_triton as it
-    from tools.bench_quant import POLICIES, SHAPES, STEP_COUNTS, summary
+    from tools.bench_quant import summary
+    from tools.quant_products import POLICIES, SHAPES, STEP_COUNTS
 
     assert POLICIES[0] == (*it.TABLE[16], it.PROGRAMS_PER_SM) and set(STEP_COUNTS) == {n for n, _, _ in SHAPES}
     saved = dict(it.TABLE)

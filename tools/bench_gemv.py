@@ -5,7 +5,7 @@ For each product of a Qwen3.5-27B decode step (the SHAPES of tools.bench_quant, 
 64 rows: bf16 `F.linear` (cuBLAS), then the Triton kernel on the same bf16 weight (`dense_gemv`) and on its fp8
 codes (`fp8_gemv`), each at `choose`'s launch and at the variants of `plan` around it (tile width, step, warps,
 stages, the split's target of programs a SM). Every figure is a CUDA graph of calls cycling over enough weight
-copies that none is read from L2 (tools.bench_quant.graph_ms), in µs and over the form's own bytes at the copy
+copies that none is read from L2 (tools.quant_products.graph_ms), in µs and over the form's own bytes at the copy
 bandwidth measured in the same run. The summary names, per product and row count, the fastest launch of each form
 and its ratio to cuBLAS: where the dense kernel beats cuBLAS, and which launch the fp8 kernel should take.
 
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from ignis.kernels.gemv_triton import Config, dense_gemv, fits, fp8_gemv, plan
 from ignis.quant.fp8 import quantize_fp8
-from tools.bench_quant import C, SHAPES, _copies, graph_ms
+from tools.quant_products import C, SHAPES, graph_ms, weight_copies
 from tools.bench_round import copy_bandwidth
 
 PRODUCTS = [*SHAPES, ("output head", C["vocab_size"], C["hidden_size"])]
@@ -73,8 +73,8 @@ def sweep(bw: float, reps: int, names: list[str], row_counts: list[int]) -> list
         wb = w.bfloat16()
         del w
         nb, n8 = wb.nbytes, f8.weight.nbytes + f8.scale.nbytes
-        cb = _copies(nb, wb.clone)
-        c8 = _copies(n8, lambda: (f8.weight.clone(), f8.scale.clone()))
+        cb = weight_copies(nb, wb.clone)
+        c8 = weight_copies(n8, lambda: (f8.weight.clone(), f8.scale.clone()))
         for r in row_counts:
             x = torch.randn(r, ncols, device=dev).bfloat16()
             io = 2 * r * (ncols + nout)
@@ -116,8 +116,9 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
                 continue
             best = min(runs, key=lambda r: r["ms"])
             default = next((r for r in runs if r["default"]), None)
-            said.append(f"{form} best {1e3 * best['ms']:.1f} us (x{best['x_floor']:.2f}, {cublas['ms'] / best['ms']:.2f}x "
-                        f"cuBLAS's speed) at {best['config']}"
+            speed = cublas["ms"] / best["ms"]
+            said.append(f"{form} best {1e3 * best['ms']:.1f} us (x{best['x_floor']:.2f}, {speed:.2f}x cuBLAS's speed) "
+                        f"at {best['config']}"
                         + (f", default {1e3 * default['ms']:.1f} us" if default else ""))
         lines.append("; ".join(said))
     return lines

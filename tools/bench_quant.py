@@ -7,10 +7,11 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
    on tensor cores ("int4 triton", ignis.kernels.int4_triton, its table's choice) and CUDA C++ with the weight as the
    tensor cores' 16-row operand ("int4 mma", ignis.kernels.int4_mma, its codes repacked), bf16 F.linear, fp8
    (ignis.quant.fp8.fp8_linear: the Triton kernel up to 64 rows, torch._scaled_mm beyond) and, at 64 rows, the int4
-   reference (dequantize + F.linear). "x floor" is ms over the form's own bytes (weight, scales, zero points, x and y) at the copy bandwidth.
-   Then the numba kernel's alternative shapes of work (ignis.kernels.int4_gemv.Tuning) at three of the shapes, and
-   with --sweep-triton the Triton kernel's launch shapes (ignis.kernels.int4_triton.Config) at the same three shapes
-   for 1, 8 and 64 rows: the table (int4_triton.TABLE) is what this sweep picks. With --policies, whole launch
+   reference (dequantize + F.linear). "x floor" is ms over the form's own bytes (weight, scales, zero points, x and y)
+   at the copy bandwidth (tools.quant_products runs these and the sweeps below). Then the numba kernel's alternative
+   shapes of work (ignis.kernels.int4_gemv.Tuning) at three of the shapes, and with --sweep-triton the Triton
+   kernel's launch shapes (ignis.kernels.int4_triton.Config) at the same three shapes for 1, 8 and 64 rows: the table
+   (int4_triton.TABLE) is what this sweep picks. With --policies, whole launch
    policies of the Triton kernel (its 16-row tile and the split's target) over all five products at 1 and 8 rows,
    summed as a decode step runs them; the best stays in force for the decode step below.
 3. A decode step of one lane at a 512-token context (random weights built on the GPU, as tools.bench_round does)
@@ -30,288 +31,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import asdict, replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ignis.artifact import BUILTIN
-from ignis.kernels.int4_gemv import Tuning, int4_gemv, kernel, row_tile
-from ignis.kernels.int4_mma import int4_mma, pack
-from ignis.kernels.int4_triton import Config, check, choose, int4_triton
 from ignis.model.model import HybridModel
-from ignis.quant.format import dequantize, quantize, quantized_name
-from ignis.quant.fp8 import Fp8Linear, Fp8Weight, fp8_linear, quantize_fp8, to_fp8
+from ignis.quant.format import quantize, quantized_name
+from ignis.quant.fp8 import Fp8Linear, to_fp8
 from ignis.quant.linear import QuantLinear, set_kernel, to_mma, uses_mma
-from tools.bench_round import POSITION, QWEN35_27B, build_backend, copy_bandwidth, decodes, floor_bytes, time_rounds
-
-C = QWEN35_27B
-GDN_Z = C["linear_num_value_heads"] * C["linear_value_head_dim"]
-GDN_QKV = 2 * C["linear_num_key_heads"] * C["linear_key_head_dim"] + GDN_Z
-ATTN_QKV = (2 * C["num_attention_heads"] + 2 * C["num_key_value_heads"]) * C["head_dim"]
-H, I = C["hidden_size"], C["intermediate_size"]
-# (name, out, in): the products of a 27B decode step (the GDN qkv and z run as two packed products in a quantized
-# model; their sum is the fused bf16 in_proj's size less the two 48-row gates).
-SHAPES = [("mlp gate_up", 2 * I, H), ("mlp down", H, I), ("gdn in_proj qkv+z", GDN_QKV + GDN_Z, H),
-          ("attn qkv", ATTN_QKV, H), ("o_proj / gdn out_proj", H, C["num_attention_heads"] * C["head_dim"])]
-ROWS = (1, 8, 16, 64)
-FLUSH = 256 * 2**20  # bytes of weight copies a timed graph cycles over (the H200's L2 is 50 MB)
-GROUP = 128
-
-
-def graph_ms(calls: list[Callable[[], object]], reps: int) -> float:
-    """ms per call of `calls` (each on its own weight copy), replayed as one CUDA graph of at least 32 calls."""
-    for c in calls:
-        c()  # compile, load, pick algorithms
-    torch.cuda.synchronize()
-    seq = calls * math.ceil(32 / len(calls))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for c in seq:
-            c()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for c in seq:
-            c()
-    for _ in range(3):
-        graph.replay()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / len(seq))
-    del graph
-    return statistics.median(times)
-
-
-def _int4_reference(x: torch.Tensor, qw: torch.Tensor, s: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    return F.linear(x, dequantize(qw, s, z, x.dtype))
-
-
-def _copies(nbytes: int, make: Callable[[], Any]) -> list[Any]:
-    return [make() for _ in range(max(1, min(16, FLUSH // nbytes)))]
-
-
-def _int4_copies(nout: int, ncols: int, dev: torch.device) -> tuple[int, list[tuple[torch.Tensor, ...]]]:
-    """A random [nout, ncols] weight packed to int4 (bf16 scales): its bytes, and enough copies of (qweight, scales,
-    qzeros) that a graph cycling over them reads none from L2."""
-    qw, s, z = quantize(torch.randn(nout, ncols, device=dev) * 0.02, GROUP)
-    s = s.bfloat16()
-    n4 = qw.nbytes + s.nbytes + z.nbytes
-    return n4, _copies(n4, lambda: (qw.clone(), s.clone(), z.clone()))
-
-
-def products(bw: float, reps: int) -> list[dict[str, Any]]:
-    rows_out = []
-    dev = torch.device("cuda")
-    for name, nout, ncols in SHAPES:
-        w = torch.randn(nout, ncols, device=dev) * 0.02
-        qw, s, z = quantize(w, GROUP)
-        s = s.bfloat16()
-        f8 = quantize_fp8(w)
-        wb = w.bfloat16()
-        del w
-        n4, nb, n8 = qw.nbytes + s.nbytes + z.nbytes, wb.nbytes, f8.weight.nbytes + f8.scale.nbytes
-        c4 = _copies(n4, lambda: (qw.clone(), s.clone(), z.clone()))
-        cb = _copies(nb, wb.clone)
-        c8 = _copies(n8, lambda: Fp8Weight(f8.weight.clone(), f8.scale.clone()))
-        cm = [pack(*p, torch.bfloat16) for p in c4]
-        nm = cm[0].codes.nbytes + cm[0].zs.nbytes
-        for r in ROWS:
-            x = torch.randn(r, ncols, device=dev).bfloat16()
-            forms: dict[str, tuple[int, list[Callable[[], object]]]] = {
-                "int4": (n4, [partial(int4_gemv, x, *p) for p in c4]),
-                "int4 triton": (n4, [partial(int4_triton, x, *p) for p in c4]),
-                "int4 mma": (nm, [partial(int4_mma, x, p) for p in cm]),
-                "bf16": (nb, [partial(F.linear, x, p) for p in cb]),
-                "fp8": (n8, [partial(fp8_linear, x, p) for p in c8]),
-            }
-            if r == ROWS[-1]:  # where the kernel meets prefill-sized inputs: what packed_linear does above 64 rows
-                forms["int4 reference"] = (n4, [partial(_int4_reference, x, *p) for p in c4])
-            io = 2 * r * (ncols + nout)
-            for form, (nbytes, calls) in forms.items():
-                ms = graph_ms(calls, reps)
-                floor = (nbytes + io) / bw * 1e3
-                rows_out.append({"shape": name, "out": nout, "in": ncols, "rows": r, "form": form, "ms": ms,
-                                 "floor_ms": floor, "x_floor": ms / floor})
-                print(f"{name:22s} {nout:6d}x{ncols:<6d} rows {r:3d}  {form:15s} {1e3 * ms:8.1f} us  "
-                      f"floor {1e3 * floor:7.1f} us  x{ms / floor:5.2f}", flush=True)
-        del c4, cb, c8, cm
-        torch.cuda.empty_cache()
-    return rows_out
-
-
-TUNINGS = [Tuning(4, 4, 8), Tuning(2, 4, 8), Tuning(8, 4, 8), Tuning(4, 8, 4), Tuning(4, 2, 16), Tuning(4, 4, 16)]
-
-
-def kernel_info(t: Tuning, rt: int) -> dict[str, Any]:
-    """Registers and local memory a thread of the compiled bf16 kernel uses (spills show as local memory)."""
-    disp = kernel("bf16", "bf16", rt, t.ot, t.warps)
-    try:
-        return {"regs": disp.get_regs_per_thread(), "local_bytes": disp.get_local_mem_per_thread()}
-    except (AttributeError, KeyError, TypeError) as e:  # a numba-cuda without these queries: say so, keep timing
-        return {"info_error": repr(e)}
-
-
-def tunings(bw: float, reps: int) -> list[dict[str, Any]]:
-    """The int4 kernel's shapes of work (output rows a warp, warps a block, blocks a SM aimed at) at the largest and
-    the smallest products, 1 and 8 rows; the first is the default (ignis.kernels.int4_gemv.TUNING)."""
-    rows_out = []
-    dev = torch.device("cuda")
-    for name, nout, ncols in (SHAPES[0], SHAPES[1], SHAPES[4]):
-        n4, c4 = _int4_copies(nout, ncols, dev)
-        for r in (1, 8):
-            x = torch.randn(r, ncols, device=dev).bfloat16()
-            floor = (n4 + 2 * r * (ncols + nout)) / bw * 1e3
-            for t in TUNINGS:
-                ms = graph_ms([partial(int4_gemv, x, p[0], p[1], p[2], tuning=t) for p in c4], reps)
-                info = kernel_info(t, row_tile(r))
-                rows_out.append({"shape": name, "rows": r, "ot": t.ot, "warps": t.warps,
-                                 "blocks_per_sm": t.blocks_per_sm, "ms": ms, "x_floor": ms / floor, **info})
-                print(f"tuning {name:22s} rows {r}  ot {t.ot} warps {t.warps} blocks/SM {t.blocks_per_sm:2d}  "
-                      f"{1e3 * ms:8.1f} us  x{ms / floor:5.2f}  {info}", flush=True)
-        del c4
-        torch.cuda.empty_cache()
-    return rows_out
-
-
-def triton_configs(rows: int, nout: int, ncols: int, group: int, sms: int) -> list[Config]:
-    """The table's choice first, then one knob at a time around it (and larger tiles with a split that keeps the
-    programs' count): what --sweep-triton times."""
-    base = choose(rows, nout, ncols, group, sms)
-    found = [base]
-    split2 = 2 * base.split_k
-    variants: list[dict[str, int]] = [{"block_n": 64}, {"block_n": 256}, {"warps": 8}, {"warps": 2}]
-    variants += [{"stages": n} for n in (2, 3, 4, 5)] + [{"split_k": n} for n in (1, 2, 4, 8, 16)]
-    variants += [{"block_k": base.block_k // 2}, {"block_n": 256, "split_k": split2},
-                 {"block_n": 256, "warps": 8, "split_k": split2}, {"block_n": 64, "warps": 2}]
-    for v in variants:
-        c = replace(base, **v)
-        try:
-            check(c, ncols, group)
-        except ValueError:
-            continue
-        if c not in found:
-            found.append(c)
-    return found
-
-
-def sweep_triton(bw: float, reps: int) -> list[dict[str, Any]]:
-    """The Triton kernel's launch shapes at the largest and the smallest products, 1, 8 and 64 rows: us and x floor
-    a config (a config that does not compile or launch is reported, not fatal)."""
-    rows_out = []
-    dev = torch.device("cuda")
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    for name, nout, ncols in (SHAPES[0], SHAPES[1], SHAPES[4]):
-        n4, c4 = _int4_copies(nout, ncols, dev)
-        for r in (1, 8, 64):
-            x = torch.randn(r, ncols, device=dev).bfloat16()
-            floor = (n4 + 2 * r * (ncols + nout)) / bw * 1e3
-            for i, c in enumerate(triton_configs(r, nout, ncols, GROUP, sms)):
-                row: dict[str, Any] = {"shape": name, "rows": r, "table": i == 0, **asdict(c)}
-                try:
-                    ms = graph_ms([partial(int4_triton, x, p[0], p[1], p[2], config=c) for p in c4], reps)
-                    row.update(ms=ms, x_floor=ms / floor)
-                    said = f"{1e3 * ms:8.1f} us  x{ms / floor:5.2f}"
-                except Exception as e:  # noqa: BLE001 - out of shared memory or registers: say so, keep sweeping
-                    row["error"] = repr(e)[:300]
-                    said = f"failed: {row['error'][:100]}"
-                rows_out.append(row)
-                print(f"triton {name:22s} rows {r:2d}  {'table' if i == 0 else '     '} bm {c.block_m:2d} bn "
-                      f"{c.block_n:3d} bk {c.block_k:3d} split {c.split_k:2d} warps {c.warps} stages {c.stages}  "
-                      f"{said}", flush=True)
-        del c4
-        torch.cuda.empty_cache()
-    return rows_out
-
-
-# Launch policies of the Triton int4 kernel: (block_n, warps, stages) of the 16-row tile, and the split's target of
-# programs per SM. The first is the table's. ncu at 52056dc: the table's gate_up product at one row ran 272 programs
-# of 155 registers (0.69 waves, 2 warps a scheduler, 0.42 instructions a cycle, 35% of DRAM bandwidth), so the
-# candidates trade tile width and registers for programs in flight.
-POLICIES = [(128, 4, 4, 2), (128, 4, 4, 4), (128, 4, 3, 4), (128, 8, 4, 4), (64, 4, 4, 2), (64, 4, 4, 4),
-            (64, 4, 4, 6), (64, 4, 3, 4), (64, 2, 4, 4), (32, 2, 4, 4), (32, 2, 4, 8)]
-# how many times a 27B decode step runs each of SHAPES (48 GDN and 16 attention layers, each with an MLP)
-STEP_COUNTS = {"mlp gate_up": 64, "mlp down": 64, "gdn in_proj qkv+z": 48, "attn qkv": 16, "o_proj / gdn out_proj": 64}
-
-
-def policies(bw: float, reps: int) -> dict[str, Any]:
-    """Each of POLICIES over the five 27B products at 1 and 8 rows: us a product, and a decode step's products (each
-    shape times its count in the step) at 1 and at 8 rows. The best (least sum of the two) stays in force for the
-    rest of the run (the decode step), and is reported; ties keep the earlier policy."""
-    from ignis.kernels import int4_triton as it
-
-    dev = torch.device("cuda")
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    weights = {}
-    for name, nout, ncols in SHAPES:
-        weights[name] = (*_int4_copies(nout, ncols, dev), nout, ncols)
-    rows_out, sums = [], []
-    for pol in POLICIES:
-        bn, warps, stages, pps = pol
-        it.tune({16: (bn, warps, stages), 32: (bn, warps, stages)}, pps)
-        total = {1: 0.0, 8: 0.0}
-        for name, (n4, c4, nout, ncols) in weights.items():
-            for r in (1, 8):
-                x = torch.randn(r, ncols, device=dev).bfloat16()
-                ms = graph_ms([partial(int4_triton, x, *p) for p in c4], reps)
-                floor = (n4 + 2 * r * (ncols + nout)) / bw * 1e3
-                cfg = it.choose(r, nout, ncols, GROUP, sms)
-                rows_out.append({"policy": pol, "shape": name, "rows": r, "split_k": cfg.split_k, "ms": ms,
-                                 "x_floor": ms / floor})
-                total[r] += STEP_COUNTS[name] * ms
-                print(f"policy {pol}  {name:22s} rows {r}  split {cfg.split_k:2d}  {1e3 * ms:7.1f} us  "
-                      f"x{ms / floor:5.2f}", flush=True)
-        sums.append({"policy": pol, "step_ms_1": total[1], "step_ms_8": total[8]})
-        print(f"policy {pol}: a decode step's int4 products {total[1]:.3f} ms at 1 row, {total[8]:.3f} at 8",
-              flush=True)
-    best = min(sums, key=lambda e: e["step_ms_1"] + e["step_ms_8"])
-    bn, warps, stages, pps = best["policy"]
-    it.tune({16: (bn, warps, stages), 32: (bn, warps, stages)}, pps)
-    print(f"best policy {best['policy']} (block_n, warps, stages, programs a SM), in force from here", flush=True)
-    del weights
-    torch.cuda.empty_cache()
-    return {"rows": rows_out, "sums": sums, "best": best}
-
-
-def layouts(bw: float, reps: int) -> list[dict[str, Any]]:
-    """The Triton kernel at its table's launch over the five 27B products at 1 and 8 rows, its codes row-major (the
-    format's layout) and k-blocked (int4_triton.k_blocked: a K step's rows contiguous): us and x floor each."""
-    from ignis.kernels.int4_triton import choose, k_blocked
-
-    dev = torch.device("cuda")
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    rows_out = []
-    for name, nout, ncols in SHAPES:
-        bk = choose(1, nout, ncols, GROUP, sms).block_k
-        n4, row_major = _int4_copies(nout, ncols, dev)
-        forms = {"row-major": row_major, "k-blocked": [(k_blocked(qw, bk), s, z) for qw, s, z in row_major]}
-        for r in (1, 8):
-            x = torch.randn(r, ncols, device=dev).bfloat16()
-            floor = (n4 + 2 * r * (ncols + nout)) / bw * 1e3
-            for form, c4 in forms.items():
-                ms = graph_ms([partial(int4_triton, x, *p) for p in c4], reps)
-                rows_out.append({"shape": name, "rows": r, "layout": form, "ms": ms, "x_floor": ms / floor})
-                print(f"layout {form:9s} {name:22s} rows {r}  {1e3 * ms:7.1f} us  x{ms / floor:5.2f}", flush=True)
-        del forms
-        torch.cuda.empty_cache()
-    return rows_out
-
+from tools.bench_round import POSITION, build_backend, copy_bandwidth, decodes, floor_bytes, time_rounds
+from tools.quant_products import C, GROUP, ROWS, layouts, policies, products, sweep_triton, tunings
 
 def to_int4(model: nn.Module, group: int, head: bool = False) -> int:
     """Pack every projection `ignis quantize` would pack (with `head`, as `--head` does: the output head too), in place
