@@ -67,8 +67,8 @@ def make_verify(dk: int, dv: int, cmax: int) -> Any:
         nt = mixed.shape[1]
         voff = 2 * key_dim + h * nv
         keeper = cuda.blockIdx.x == 0  # one block of a head records its k and gates
-        sk = cuda.shared.array((cmax, dk), float32, alignment=align)  # k, rows in `slot` order, zeros past nt
-        sq = cuda.shared.array((cmax, dk), float32, alignment=align)  # q, the same
+        # [0]: k, [1]: q, rows in `slot` order, zeros past nt (one array, so a product can pick q or k by index)
+        kq = cuda.shared.array((2, cmax, dk), float32, alignment=align)
         gs = cuda.shared.array(cmax, float32)  # g
         bs = cuda.shared.array(cmax, float32)  # beta
         sv = cuda.shared.array((cmax, tv), float32)  # v at the block's state columns
@@ -96,8 +96,8 @@ def make_verify(dk: int, dv: int, cmax: int) -> Any:
                         qb[n] = mixed[b, uint64(jb + n), qi]
                         kb[n] = mixed[b, uint64(jb + n), ki]
                 for n in range(batch):
-                    sq[uint64(jb + n), at] = qb[n]
-                    sk[uint64(jb + n), at] = kb[n]
+                    kq[0, uint64(jb + n), at] = kb[n]
+                    kq[1, uint64(jb + n), at] = qb[n]
                     if keeper and jb + n < nt:
                         record[lane, uint64(jb + n), h, uint64(e)] = kb[n]
             e += threads
@@ -129,11 +129,10 @@ def make_verify(dk: int, dv: int, cmax: int) -> Any:
             part = float32(0.0)
             for m in range(pair_run):
                 at = uint64(m // pair_vec * (PAIR_LANES * pair_vec) + u * pair_vec + m % pair_vec)
-                pk[m] = sk[ji, at]
-            other = sq if w == 1 else sk
+                pk[m] = kq[0, ji, at]
             for m in range(pair_run):
                 at = uint64(m // pair_vec * (PAIR_LANES * pair_vec) + u * pair_vec + m % pair_vec)
-                part += pk[m] * other[jt, at]
+                part += pk[m] * kq[w, jt, at]  # w = 1: q_jt, 0: k_jt
             part += cuda.shfl_xor_sync(FULL, part, 1)
             part += cuda.shfl_xor_sync(FULL, part, 2)
             part += cuda.shfl_xor_sync(FULL, part, 4)
@@ -149,8 +148,8 @@ def make_verify(dk: int, dv: int, cmax: int) -> Any:
                 ka[n], qa[n] = float32(0.0), float32(0.0)
             for i in range(rows):
                 for n in range(group):
-                    ka[n] += sk[uint64(j0 + n), slot(base, i)] * st[i]
-                    qa[n] += sq[uint64(j0 + n), slot(base, i)] * st[i]
+                    ka[n] += kq[0, uint64(j0 + n), slot(base, i)] * st[i]
+                    qa[n] += kq[1, uint64(j0 + n), slot(base, i)] * st[i]
             for n in range(group):
                 x, y = quad_sum(ka[n]), quad_sum(qa[n])
                 sa[uint64(j0 + n), t] = x
