@@ -95,7 +95,7 @@ def test_gemv_sweep_launches_and_summary() -> None:
 
     for _, nout, ncols in PRODUCTS:
         configs = launches(nout, ncols, 132)
-        assert configs[0] == choose(nout, ncols, 132) and len(set(configs)) == len(configs) > 8
+        assert configs[0] == choose(nout, ncols, 132) and len(set(configs)) == len(configs) >= 7
         for c in configs:
             assert ncols % c.block_k == 0 and (ncols // c.block_k) % c.split_k == 0
     base = {"product": "mlp down", "rows": 1, "floor_ms": 0.04}
