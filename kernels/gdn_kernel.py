@@ -1,5 +1,6 @@
-"""The numba-cuda kernels of the Gated DeltaNet recurrence over C columns of B lanes: `columns`, `verify` and
-`replay`.
+"""The numba-cuda kernels of the Gated DeltaNet recurrence over C columns of B lanes: `columns` and `replay`, and the
+layout, staging and state access they share with `verify` (ignis.kernels.gdn_chunk_kernel); `make_kernels` builds
+all three.
 
 Owns: the kernel sources and their block shape. Does not own: argument checks, the torch reference or the launch
 on torch's stream (ignis.kernels.gdn). Importing this module imports numba.cuda (or, with NUMBA_ENABLE_CUDASIM=1,
