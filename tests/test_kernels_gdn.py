@@ -67,7 +67,7 @@ from tests.test_kernels_gdn import _inputs
 from tests.test_kernels_sim import _install_warp_shim
 _install_warp_shim()  # the recurrence sums a state column's four partials by warp shuffles
 
-def check(b, c, hk, hv, dk, dv, lanes, cmax, seed):
+def check(b, c, hk, hv, dk, dv, lanes, cmax, seed, modes=((True, False), (False, True))):
     x = _inputs(b, c, hk, hv, dk, dv, lanes, seed=seed)
     # built for blocks of 8 state columns and run over dv = 16 (two blocks per head), staging cmax of the c columns
     # at a time (the last tile short); a verify of at most cmax columns runs in chunk form (`verify`)
@@ -80,7 +80,7 @@ def check(b, c, hk, hv, dk, dv, lanes, cmax, seed):
     from ignis.model.ops import l2norm
     normed_mixed = torch.cat([(l2norm(x["q"]) * dk**-0.5).flatten(2), l2norm(x["k"]).flatten(2), x["v"].flatten(2)],
                              -1)
-    for write_state, with_record in ((True, False), (False, True)):
+    for write_state, with_record in modes:
         mixed = normed_mixed
         state = np_["state"].copy()
         out = np.zeros((b, c, hv, dv), np.float32)
@@ -116,9 +116,8 @@ def check(b, c, hk, hv, dk, dv, lanes, cmax, seed):
 # key heads of 8 channels (a thread's rows in runs of two) in tiles of 2 of 5 columns; of 16 channels (runs of four,
 # the GPU's 16-byte loads) in tiles of 16 of 21 columns (two load batches, a short tile, v split four ways)
 check(2, 21, 1, 2, 16, 16, 3, cmax=16, seed=3)
-# a verify in chunk form: 7 of 8 columns (a group of four and a short one), and one column alone
-check(2, 7, 1, 2, 16, 16, 3, cmax=8, seed=4)
-check(2, 1, 1, 2, 16, 16, 3, cmax=1, seed=5)
+# a verify in chunk form, 3 of 4 columns (the GPU test runs 8, two passes of four)
+check(2, 3, 1, 2, 8, 16, 3, cmax=4, seed=4, modes=((False, True),))
 lanes = 4
 x = check(2, 5, 1, 2, 8, 16, lanes, cmax=2, seed=1)
 
