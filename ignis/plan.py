@@ -276,7 +276,7 @@ def _to_fp8(model: HybridModel) -> None:
 def _pack(model: HybridModel, group: int, head: bool) -> None:
     """Put a QuantLinear in place of every linear `ignis quantize` packs (named as in the checkpoint)."""
     for name, module in list(model.named_modules()):
-        stored = f"{name}.weight" if name.startswith("mtp.") or name == "lm_head" else f"model.{name}.weight"
+        stored = f"{name}.weight" if name.startswith("mtp.") else f"model.{name}.weight"
         if isinstance(module, torch.nn.Linear) and quantized_name(stored, tuple(module.weight.shape), group, head):
             parent, _, attr = name.rpartition(".")
             setattr(model.get_submodule(parent), attr, QuantLinear(module.in_features, module.out_features, group))

@@ -115,7 +115,9 @@ def window_reference(conv: torch.Tensor, inputs: torch.Tensor, lanes: torch.Tens
 
 _lock = threading.Lock()
 _kernels: dict[tuple[int, int, int], Any] = {}
-CHUNK_COLUMNS = 8  # the most columns a verify runs through `verify` (chunk form); past it, or at 0, through `columns`
+# the most columns a verify runs through `verify` (chunk form; at most gdn_chunk_kernel.VERIFY_COLUMNS); past it, or
+# at 0, through `columns`
+CHUNK_COLUMNS = 8
 
 
 def _compiled(dk: int, dv: int, cols: int) -> Any:
@@ -129,14 +131,15 @@ def _compiled(dk: int, dv: int, cols: int) -> Any:
 
 
 def _tile(dk: int, dv: int, cols: int) -> int:
-    """The staging tile a launch over `cols` columns compiles with: one column for a decode, 8 for a verify or a
-    short prefill piece (ignis.kernels.gdn_chunk_kernel.VERIFY_COLUMNS), else the largest tile that fits: three compiled
-    kernels serve every column count."""
+    """The staging tile a launch over `cols` columns compiles with: one column for a decode, VERIFY_COLUMNS (8) for a
+    verify or a short prefill piece, else the largest tile that fits: three compiled kernels serve every column
+    count."""
+    from ignis.kernels.gdn_chunk_kernel import VERIFY_COLUMNS
     from ignis.kernels.gdn_kernel import column_tile
 
     if cols == 1:
         return 1
-    return 8 if cols <= 8 else column_tile(dk, dv)
+    return VERIFY_COLUMNS if cols <= VERIFY_COLUMNS else column_tile(dk, dv)
 
 
 def _launch(kernel: Any, dv: int, hv: int, b: int, dk: int, args: tuple[Any, ...], device: torch.device) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from numba import cuda, float32, uint64
 
-from ignis.kernels.gdn_kernel import FULL, RS, gates, layout, quad_sum, state_io
+from ignis.kernels.gdn_kernel import FULL, RS, Layout, gates, quad_sum
 
 PAIR_LANES = 8  # lanes of a warp that share one product of two staged columns
 VERIFY_COLUMNS = 8  # the most columns `verify` compiles for: its shared memory grows as cmax x (dk + 3 x threads)
@@ -32,13 +32,12 @@ def verify_pairs(cmax: int) -> np.ndarray:
     return np.array(codes, dtype=np.int64)
 
 
-def make_verify(dk: int, dv: int, cmax: int) -> Any:
-    """`verify` for heads of dk x dv and at most cmax columns (None past VERIFY_COLUMNS)."""
+def make_verify(dk: int, cmax: int, lay: Layout, slot: Any, load_state: Any) -> Any:
+    """`verify` for key heads of dk channels and at most cmax columns (None past VERIFY_COLUMNS), in the layout and
+    with the state access (`slot`, `load_state`: ignis.kernels.gdn_kernel.state_io) of the kernels built beside it."""
     if cmax > VERIFY_COLUMNS:
         return None
-    lay = layout(dk, dv, cmax)
     tv, threads, rows, vec, align, batch, vcount, bounds = lay
-    slot, load_state, _ = state_io(lay)
     group = min(4, cmax)  # columns whose sums over the state one pass takes (cmax is a power of two)
     pairs = verify_pairs(cmax)
     npairs = len(pairs)

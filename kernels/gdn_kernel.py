@@ -312,7 +312,7 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> Kernels:
             j0 += cmax
         store_state(st, state, lane, h, s, c, nv)
 
-    return Kernels(columns, make_verify(dk, dv, cmax), replay)
+    return Kernels(columns, make_verify(dk, cmax, lay, slot, load_state), replay)
 
 
 WINDOW_THREADS = 128  # conv channels a block in `window`

@@ -65,12 +65,11 @@ def interpreted_dot_by_rows(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     dot = interpreter.InterpreterBuilder.create_dot
 
     def by_rows(self: object, a: object, b: object, d: object, input_precision: object, imprecise: object) -> object:
-        out = dot(self, a, b, d, input_precision, imprecise)
         a_data, b_data, acc = a.data, b.data, d.data  # type: ignore[attr-defined]
-        if a_data.dtype == np.float32 and b_data.dtype == np.float32 and a_data.ndim == 2:
-            rows = [np.matmul(a_data[i : i + 1], b_data, dtype=acc.dtype) for i in range(a_data.shape[0])]
-            out.data = np.concatenate(rows) + acc  # type: ignore[attr-defined]
-        return out
+        if a_data.dtype != np.float32 or b_data.dtype != np.float32 or a_data.ndim != 2:
+            return dot(self, a, b, d, input_precision, imprecise)
+        rows = [np.matmul(a_data[i : i + 1], b_data, dtype=acc.dtype) for i in range(a_data.shape[0])]
+        return interpreter.TensorHandle(np.concatenate(rows) + acc, d.dtype.scalar)  # type: ignore[attr-defined]
 
     monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", by_rows)
     yield

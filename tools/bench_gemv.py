@@ -79,14 +79,15 @@ def sweep(bw: float, reps: int, names: list[str], row_counts: list[int]) -> list
             io = 2 * r * (ncols + nout)
             forms: list[tuple[str, int, Config | None, list[Callable[[], object]]]] = [
                 ("bf16 cublas", nb, None, [partial(F.linear, x, p) for p in cb])]
-            for cfg in launches(nout, ncols, sms):
+            configs = launches(nout, ncols, sms)
+            for cfg in configs:
                 forms.append(("bf16 triton", nb, cfg, [partial(dense_gemv, x, p, cfg) for p in cb]))
                 forms.append(("fp8 triton", n8, cfg, [partial(fp8_gemv, x, q, s, cfg) for q, s in c8]))
             for form, nbytes, cfg, calls in forms:
                 floor = (nbytes + io) / bw * 1e3
                 row: dict[str, Any] = {"product": name, "out": nout, "in": ncols, "rows": r, "form": form,
                                        "floor_ms": floor, "config": asdict(cfg) if cfg else None,
-                                       "default": cfg == plan(nout, ncols, sms) if cfg else None,
+                                       "default": cfg == configs[0] if cfg else None,
                                        **time_form(calls, reps)}
                 if "ms" in row:
                     row["x_floor"] = row["ms"] / floor

@@ -178,13 +178,13 @@ def _tensor_files(root: Path) -> dict[str, tuple[Path, str]]:
         raise ArtifactError(f"{root}: no {SINGLE} or {INDEX} next to config.json")
     out: dict[str, tuple[Path, str]] = {}
     for name, file in stored.items():
-        ours = _our_name(name)
+        ours = our_name(name)
         if ours is not None:
             out[ours] = (file, name)
     return out
 
 
-def _our_name(stored: str) -> str | None:
+def our_name(stored: str) -> str | None:
     """Map a checkpoint tensor name to HybridModel's; None for tensors ignis does not use (the vision tower)."""
     if stored.startswith(("model.visual.", "visual.")):
         return None

@@ -25,6 +25,7 @@ from safetensors.torch import save_file
 
 from ignis.errors import ArtifactError
 from ignis.model.config import ModelConfig
+from ignis.model.loader import our_name
 from ignis.quant.format import QuantConfig, quantize, quantized_name
 
 INDEX = "model.safetensors.index.json"
@@ -71,7 +72,7 @@ def convert(src: str | Path, dst: str | Path, *, group: int = 128, bits: int = 4
                     out.update(_packed(name.removesuffix(".weight"), tensor, group))
                 else:
                     out[name] = tensor
-                if untie and _is_embedding(name):
+                if untie and our_name(name) == "embed_tokens.weight":
                     out.update(_packed("lm_head", tensor, group))
                     untied = True
                 del tensor
@@ -107,10 +108,6 @@ def convert(src: str | Path, dst: str | Path, *, group: int = 128, bits: int = 4
 def _packed(stem: str, weight: torch.Tensor, group: int) -> dict[str, torch.Tensor]:
     qweight, scales, qzeros = quantize(weight, group)
     return {f"{stem}.qweight": qweight, f"{stem}.scales": scales, f"{stem}.qzeros": qzeros}
-
-
-def _is_embedding(name: str) -> bool:
-    return name.endswith("embed_tokens.weight") and not name.startswith(("mtp.", "model.visual.", "visual."))
 
 
 def _shards(root: Path) -> list[Path]:
