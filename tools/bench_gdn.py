@@ -1,0 +1,144 @@
+"""The Gated DeltaNet recurrence kernels (ignis.kernels.gdn) at the Qwen3.5-27B shape against their state bytes, in
+one run on one GPU.
+
+For a decode (1 column, the state read and written) and a verify (8 columns, the state read once and each column
+recorded) of one layer at 1 and 8 lanes, in each form a verify can take (`--chunk-columns` settings: 8 the chunk
+form, 0 the column loop), and the commit's replay of 48 layers' kept columns: µs a launch, from a CUDA graph of calls
+cycling over enough lanes that no state is read from L2, and that time over the launch's bytes (state, inputs,
+outputs and records) at the copy bandwidth measured in the same run. `--once` runs each case once after a warm-up
+instead, for a profiler (ncu) to attach to.
+
+    python -m tools.bench_gdn --out gdn.json
+    ncu --clock-control none -k regex:columns python -m tools.bench_gdn --once --cases verify
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ignis.kernels import gdn
+from tools.bench_round import copy_bandwidth
+
+HK, HV, DK, DV = 16, 48, 128, 128  # Qwen3.5-27B's Gated DeltaNet: 16 key heads, 48 value heads of 128 x 128
+LAYERS = 48  # its Gated DeltaNet layers: the replay commits all of them in one launch
+POOL = 64  # lanes of state the timed calls cycle over (8 lanes x 8 sets = 200 MB, four times the L2)
+
+
+def inputs(b: int, c: int, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dev = torch.device("cuda")
+    mixed = torch.randn(b, c, 2 * HK * DK + HV * DV, device=dev, generator=g)
+    return {"mixed": gdn.normalise_qk(mixed, HK, DK).contiguous(),
+            "ba": torch.randn(b, c, 2 * HV, device=dev, generator=g) * 2,
+            "dt_bias": torch.randn(HV, device=dev, generator=g),
+            "rate": -torch.rand(HV, device=dev, generator=g) * 2}
+
+
+def graph_us(calls: list[Callable[[], object]], reps: int) -> float:
+    """µs of one call: the calls captured `reps` times over in one CUDA graph, the median of 5 replays."""
+    for f in calls:
+        f()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            for f in calls:
+                f()
+    graph.replay()
+    times = []
+    for _ in range(5):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / (reps * len(calls)))
+    return statistics.median(times)
+
+
+def recurrence_case(kind: str, b: int, chunk: int, bw: float, reps: int, once: bool) -> dict[str, Any]:
+    """A decode (kind "decode": 1 column, state written) or a verify (8 columns, recorded) of one layer."""
+    c, write = (1, True) if kind == "decode" else (8, False)
+    gdn.CHUNK_COLUMNS = chunk
+    dev = torch.device("cuda")
+    state = torch.randn(POOL, HV, DK, DV, device=dev) * 0.1
+    record = None if write else torch.zeros(POOL, c, HV, gdn.record_width(DK, DV), device=dev)
+    x = inputs(b, c, seed=b * 10 + c)
+    sets = [torch.arange(i * b, (i + 1) * b, device=dev) for i in range(POOL // b)]
+    calls = [lambda lanes=lanes: gdn.columns(state, lanes, x["mixed"], x["ba"], x["dt_bias"], x["rate"], record,
+                                             key_heads=HK, write_state=write, normalised=True) for lanes in sets]
+    if once:
+        calls[0]()
+        torch.cuda.synchronize()
+        calls[1]()
+        torch.cuda.synchronize()
+        return {"case": kind, "lanes": b, "cols": c, "chunk_columns": chunk}
+    us = graph_us(calls, reps)
+    per_state = HV * DK * DV * 4
+    nbytes = b * per_state * (2 if write else 1) + x["mixed"].nbytes + x["ba"].nbytes + b * c * HV * DV * 4
+    if record is not None:
+        nbytes += b * c * HV * record.shape[-1] * 4
+    return {"case": kind, "lanes": b, "cols": c, "chunk_columns": chunk, "us": us, "floor_us": 1e6 * nbytes / bw,
+            "x_floor": us / (1e6 * nbytes / bw)}
+
+
+def replay_case(b: int, bw: float, reps: int, once: bool) -> dict[str, Any]:
+    """The commit of every layer's kept columns (all 8 of them: the most a round keeps) in one launch."""
+    dev = torch.device("cuda")
+    lanes_pool = 16  # 48 layers x 16 lanes of state: 2.4 GB
+    state = torch.randn(LAYERS, lanes_pool, HV, DK, DV, device=dev) * 0.1
+    record = torch.randn(LAYERS, lanes_pool, 8, HV, gdn.record_width(DK, DV), device=dev) * 0.1
+    record[..., DK + DV] = -0.1  # g: a mild decay
+    last = torch.full((b,), 7, dtype=torch.int64, device=dev)
+    sets = [torch.arange(i * b, (i + 1) * b, device=dev) for i in range(lanes_pool // b)]
+    calls = [lambda lanes=lanes: gdn.replay(state, lanes, record, last) for lanes in sets]
+    if once:
+        calls[0]()
+        torch.cuda.synchronize()
+        return {"case": "replay", "lanes": b, "cols": 8}
+    us = graph_us(calls, max(1, reps // 8))
+    nbytes = LAYERS * b * (2 * HV * DK * DV * 4 + 8 * HV * record.shape[-1] * 4)
+    return {"case": "replay", "lanes": b, "cols": 8, "us": us, "floor_us": 1e6 * nbytes / bw,
+            "x_floor": us / (1e6 * nbytes / bw)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.bench_gdn")
+    ap.add_argument("--cases", default="decode,verify,replay", help="comma list of decode, verify, replay")
+    ap.add_argument("--lanes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
+    ap.add_argument("--chunk-columns", type=lambda s: [int(x) for x in s.split(",")], default=[8, 0],
+                    help="comma list of ignis.kernels.gdn.CHUNK_COLUMNS settings a verify is timed at")
+    ap.add_argument("--reps", type=int, default=40)
+    ap.add_argument("--once", action="store_true", help="each case once after a warm-up (for a profiler)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    cases = args.cases.split(",")
+    bw = 0.0 if args.once else copy_bandwidth(torch.device("cuda"))
+    rows = []
+    for b in args.lanes:
+        if "decode" in cases:
+            rows.append(recurrence_case("decode", b, gdn.CHUNK_COLUMNS, bw, args.reps, args.once))
+        if "verify" in cases:
+            rows += [recurrence_case("verify", b, chunk, bw, args.reps, args.once) for chunk in args.chunk_columns]
+        if "replay" in cases:
+            rows.append(replay_case(b, bw, args.reps, args.once))
+    for r in rows:
+        if "us" in r:
+            print(f"{r['case']:7s} {r['lanes']}x{r['cols']}  chunk {r.get('chunk_columns', '-')!s:2s}  "
+                  f"{r['us']:8.1f} µs  floor {r['floor_us']:7.1f} µs  x{r['x_floor']:5.2f}", flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "copy_tb_s": bw / 1e12,
+                                              "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
