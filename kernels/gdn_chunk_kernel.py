@@ -72,15 +72,12 @@ def make_verify(dk: int, cmax: int, lay: Layout, slot: Any, load_state: Any) -> 
         bs = cuda.shared.array(cmax, float32)  # beta
         sv = cuda.shared.array((cmax, tv), float32)  # v at the block's state columns
         dots = cuda.shared.array((2, cmax, cmax), float32)  # exp(D_j - D_i) times [0, j, i]: k_i . k_j; [1]: k_i . q_j
-        sa = cuda.shared.array((cmax, threads), float32)  # a_j of each thread's state column
-        sb = cuda.shared.array((cmax, threads), float32)  # b_j
-        sd = cuda.shared.array((cmax, threads), float32)  # delta_j
         st = cuda.local.array(rows, float32)
         qb = cuda.local.array(batch, float32)
         kb = cuda.local.array(batch, float32)
         vb = cuda.local.array(vcount, float32)
-        ka = cuda.local.array(group, float32)
-        qa = cuda.local.array(group, float32)
+        ka = cuda.local.array(cmax, float32)  # a_j of this thread's state column, then its delta_j
+        qa = cuda.local.array(cmax, float32)  # b_j
         pk = cuda.local.array(pair_run, float32)
         base = uint64(s * vec)
         load_state(st, state, lane, h, s, c, nv)
@@ -137,40 +134,42 @@ def make_verify(dk: int, cmax: int, lay: Layout, slot: Any, load_state: Any) -> 
             part += cuda.shfl_xor_sync(FULL, part, 4)
             if u == 0 and p < npairs:
                 span = float32(0.0)  # D_jt - D_ji (gs holds nothing past nt: nor is a pair past it read)
-                if jt < nt:
-                    for m in range(ji + 1, jt + 1):
+                for m in range(1, cmax):  # constant bounds: unrolled, no loop on the pair's own indices
+                    if ji < m <= jt < nt:
                         span += gs[m]
                 dots[w, jt, ji] = math.exp(span) * part
-        # a_j and b_j: `group` columns a pass, 2 * group independent running sums
-        for j0 in range(0, nt, group):
-            for n in range(group):
-                ka[n], qa[n] = float32(0.0), float32(0.0)
-            for i in range(rows):
+        # a_j and b_j: `group` columns a pass, 2 * group independent running sums, kept in registers (every loop
+        # below has constant bounds, so each index is a constant once the loops unroll)
+        for j0 in range(0, cmax, group):
+            if j0 < nt:
                 for n in range(group):
-                    ka[n] += kq[0, uint64(j0 + n), slot(base, i)] * st[i]
-                    qa[n] += kq[1, uint64(j0 + n), slot(base, i)] * st[i]
-            for n in range(group):
-                x, y = quad_sum(ka[n]), quad_sum(qa[n])
-                sa[uint64(j0 + n), t] = x
-                sb[uint64(j0 + n), t] = y
-        cuda.syncthreads()
+                    ka[j0 + n], qa[j0 + n] = float32(0.0), float32(0.0)
+                for i in range(rows):
+                    for n in range(group):
+                        ka[j0 + n] += kq[0, j0 + n, slot(base, i)] * st[i]
+                        qa[j0 + n] += kq[1, j0 + n, slot(base, i)] * st[i]
+                for n in range(group):
+                    ka[j0 + n] = quad_sum(ka[j0 + n])
+                    qa[j0 + n] = quad_sum(qa[j0 + n])
+        cuda.syncthreads()  # the products in `dots`
         dsum = float32(0.0)  # D_j
-        for jj in range(nt):
-            j = uint64(jj)
-            dsum += gs[j]
-            decay = math.exp(dsum)
-            x = sv[j, cl] - decay * sa[j, t]
-            for i in range(jj):
-                x -= dots[0, j, i] * sd[i, t]
-            delta = bs[j] * x
-            sd[j, t] = delta
-            o = decay * sb[j, t]
-            for i in range(jj + 1):
-                o += dots[1, j, i] * sd[i, t]
-            if c < nv:
-                if s == 0:
-                    out[b, j, h, uint64(c)] = o
-                elif s == 1:
-                    record[lane, j, h, uint64(dk + c)] = delta
+        for j in range(cmax):
+            if j < nt:
+                dsum += gs[j]
+                decay = math.exp(dsum)
+                x = sv[j, cl] - decay * ka[j]
+                for i in range(j):
+                    x -= dots[0, j, i] * ka[i]  # ka[i] holds delta_i by now
+                delta = bs[j] * x
+                o = decay * qa[j]
+                for i in range(j):
+                    o += dots[1, j, i] * ka[i]
+                o += dots[1, j, j] * delta
+                ka[j] = delta
+                if c < nv:
+                    if s == 0:
+                        out[b, uint64(j), h, uint64(c)] = o
+                    elif s == 1:
+                        record[lane, uint64(j), h, uint64(dk + c)] = delta
 
     return verify
