@@ -115,9 +115,7 @@ def window_reference(conv: torch.Tensor, inputs: torch.Tensor, lanes: torch.Tens
 
 _lock = threading.Lock()
 _kernels: dict[tuple[int, int, int], Any] = {}
-# the most columns a verify runs through `verify` (chunk form; at most gdn_chunk_kernel.VERIFY_COLUMNS); past it, or
-# at 0, through `columns`
-CHUNK_COLUMNS = 8
+VERIFY_TILE = 8  # the staging tile of a verify (at most 8 columns: spec.draft_tokens + 1) and of a short prefill piece
 
 
 def _compiled(dk: int, dv: int, cols: int) -> Any:
@@ -131,15 +129,13 @@ def _compiled(dk: int, dv: int, cols: int) -> Any:
 
 
 def _tile(dk: int, dv: int, cols: int) -> int:
-    """The staging tile a launch over `cols` columns compiles with: one column for a decode, VERIFY_COLUMNS (8) for a
-    verify or a short prefill piece, else the largest tile that fits: three compiled kernels serve every column
-    count."""
-    from ignis.kernels.gdn_chunk_kernel import VERIFY_COLUMNS
+    """The staging tile a launch over `cols` columns compiles with: one column for a decode, VERIFY_TILE for a verify or
+    a short prefill piece, else the largest tile that fits: three compiled kernels serve every column count."""
     from ignis.kernels.gdn_kernel import column_tile
 
     if cols == 1:
         return 1
-    return VERIFY_COLUMNS if cols <= VERIFY_COLUMNS else column_tile(dk, dv)
+    return VERIFY_TILE if cols <= VERIFY_TILE else column_tile(dk, dv)
 
 
 def _launch(kernel: Any, dv: int, hv: int, b: int, dk: int, args: tuple[Any, ...], device: torch.device) -> None:
@@ -177,10 +173,7 @@ def columns(
     rec = record if record is not None else out  # a placeholder of the right type when nothing is recorded
     kernels = _compiled(dk, dv, _tile(dk, dv, c))
     args = (state, lanes, mixed, ba, dt_bias, rate, out, rec, hv // key_heads, key_heads * dk)
-    if record is not None and not write_state and c <= CHUNK_COLUMNS:
-        _launch(kernels.verify, dv, hv, b, dk, args, mixed.device)
-    else:
-        _launch(kernels.columns, dv, hv, b, dk, (*args, write_state, record is not None), mixed.device)
+    _launch(kernels.columns, dv, hv, b, dk, (*args, write_state, record is not None), mixed.device)
     return out
 
 

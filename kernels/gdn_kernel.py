@@ -1,6 +1,6 @@
-"""The numba-cuda kernels of the Gated DeltaNet recurrence over C columns of B lanes: `columns` and `replay`, and the
-layout, staging and state access they share with `verify` (ignis.kernels.gdn_chunk_kernel); `make_kernels` builds
-all three.
+"""The numba-cuda kernels of the Gated DeltaNet recurrence over C columns of B lanes: `columns` and `replay`, the
+layout and state access they share, and the conv window's move after a commit (`window`); `make_kernels` builds the
+first two.
 
 Owns: the kernel sources and their block shape. Does not own: argument checks, the torch reference or the launch
 on torch's stream (ignis.kernels.gdn). Importing this module imports numba.cuda (or, with NUMBA_ENABLE_CUDASIM=1,
@@ -18,10 +18,9 @@ l2-normalised (q also scaled) by the conv that produced them, beta = sigmoid(b) 
 from the raw projections:
     S <- exp(g) S;  delta = beta (v - S^T k);  S <- S + k delta^T;  o = S^T q
 `columns` runs that loop and writes o for every column and either the final state (decode, a prefill piece) or each
-column's record; `verify` computes the same outputs and record for a verify's few columns in chunk form (see its
-comment). The record is a column's normalised k, its delta, g and beta; `replay` later applies columns 0..last to
-the lane's state as S <- exp(g) S + k delta^T, so the state is read by the verify and read and written by the commit,
-never stored per column.
+column's record (verify). The record is a column's normalised k, its delta, g and beta; `replay` later applies
+columns 0..last to the lane's state as S <- exp(g) S + k delta^T, so the state is read by the verify and read and
+written by the commit, never stored per column.
 """
 
 from __future__ import annotations
@@ -129,16 +128,12 @@ def state_io(lay: Layout) -> tuple[Any, Any, Any]:
 
 
 class Kernels(NamedTuple):
-    columns: Any  # any column count: a decode, a prefill piece, or a verify past cmax
-    verify: Any  # a verify of at most cmax columns in chunk form (ignis.kernels.gdn_chunk_kernel); None past 8
+    columns: Any  # any column count: a decode, a verify, a prefill piece
     replay: Any  # a commit of every layer's kept columns
 
 
 def make_kernels(dk: int, dv: int, cmax: int = 1) -> Kernels:
-    """The recurrence's kernels for heads of dk x dv, staging `cmax` columns at a time (any column count runs in
-    `columns`; `verify` takes at most cmax and compiles only for cmax <= VERIFY_COLUMNS)."""
-    from ignis.kernels.gdn_chunk_kernel import make_verify
-
+    """The recurrence's kernels for heads of dk x dv, staging `cmax` columns at a time (any column count runs)."""
     lay = layout(dk, dv, cmax)
     tv, threads, rows, vec, align, batch, vcount, bounds = lay
     slot, load_state, store_state = state_io(lay)
@@ -312,7 +307,7 @@ def make_kernels(dk: int, dv: int, cmax: int = 1) -> Kernels:
             j0 += cmax
         store_state(st, state, lane, h, s, c, nv)
 
-    return Kernels(columns, make_verify(dk, cmax, lay, slot, load_state), replay)
+    return Kernels(columns, replay)
 
 
 WINDOW_THREADS = 128  # conv channels a block in `window`

@@ -146,8 +146,7 @@ def test_gdn_kernels_equal_their_references(shape: tuple[int, ...]) -> None:
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(st, ref_st, rtol=1e-4, atol=1e-4)
         if record:
-            # k, g and beta are copies; a column's delta comes of sums in another order (a verify of at most
-            # CHUNK_COLUMNS columns runs in chunk form)
+            # k, g and beta are copies; a column's delta comes of sums in another order than the reference's
             torch.testing.assert_close(rec[ids], ref_rec[ids], rtol=1e-4, atol=1e-4)
             last = torch.randint(0, c, (b,), device="cuda", generator=g)
             replay(st, ids, rec, last)

@@ -2,11 +2,10 @@
 one run on one GPU.
 
 For a decode (1 column, the state read and written) and a verify (8 columns, the state read once and each column
-recorded) of one layer at 1 and 8 lanes, in each form a verify can take (`--chunk-columns` settings: 8 the chunk
-form, 0 the column loop), and the commit's replay of 48 layers' kept columns: µs a launch, from a CUDA graph of calls
-cycling over enough lanes that no state is read from L2, and that time over the launch's bytes (state, inputs,
-outputs and records) at the copy bandwidth measured in the same run. `--once` runs each case once after a warm-up
-instead, for a profiler (ncu) to attach to.
+recorded) of one layer at 1 and 8 lanes, and the commit's replay of 48 layers' kept columns: µs a launch, from a
+CUDA graph of calls cycling over enough lanes that no state is read from L2, and that time over the launch's bytes
+(state, inputs, outputs and records) at the copy bandwidth measured in the same run. `--once` runs each case once
+after a warm-up instead, for a profiler (ncu) to attach to.
 
     python -m tools.bench_gdn --out gdn.json
     ncu --clock-control none -k regex:columns python -m tools.bench_gdn --once --cases verify
@@ -64,10 +63,9 @@ def graph_us(calls: list[Callable[[], object]], reps: int) -> float:
     return statistics.median(times)
 
 
-def recurrence_case(kind: str, b: int, chunk: int, bw: float, reps: int, once: bool) -> dict[str, Any]:
+def recurrence_case(kind: str, b: int, bw: float, reps: int, once: bool) -> dict[str, Any]:
     """A decode (kind "decode": 1 column, state written) or a verify (8 columns, recorded) of one layer."""
     c, write = (1, True) if kind == "decode" else (8, False)
-    gdn.CHUNK_COLUMNS = chunk
     dev = torch.device("cuda")
     state = torch.randn(POOL, HV, DK, DV, device=dev) * 0.1
     record = None if write else torch.zeros(POOL, c, HV, gdn.record_width(DK, DV), device=dev)
@@ -80,13 +78,13 @@ def recurrence_case(kind: str, b: int, chunk: int, bw: float, reps: int, once: b
         torch.cuda.synchronize()
         calls[1]()
         torch.cuda.synchronize()
-        return {"case": kind, "lanes": b, "cols": c, "chunk_columns": chunk}
+        return {"case": kind, "lanes": b, "cols": c}
     us = graph_us(calls, reps)
     per_state = HV * DK * DV * 4
     nbytes = b * per_state * (2 if write else 1) + x["mixed"].nbytes + x["ba"].nbytes + b * c * HV * DV * 4
     if record is not None:
         nbytes += b * c * HV * record.shape[-1] * 4
-    return {"case": kind, "lanes": b, "cols": c, "chunk_columns": chunk, "us": us, "floor_us": 1e6 * nbytes / bw,
+    return {"case": kind, "lanes": b, "cols": c, "us": us, "floor_us": 1e6 * nbytes / bw,
             "x_floor": us / (1e6 * nbytes / bw)}
 
 
@@ -114,8 +112,6 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.bench_gdn")
     ap.add_argument("--cases", default="decode,verify,replay", help="comma list of decode, verify, replay")
     ap.add_argument("--lanes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
-    ap.add_argument("--chunk-columns", type=lambda s: [int(x) for x in s.split(",")], default=[8, 0],
-                    help="comma list of ignis.kernels.gdn.CHUNK_COLUMNS settings a verify is timed at")
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--once", action="store_true", help="each case once after a warm-up (for a profiler)")
     ap.add_argument("--out", default=None)
@@ -124,15 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     bw = 0.0 if args.once else copy_bandwidth(torch.device("cuda"))
     rows = []
     for b in args.lanes:
-        if "decode" in cases:
-            rows.append(recurrence_case("decode", b, gdn.CHUNK_COLUMNS, bw, args.reps, args.once))
-        if "verify" in cases:
-            rows += [recurrence_case("verify", b, chunk, bw, args.reps, args.once) for chunk in args.chunk_columns]
+        for kind in ("decode", "verify"):
+            if kind in cases:
+                rows.append(recurrence_case(kind, b, bw, args.reps, args.once))
         if "replay" in cases:
             rows.append(replay_case(b, bw, args.reps, args.once))
     for r in rows:
         if "us" in r:
-            print(f"{r['case']:7s} {r['lanes']}x{r['cols']}  chunk {r.get('chunk_columns', '-')!s:2s}  "
+            print(f"{r['case']:7s} {r['lanes']}x{r['cols']}  "
                   f"{r['us']:8.1f} µs  floor {r['floor_us']:7.1f} µs  x{r['x_floor']:5.2f}", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "copy_tb_s": bw / 1e12,

@@ -42,7 +42,6 @@ from ignis.model.cache import LaneCache
 from ignis.model.loader import load_model
 from ignis.model.model import HybridModel
 from ignis.kernels import attention
-from ignis.kernels import gdn as gdn_kernels
 from ignis.model.random import random_model
 from ignis.params import SamplingParams
 
@@ -237,9 +236,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=40)
     ap.add_argument("--attention", default="auto", choices=attention.PATHS,
                     help="the attention kernels' path (ignis.kernels.attention.use)")
-    ap.add_argument("--chunk-columns", type=int, default=gdn_kernels.CHUNK_COLUMNS,
-                    help="the most columns a verify's recurrence runs in chunk form (ignis.kernels.gdn.CHUNK_COLUMNS; "
-                         "0: the column loop)")
     ap.add_argument("--tokens-per-round", type=float, default=5.086,
                     help="dflash2 tokens per round of the built-in pair on held-out code (BENCHMARKS.md), for the "
                          "projected speed-up")
@@ -248,7 +244,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     device = torch.device("cuda")
     attention.use(args.attention)
-    gdn_kernels.CHUNK_COLUMNS = args.chunk_columns
     bw = copy_bandwidth(device)
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     rows: list[dict[str, Any]] = []
@@ -270,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             if off and spec:
                 projected[f"{label}:{lanes}"] = args.tokens_per_round * off[0]["graph_ms"] / spec[0]["graph_ms"]
     result = {"device": torch.cuda.get_device_name(), "copy_tb_s": bw / 1e12, "context": args.context,
-              "attention": args.attention, "chunk_columns": args.chunk_columns,
+              "attention": args.attention,
               "position": args.position, "rows": rows, "projected_speedup": projected}
     print(json.dumps(projected))
     if args.json:
