@@ -159,23 +159,26 @@ def conv(
     mixed = torch.empty((b, c, dim), dtype=torch.float32, device=raw.device)
     ba_out = torch.empty(ba.shape, dtype=torch.float32, device=raw.device)
     k = _compiled(raw.dtype, dk)["conv"]
-    tile = conv_tile(b, c, -(-dim // dk), window.shape[1])
+    tile = conv_tile(b, c, -(-dim // dk), window.shape[1], verify=record is not None)
     launch(k, ((dim + dk - 1) // dk, b, (c + tile - 1) // tile), _threads(dk),
             (window, lanes, raw, weight, mixed, window if record is None else record, ba, ba_out, record is not None,
              dk, 2 * key_heads, float(dk**-0.5), tile), raw.device)
     return mixed, ba_out
 
 
-def conv_tile(lanes: int, cols: int, heads: int, window: int) -> int:
+def conv_tile(lanes: int, cols: int, heads: int, window: int, verify: bool = False) -> int:
     """Columns a conv block takes: the most, up to CONV_TILE, that still give CONV_BLOCKS blocks, and never fewer than
-    the window's width, so that only a lane's first block reads the window. A block's columns run one after another
-    (each waits on its norms' block sum), so a verify's few lanes want short tiles: on the H200 at the 27B shape (80
-    heads of 128 channels), 1 lane x 8 columns took 10.8 us in one tile of 8 and 6.6 in tiles of 3; 8 x 8 took 15.8
-    in tiles of 8 and 14.3 in tiles of 4; decodes (one column) do not change."""
+    the window's width where the launch moves the window (a decode, a prefill piece), so that only a lane's first
+    block reads it; a verify leaves the window alone, so any block may read it and its tiles go down to one column.
+    A block's columns run one after another (each waits on its norms' block sum), so a verify's few lanes want short
+    tiles: on the H200 at the 27B shape (80 heads of 128 channels), 1 lane x 8 columns took 10.8 us in one tile of 8
+    and 6.6 in tiles of 3; 8 x 8 took 15.8 in tiles of 8 and 14.3 in tiles of 4; decodes (one column) do not
+    change."""
+    least = 1 if verify else window
     tile = CONV_TILE
-    while tile > window and heads * lanes * -(-cols // tile) < CONV_BLOCKS:
+    while tile > least and heads * lanes * -(-cols // tile) < CONV_BLOCKS:
         tile //= 2
-    return max(tile, window)
+    return max(tile, least)
 
 
 def gated_norm(out: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

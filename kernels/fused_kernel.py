@@ -115,8 +115,9 @@ def make_kernels(half: bool, head_threads: int, per: int = 1, norm_threads: int 
         # weight [D, Kc] f32; mixed [B, C, D] f32 out: silu(conv), the first qk_heads heads of dk channels (q then k)
         # l2-normalised and q scaled by qscale; record [L, C', D] element; ba [B, C, 2 Hv] element -> ba_out f32;
         # grid (ceil(D / dk), B, ceil(C / tile)), block >= dk: one head of channels and `tile` columns a block.
-        # Only blocks z = 0 read the window (tile >= Kc - 1: later columns' taps are all in raw), and they alone
-        # write it, after their reads: no block reads a window slot another block writes.
+        # Where the window moves (do_record false), only blocks z = 0 read it (tile >= Kc - 1: later columns' taps
+        # are all in raw), and they alone write it, after their reads: no block reads a window slot another block
+        # writes. A verify (do_record) leaves it alone, so its blocks may take any tile.
         t = cuda.threadIdx.x
         head = cuda.blockIdx.x
         ch = head * dk + t

@@ -170,6 +170,13 @@ for dtype in (torch.bfloat16, torch.float32):
             assert (window == n(x["window"])).all(), "a verify must leave the window alone"
         else:
             assert (back(window).float() == ref["window"].float()).all(), "window after a decode"
+    # a verify's columns one a block: every block reads the window, none writes it
+    window, record = n(x["window"]), n(x["record"])
+    mixed = np.zeros((b, c, dim), np.float32)
+    K["conv"][(dim // 8, b, c), 32](window, lanes, n(x["raw"]), x["weight"].numpy(), mixed, record, n(x["ba"]),
+                                    np.zeros(x["ba"].shape, np.float32), True, 8, 2, 8**-0.5, 1)
+    close(torch.from_numpy(mixed), ref["mixed_r"], "conv, a column a block")
+    assert (window == n(x["window"])).all(), "a verify must leave the window alone"
     # seven columns in blocks of three (the first block reads the window and writes it after its reads)
     window = n(x["window"])
     mixed = np.zeros((b, 7, dim), np.float32)
@@ -235,11 +242,14 @@ def test_attention_splits_fill_the_gpu_with_whole_tiles() -> None:
 
 def test_conv_tiles_spread_a_verifys_columns_and_keep_the_window_in_the_first_block() -> None:
     for lanes, cols in ((1, 1), (1, 8), (8, 8), (8, 1), (1, 4), (3, 5), (1, 64), (1, 512), (8, 512)):
-        tile = fused.conv_tile(lanes, cols, 80, 3)
-        assert 3 <= tile <= max(3, fused.CONV_TILE)  # only a lane's first block reads the window
-        longer = [t for t in (4, 8) if t > tile]  # a longer tile is taken whenever it still fills the GPU
-        assert all(80 * lanes * -(-cols // t) < fused.CONV_BLOCKS for t in longer), (lanes, cols, tile)
+        for verify in (False, True):
+            tile = fused.conv_tile(lanes, cols, 80, 3, verify)
+            # where the window moves, only a lane's first block reads it
+            assert (1 if verify else 3) <= tile <= max(3, fused.CONV_TILE)
+            longer = [t for t in (2, 4, 8) if t > tile]  # a longer tile is taken whenever it still fills the GPU
+            assert all(80 * lanes * -(-cols // t) < fused.CONV_BLOCKS for t in longer), (lanes, cols, tile)
     assert fused.conv_tile(1, 8, 80, 3) == 3 and fused.conv_tile(8, 8, 80, 3) == 4  # as measured (fused.conv_tile)
+    assert fused.conv_tile(1, 8, 80, 3, verify=True) == 1 and fused.conv_tile(8, 8, 80, 3, verify=True) == 4
     assert fused.conv_tile(1, 512, 80, 3) == fused.CONV_TILE
     assert fused.conv_tile(1, 8, 80, 5) == 5  # a wider window sets the least
 
