@@ -171,9 +171,9 @@ def conv_tile(lanes: int, cols: int, heads: int, window: int, verify: bool = Fal
     the window's width where the launch moves the window (a decode, a prefill piece), so that only a lane's first
     block reads it; a verify leaves the window alone, so any block may read it and its tiles go down to one column.
     A block's columns run one after another (each waits on its norms' block sum), so a verify's few lanes want short
-    tiles: on the H200 at the 27B shape (80 heads of 128 channels), 1 lane x 8 columns took 10.8 us in one tile of 8
-    and 6.6 in tiles of 3; 8 x 8 took 15.8 in tiles of 8 and 14.3 in tiles of 4; decodes (one column) do not
-    change."""
+    tiles: on the H200 at the 27B shape (80 heads of 128 channels), 1 lane x 8 columns took 10.8 us in one tile of 8,
+    6.6 in tiles of 3 and, a verify's, 5.4 in tiles of one (7.7 -> 5.4 a layer in a round's profile); 8 x 8 took 15.8
+    in tiles of 8 and 14.3 in tiles of 4; decodes (one column) do not change."""
     least = 1 if verify else window
     tile = CONV_TILE
     while tile > least and heads * lanes * -(-cols // tile) < CONV_BLOCKS:
