@@ -2,11 +2,12 @@
 
 For the Qwen3.5-27B shape (random bf16 weights built on the GPU, no checkpoint on disk) and the built-in model, and
 for each case (plain decode; the target's verify round with free drafts; mtp and dflash2 at 7 drafts, drafter
-included) at 1 and 8 lanes: ms a round through `DeviceRound.run` (host work and the one read-back included), GPU
-kernel time and kernels per round from the profiler (eager), and the ratio to the floor: the bytes a round must
-move (the target's weights once, each lane's recurrent state read and written, its keys and values read) over the
-device-to-device copy bandwidth measured in the same run. The drafter is not in the floor: "x floor" of a drafting
-round is against the target's own floor.
+included; dflash2-sl, dflash2 proposing through its 4-bit shortlist head, spec.draft_head = "shortlist": the built-in
+drafter's own, a random one of SHORTLIST_TOKENS rows for the 27B) at 1 and 8 lanes: ms a round through
+`DeviceRound.run` (host work and the one read-back included), GPU kernel time and kernels per round from the profiler
+(eager), and the ratio to the floor: the bytes a round must move (the target's weights once, each lane's recurrent
+state read and written, its keys and values read) over the device-to-device copy bandwidth measured in the same run.
+The drafter is not in the floor: "x floor" of a drafting round is against the target's own floor.
 
     python -m tools.bench_round --json round.json --md round.md
 """
@@ -31,7 +32,8 @@ from ignis.artifact import BUILTIN
 from ignis.backends.base import BackendContext, Choice, Committed, Proposal, SpecBackend
 from ignis.backends.dflash2.backend import DFlash2
 from ignis.backends.dflash2.config import DrafterConfig, drafter_config_json
-from ignis.backends.dflash2.weights import random_drafter, spread_layer_ids
+from ignis.backends.dflash2.shortlist import save_shortlist
+from ignis.backends.dflash2.weights import SHORTLIST, random_drafter, spread_layer_ids
 from ignis.backends.mtp import Mtp
 from ignis.config import load_config
 from ignis.engine.device_round import DeviceRound
@@ -97,7 +99,11 @@ class Case:
 
 CASES = [Case("decode", "off", 0, 1), Case("decode", "off", 0, 8), Case("verify", "verify", 7, 1),
          Case("verify", "verify", 7, 8), Case("mtp", "mtp", 7, 1), Case("mtp", "mtp", 7, 8),
-         Case("dflash2", "dflash2", 7, 1), Case("dflash2", "dflash2", 7, 8)]
+         Case("dflash2", "dflash2", 7, 1), Case("dflash2", "dflash2", 7, 8),
+         Case("dflash2-sl", "dflash2-shortlist", 7, 1), Case("dflash2-sl", "dflash2-shortlist", 7, 8)]
+# the random 27B drafter's shortlist head (spec.draft_head = "shortlist"): as many tokens as docs/drafter-training.md's
+# 27B command keeps (--shortlist 32768); the built-in drafter has its own (4,096)
+SHORTLIST_TOKENS = 32768
 
 
 def copy_bandwidth(device: torch.device) -> float:
@@ -135,18 +141,35 @@ def build_backend(kind: str, k: int, model: HybridModel, path: Path, lanes: int,
                   device: torch.device, dtype: torch.dtype) -> SpecBackend:
     if kind in ("off", "verify"):
         return FreeDrafts(k)
-    overrides = {"model.path": str(path), "spec.backend": kind, "spec.draft_tokens": k, "log.level": "warning"}
+    head = "full"
+    if kind == "dflash2-shortlist":
+        kind, head = "dflash2", "shortlist"
+    overrides = {"model.path": str(path), "spec.backend": kind, "spec.draft_tokens": k, "spec.draft_head": head,
+                 "log.level": "warning"}
     ctx = BackendContext(model, load_config(overrides=overrides), path, lanes, context, device, dtype)
     if kind == "mtp":
         return Mtp(ctx)
     drafter = None
-    if not (path / "drafter").is_dir():
+    if not (path / "drafter" / "config.json").is_file():
+        if head == "shortlist":
+            random_shortlist(model, path / "drafter", SHORTLIST_TOKENS)
         cfg = DrafterConfig.from_dict(drafter_config_json(
             model.config, num_layers=5, num_heads=32, num_kv_heads=8, head_dim=128, block_size=8,
             mask_token_id=model.config.vocab_size - 1, target_layer_ids=spread_layer_ids(model.config.num_hidden_layers, 5),
             selector_rank=256, selector_top_k=16), model.config)
         drafter = random_drafter(cfg, seed=1, device=device, dtype=dtype)
     return DFlash2(ctx, drafter)
+
+
+def random_shortlist(model: HybridModel, drafter_dir: Path, tokens: int) -> None:
+    """A shortlist head for a drafter that has none on disk: the target's output rows of `tokens` random ids
+    (ignis.backends.dflash2.shortlist's format), so a round can be timed with spec.draft_head = "shortlist"."""
+    if (drafter_dir / SHORTLIST).is_file():
+        return
+    head = model.lm_head.weight if model.lm_head is not None else model.embed_tokens.weight
+    ids = torch.randperm(head.shape[0], generator=torch.Generator().manual_seed(0))[:tokens].sort().values
+    drafter_dir.mkdir(parents=True, exist_ok=True)
+    save_shortlist(drafter_dir / SHORTLIST, head.detach()[ids.to(head.device)].float().cpu(), ids)
 
 
 def decodes(lanes: int, k: int, position: int = POSITION) -> list[Decode]:
@@ -200,28 +223,38 @@ def bench_model(label: str, model: HybridModel, path: Path, bw: float, args: arg
     cases = [c for c in CASES if c.name in args.cases.split(",") and c.lanes in args.lanes]
     lanes = max(c.lanes for c in cases)
     for case in cases:
-        backend = build_backend(case.backend, case.k, model, path, lanes, args.context, device, dtype)
-        cache = LaneCache(model.config, lanes=lanes, context=args.context, max_cols=case.k + 1, device=device,
-                          dtype=dtype)
-        dr = DeviceRound(model, cache, backend, device, sample_drafts=True)
-        work = decodes(case.lanes, case.k, args.position)
-        eager = time_rounds(dr, work, max(3, args.iters // 4))
-        gpu, kernels, top = gpu_profile(partial(dr.run, work))
-        span = next(s for s in dr.spans if s >= args.position + 1 + case.k)
-        bucket = next(b for b in dr.buckets if b >= case.lanes)
-        capture_s = dr.capture([(bucket, span, False)])
-        graph = time_rounds(dr, work, args.iters)
-        floor = floor_bytes(model, case.lanes, case.k + 1, args.position) / bw
-        row = {"model": label, "case": case.name, "lanes": case.lanes, "cols": case.k + 1, "eager_ms": 1e3 * eager,
-               "graph_ms": 1e3 * graph, "gpu_ms_eager": 1e3 * gpu, "kernels": kernels, "floor_ms": 1e3 * floor,
-               "x_floor": graph / floor, "capture_s": capture_s, "top_kernels": top}
+        try:
+            row = bench_case(label, case, model, path, bw, args, lanes, device, dtype)
+        except Exception as e:  # noqa: BLE001 - a case that cannot run is a result; the cases after it still run
+            rows.append({"model": label, "case": case.name, "lanes": case.lanes, "cols": case.k + 1,
+                         "error": repr(e)[:500]})
+            print(f"{label:8s} {case.name:10s} {case.lanes}x{case.k + 1}  failed: {e!r}", flush=True)
+            continue
+        finally:
+            torch.cuda.empty_cache()
         rows.append(row)
-        print(f"{label:8s} {case.name:8s} {case.lanes}x{case.k + 1}  eager {1e3 * eager:8.2f} ms  graph "
-              f"{1e3 * graph:8.2f} ms  gpu(eager) {1e3 * gpu:8.2f} ms  kernels {kernels:5d}  floor {1e3 * floor:7.2f} ms"
-              f"  x{graph / floor:5.2f}", flush=True)
-        del dr, cache, backend
-        torch.cuda.empty_cache()
+        print(f"{label:8s} {case.name:10s} {case.lanes}x{case.k + 1}  eager {row['eager_ms']:8.2f} ms  graph "
+              f"{row['graph_ms']:8.2f} ms  gpu(eager) {row['gpu_ms_eager']:8.2f} ms  kernels {row['kernels']:5d}  "
+              f"floor {row['floor_ms']:7.2f} ms  x{row['x_floor']:5.2f}", flush=True)
     return rows
+
+
+def bench_case(label: str, case: Case, model: HybridModel, path: Path, bw: float, args: argparse.Namespace,
+               lanes: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    backend = build_backend(case.backend, case.k, model, path, lanes, args.context, device, dtype)
+    cache = LaneCache(model.config, lanes=lanes, context=args.context, max_cols=case.k + 1, device=device, dtype=dtype)
+    dr = DeviceRound(model, cache, backend, device, sample_drafts=True)
+    work = decodes(case.lanes, case.k, args.position)
+    eager = time_rounds(dr, work, max(3, args.iters // 4))
+    gpu, kernels, top = gpu_profile(partial(dr.run, work))
+    span = next(s for s in dr.spans if s >= args.position + 1 + case.k)
+    bucket = next(b for b in dr.buckets if b >= case.lanes)
+    capture_s = dr.capture([(bucket, span, False)])
+    graph = time_rounds(dr, work, args.iters)
+    floor = floor_bytes(model, case.lanes, case.k + 1, args.position) / bw
+    return {"model": label, "case": case.name, "lanes": case.lanes, "cols": case.k + 1, "eager_ms": 1e3 * eager,
+            "graph_ms": 1e3 * graph, "gpu_ms_eager": 1e3 * gpu, "kernels": kernels, "floor_ms": 1e3 * floor,
+            "x_floor": graph / floor, "capture_s": capture_s, "top_kernels": top}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,16 +290,16 @@ def main(argv: list[str] | None = None) -> int:
                 rows += bench_model(label, model, Path(tmp), bw, args, device)
         del model
         torch.cuda.empty_cache()
+    timed = [r for r in rows if "error" not in r]
     projected = {}
-    for label in {r["model"] for r in rows}:
+    for label in {r["model"] for r in timed}:
         for lanes in (1, 8):
-            off = [r for r in rows if r["model"] == label and r["case"] == "decode" and r["lanes"] == lanes]
-            spec = [r for r in rows if r["model"] == label and r["case"] == "dflash2" and r["lanes"] == lanes]
+            off = [r for r in timed if r["model"] == label and r["case"] == "decode" and r["lanes"] == lanes]
+            spec = [r for r in timed if r["model"] == label and r["case"] == "dflash2" and r["lanes"] == lanes]
             if off and spec:
                 projected[f"{label}:{lanes}"] = args.tokens_per_round * off[0]["graph_ms"] / spec[0]["graph_ms"]
     result = {"device": torch.cuda.get_device_name(), "copy_tb_s": bw / 1e12, "context": args.context,
-              "attention": args.attention,
-              "position": args.position, "rows": rows, "projected_speedup": projected}
+              "attention": args.attention, "position": args.position, "rows": rows, "projected_speedup": projected}
     print(json.dumps(projected))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
@@ -275,7 +308,9 @@ def main(argv: list[str] | None = None) -> int:
                  "| graph / floor |", "|---|---|---|---|---|---|---|---|---|---|"]
         lines += [f"| {r['model']} | {r['case']} | {r['lanes']} x {r['cols']} | {r['eager_ms']:.2f} | {r['graph_ms']:.2f} "
                   f"| {r['eager_ms'] / r['graph_ms']:.1f} | {r['gpu_ms_eager']:.2f} | {r['kernels']} | {r['floor_ms']:.2f} "
-                  f"| {r['x_floor']:.2f} |" for r in rows]
+                  f"| {r['x_floor']:.2f} |" for r in timed]
+        lines += [f"| {r['model']} | {r['case']} | {r['lanes']} x {r['cols']} | failed: {r['error']} |"
+                  for r in rows if "error" in r]
         Path(args.md).write_text("\n".join(lines) + "\n")
     return 0
 
