@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -24,10 +23,14 @@ from typing import Any
 import torch
 
 from ignis.kernels import gdn
-from tools.bench_round import copy_bandwidth
+from tools.bench_round import QWEN35_27B, copy_bandwidth
+from tools.quant_products import graph_ms
 
-HK, HV, DK, DV = 16, 48, 128, 128  # Qwen3.5-27B's Gated DeltaNet: 16 key heads, 48 value heads of 128 x 128
-LAYERS = 48  # its Gated DeltaNet layers: the replay commits all of them in one launch
+# Qwen3.5-27B's Gated DeltaNet: 16 key heads, 48 value heads of 128 x 128, in 48 of its 64 layers (3 : 1), all of
+# which the replay commits in one launch
+HK, HV = QWEN35_27B["linear_num_key_heads"], QWEN35_27B["linear_num_value_heads"]
+DK, DV = QWEN35_27B["linear_key_head_dim"], QWEN35_27B["linear_value_head_dim"]
+LAYERS = QWEN35_27B["num_hidden_layers"] * 3 // 4
 POOL = 64  # lanes of state the timed calls cycle over (8 lanes x 8 sets = 200 MB, four times the L2)
 
 
@@ -41,26 +44,12 @@ def inputs(b: int, c: int, seed: int) -> dict[str, torch.Tensor]:
             "rate": -torch.rand(HV, device=dev, generator=g) * 2}
 
 
-def graph_us(calls: list[Callable[[], object]], reps: int) -> float:
-    """µs of one call: the calls captured `reps` times over in one CUDA graph, the median of 5 replays."""
-    for f in calls:
-        f()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            for f in calls:
-                f()
-    graph.replay()
-    times = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / (reps * len(calls)))
-    return statistics.median(times)
+def timed(row: dict[str, Any], calls: list[Callable[[], object]], reps: int, nbytes: int, bw: float) -> dict[str, Any]:
+    """row with µs a call (tools.quant_products.graph_ms: one CUDA graph cycling over the calls) and that over the
+    floor, `nbytes` at the copy bandwidth."""
+    us = 1e3 * graph_ms(calls, reps)
+    floor = 1e6 * nbytes / bw
+    return {**row, "us": us, "floor_us": floor, "x_floor": us / floor}
 
 
 def recurrence_case(kind: str, b: int, bw: float, reps: int, once: bool) -> dict[str, Any]:
@@ -79,13 +68,11 @@ def recurrence_case(kind: str, b: int, bw: float, reps: int, once: bool) -> dict
         calls[1]()
         torch.cuda.synchronize()
         return {"case": kind, "lanes": b, "cols": c}
-    us = graph_us(calls, reps)
     per_state = HV * DK * DV * 4
     nbytes = b * per_state * (2 if write else 1) + x["mixed"].nbytes + x["ba"].nbytes + b * c * HV * DV * 4
     if record is not None:
         nbytes += b * c * HV * record.shape[-1] * 4
-    return {"case": kind, "lanes": b, "cols": c, "us": us, "floor_us": 1e6 * nbytes / bw,
-            "x_floor": us / (1e6 * nbytes / bw)}
+    return timed({"case": kind, "lanes": b, "cols": c}, calls, reps, nbytes, bw)
 
 
 def replay_case(b: int, bw: float, reps: int, once: bool) -> dict[str, Any]:
@@ -102,10 +89,8 @@ def replay_case(b: int, bw: float, reps: int, once: bool) -> dict[str, Any]:
         calls[0]()
         torch.cuda.synchronize()
         return {"case": "replay", "lanes": b, "cols": 8}
-    us = graph_us(calls, max(1, reps // 8))
     nbytes = LAYERS * b * (2 * HV * DK * DV * 4 + 8 * HV * record.shape[-1] * 4)
-    return {"case": "replay", "lanes": b, "cols": 8, "us": us, "floor_us": 1e6 * nbytes / bw,
-            "x_floor": us / (1e6 * nbytes / bw)}
+    return timed({"case": "replay", "lanes": b, "cols": 8}, calls, reps, nbytes, bw)
 
 
 def main(argv: list[str] | None = None) -> int:

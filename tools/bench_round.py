@@ -32,7 +32,6 @@ from ignis.artifact import BUILTIN
 from ignis.backends.base import BackendContext, Choice, Committed, Proposal, SpecBackend
 from ignis.backends.dflash2.backend import DFlash2
 from ignis.backends.dflash2.config import DrafterConfig, drafter_config_json
-from ignis.backends.dflash2.shortlist import save_shortlist
 from ignis.backends.dflash2.weights import SHORTLIST, random_drafter, spread_layer_ids
 from ignis.backends.mtp import Mtp
 from ignis.config import load_config
@@ -45,6 +44,7 @@ from ignis.model.loader import load_model
 from ignis.model.model import HybridModel
 from ignis.kernels import attention
 from ignis.model.random import random_model
+from ignis.train.shortlist import build as build_shortlist
 from ignis.params import SamplingParams
 
 # Qwen3.5-27B text model (research/qwen35.md): 64 layers, 48 Gated DeltaNet + 16 gated attention.
@@ -167,9 +167,9 @@ def random_shortlist(model: HybridModel, drafter_dir: Path, tokens: int) -> None
     if (drafter_dir / SHORTLIST).is_file():
         return
     head = model.lm_head.weight if model.lm_head is not None else model.embed_tokens.weight
-    ids = torch.randperm(head.shape[0], generator=torch.Generator().manual_seed(0))[:tokens].sort().values
-    drafter_dir.mkdir(parents=True, exist_ok=True)
-    save_shortlist(drafter_dir / SHORTLIST, head.detach()[ids.to(head.device)].float().cpu(), ids)
+    counts = torch.zeros(head.shape[0])  # one count each for `tokens` random ids: the shortlist keeps them in id order
+    counts[torch.randperm(head.shape[0], generator=torch.Generator().manual_seed(0))[:tokens]] = 1.0
+    build_shortlist(head, drafter_dir / SHORTLIST, counts, tokens)
 
 
 def decodes(lanes: int, k: int, position: int = POSITION) -> list[Decode]:
