@@ -1,5 +1,6 @@
-"""The drafter's training recipe: blocks see only the past, taps are the layers' own outputs, the losses learn, and
-splitting a step into micro-batches changes nothing but memory.
+"""The drafter's training recipe: blocks see only the past, taps are the layers' own outputs, the losses learn, the
+distillation terms read the target's distribution at the row each label was drawn from, and splitting a step into
+micro-batches changes nothing but memory.
 
 These run the training code at toy size on CPU; the real run uses the same functions on the GPU.
 """
@@ -16,11 +17,12 @@ from ignis.backends.dflash2.model import DrafterModel
 from ignis.backends.dflash2.weights import load_drafter, save_drafter
 from ignis.model.config import ModelConfig
 from ignis.model.loader import load_model
+from ignis.model.ops import RMSNorm
 from ignis.train.generate import Sequences
 from ignis.train.loop import Loop, Recipe
 from ignis.train.memory import micro_batch_for
-from ignis.train.recipe import anchors_for, losses
-from ignis.train.taps import Tapper
+from ignis.train.recipe import Teacher, anchors_for, losses
+from ignis.train.taps import Tapper, tap_features
 from tiny import tiny_checkpoint, tiny_config
 
 VOCAB, SEQ, PROMPT = 128, 40, 16
@@ -96,6 +98,51 @@ def test_anchors_are_completion_tokens_followed_by_one() -> None:
     assert sorted(got[1].tolist()) == [0, 0, 9, 10]  # the rest point at position 0, a prompt token: no weight
 
 
+def _grads(model: DrafterModel, out: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    out["loss"].backward()
+    return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def test_distillation_off_leaves_the_hard_loss_and_its_gradients_exactly() -> None:
+    taps, tokens, mask = _data()
+    anchors = anchors_for(mask, 8, torch.Generator().manual_seed(2))
+    last = torch.randn(3, SEQ, 64, generator=torch.Generator().manual_seed(6))
+    model, embed = _drafter()
+    hard = losses(model, embed, embed, taps, tokens, mask, anchors, GAMMA)
+    assert hard["soft_unary"] == 0 and hard["soft_selector"] == 0
+    assert torch.equal(hard["loss"], hard["unary"] + hard["selector"])
+    off = losses(model, embed, embed, taps, tokens, mask, anchors, GAMMA, teacher=Teacher(last, RMSNorm(64, 1e-6), 0.0))
+    assert off["soft_unary"] > 0 and off["soft_selector"] > 0  # computed, and weighted 0
+    assert torch.equal(off["loss"], hard["loss"])
+    for a, b in zip(_grads(model, hard), _grads(model, off), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_the_teacher_of_slot_k_is_the_targets_distribution_after_position_a_plus_k_minus_1() -> None:
+    """A teacher one-hot on each position's next token makes every soft term its hard twin; one row later it is not."""
+    taps, tokens, mask = _data()
+    anchors = anchors_for(mask, 8, torch.Generator().manual_seed(2))
+    model, embed = _drafter()
+
+    def one_hot_on(shift: int) -> Teacher:
+        last = torch.zeros(3, SEQ, 64)
+        last[:, : SEQ - shift] = embed[tokens[:, shift:]]  # row t: the token at t + shift
+        return Teacher(last, lambda h: 1000.0 * h, 1.0)  # a "final norm" that makes head(h) one-hot on h's token
+
+    teacher = one_hot_on(1)
+    p = teacher.probs(embed, torch.arange(3), torch.arange(SEQ - 1).expand(3, -1))
+    assert torch.equal(p.argmax(-1), tokens[:, 1:]) and torch.equal(p.max(-1).values, torch.ones(3, SEQ - 1))
+    with torch.no_grad():
+        got = losses(model, embed, embed, taps, tokens, mask, anchors, GAMMA, teacher=teacher)
+        torch.testing.assert_close(got["soft_unary"], got["unary"], rtol=1e-6, atol=0)
+        torch.testing.assert_close(got["soft_selector"], got["selector"], rtol=1e-6, atol=0)
+        torch.testing.assert_close(got["loss"], 2 * (got["unary"] + got["selector"]), rtol=1e-6, atol=0)
+        late = losses(model, embed, embed, taps, tokens, mask, anchors, GAMMA, teacher=one_hot_on(2))
+        for key in ("unary", "selector"):
+            assert abs(late[f"soft_{key}"] - got[key]) > 0.1, key
+
+
 def _sequences(seed: int = 4) -> Sequences:
     g = torch.Generator().manual_seed(seed)
     lengths, prompts = [30, 40, 26, 35, 40, 33], [8, 12, 6, 10, 16, 9]
@@ -104,18 +151,23 @@ def _sequences(seed: int = 4) -> Sequences:
     return Sequences(tokens, starts, torch.tensor(prompts).numpy(), torch.ones(len(lengths), dtype=torch.bool).numpy())
 
 
-def test_micro_batches_give_the_step_of_the_whole_batch() -> None:
+@pytest.mark.parametrize("distill", [0.0, 0.5])
+def test_micro_batches_give_the_step_of_the_whole_batch(distill: float) -> None:
     data = _sequences()
-    taps = torch.randn(6, 40, 2 * 64, generator=torch.Generator().manual_seed(5))
+    gen = torch.Generator().manual_seed(5)
+    taps, last = torch.randn(6, 40, 2 * 64, generator=gen), torch.randn(6, 40, 64, generator=gen)
+    final_norm = RMSNorm(64, 1e-6)
+    with torch.no_grad():
+        final_norm.weight.normal_(0.0, 0.3, generator=gen)
 
-    def features(rows: list[int], tokens: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-        return taps[rows, : tokens.shape[1]]
+    def features(rows: list[int], tokens: torch.Tensor, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        return taps[rows, : tokens.shape[1]], last[rows, : tokens.shape[1]]
 
     grads = []
     for micro in (6, 4, 1):
         model, embed = _drafter(seed=3)
-        loop = Loop(model, embed, embed, features, data, list(range(6)), Recipe(6, 4, 1e-3, 1, GAMMA, 7),
-                    torch.device("cpu"))
+        loop = Loop(model, embed, embed, features, data, list(range(6)), Recipe(6, 4, 1e-3, 1, GAMMA, 7, distill),
+                    torch.device("cpu"), final_norm)
         loop.micro = micro
         loop.step(0.0)  # the generator moves on as for the whole batch, whatever the split
         loop.opt.step = lambda: None  # type: ignore[method-assign,assignment,return-value]
@@ -124,7 +176,9 @@ def test_micro_batches_give_the_step_of_the_whole_batch() -> None:
     for g, seen in grads[1:]:
         torch.testing.assert_close(g, grads[0][0], rtol=1e-4, atol=1e-7)
         assert seen["blocks"] == grads[0][1]["blocks"] and seen["blocks"] > 0
-        assert abs(seen["loss"] - grads[0][1]["loss"]) < 1e-5
+        for key in ("loss", "soft_unary", "soft_selector"):
+            assert abs(seen[key] - grads[0][1][key]) < 1e-5, key
+    assert (grads[0][1]["soft_unary"] > 0) == (distill > 0)
 
 
 def test_micro_batch_fits_what_is_left() -> None:
@@ -163,3 +217,37 @@ def test_tap_features_are_the_layer_outputs_transformers_computes(tmp_path: Path
     finally:
         for h in hooks:
             h.remove()
+
+
+@pytest.mark.parametrize("cache", ["auto", "off"])
+def test_the_teachers_last_layer_is_tapped_alone_or_shared_with_the_drafter(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: str) -> None:
+    """With distillation the features add the last layer's outputs: an extra tap when the drafter does not read it
+    (and the cache's fit check counts it), its own columns when it does; the drafter's features are the same."""
+    from ignis.train import taps as taps_module
+
+    sizes: list[int] = []
+
+    def fits(nbytes: int, device: torch.device) -> bool:
+        sizes.append(nbytes)
+        return True
+
+    monkeypatch.setattr(taps_module, "tap_cache_fits", fits)
+    model = load_model(tiny_checkpoint(tmp_path, seed=2, mtp=False, vocab_size=VOCAB), device="cpu",
+                       dtype=torch.float32, exact=False)
+    final, cpu = len(model.layers) - 1, torch.device("cpu")
+    data, rows = _sequences(), [1, 0, 4]
+    tokens, _ = data.batch(rows)
+    lengths = [int(data.lengths()[r]) for r in rows]
+    want = Tapper(model, (final,), cpu, torch.float32)(tokens, lengths)
+    for layers in ((1, 3), (1, final)):
+        plain, _ = tap_features(model, layers, data, cpu, torch.float32, cache, lambda _: None)
+        both, _ = tap_features(model, layers, data, cpu, torch.float32, cache, lambda _: None, last=True)
+        taps, none = plain(rows, tokens, lengths)
+        got, last = both(rows, tokens, lengths)
+        assert none is None and last is not None and torch.equal(got, taps)
+        torch.testing.assert_close(last, want, rtol=1e-5, atol=1e-6)  # cached: computed in a pass over other rows
+        if final in layers:
+            assert torch.equal(last, taps[..., 64:])  # the drafter's own columns
+    if cache == "auto":
+        assert sizes[1] == sizes[0] * 3 // 2 and sizes[2] == sizes[3] == sizes[0]  # one more layer of 2; shared: none

@@ -73,6 +73,8 @@ def test_trained_drafter_loads_and_keeps_greedy_output_equal_to_off(target: Path
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["steps"] == 3 and summary["greedy_equal_to_off"] == "2/2" and summary["draft_tokens"] == 7
     assert summary["greedy_tokens_per_round"] >= 1.0 and summary["sequences"] > 10
+    log = (out / "run" / "train.log").read_text()  # distillation is on by default: layer 5 is tapped for the teacher
+    assert "the teacher reads the target's last layer (5, tapped for it alone)" in log and " soft_unary " in log
 
     prompts = [[1, 882, 198, 9, 44, 71], [100, 200, 300], list(range(10, 40))]
     greedy = SamplingParams(max_tokens=20, temperature=0.0)
@@ -122,6 +124,22 @@ def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(
     changed = main(["train-drafter", str(target), "--out", str(out), *args, "--lr", "1e-3"])
     assert changed == 2  # another recipe in the same directory is refused, not silently mixed
 
+    settings = out / "run" / "settings.json"
+    old = {k: v for k, v in json.loads(settings.read_text()).items() if k != "distill"}
+    settings.write_text(json.dumps(old))  # a run from before --distill, which trained on hard labels only
+    assert main(["train-drafter", str(target), "--out", str(out), *args]) == 2
+    assert main(["train-drafter", str(target), "--out", str(out), *args, "--distill", "0"]) == 0
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_distillation_shares_the_drafters_tap_of_the_last_layer(target: Path, data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "shared"
+    assert main(["train-drafter", str(target), "--data", str(data), "--out", str(out), "--steps", "2", "--taps", "2,5",
+                 "--held-out", "0", *SMALL]) == 0
+    log = (out / "run" / "train.log").read_text()
+    assert "the teacher reads the target's last layer (5)" in log and " soft_selector " in log
+    assert json.loads((out / "config.json").read_text())["dflash_config"]["target_layer_ids"] == [2, 5]
+
 
 def test_a_time_budget_ends_the_run(target: Path, data: Path, tmp_path: Path, single_thread: None) -> None:
     out = tmp_path / "timed"
@@ -138,6 +156,7 @@ def test_a_time_budget_ends_the_run(target: Path, data: Path, tmp_path: Path, si
     (["--steps", "2", "--block-size", "1"], "--block-size"),
     (["--steps", "2", "--taps", "1,99"], "target_layer_ids"),
     (["--steps", "2", "--mask-token-id", "9000"], "--mask-token-id"),
+    (["--steps", "2", "--distill", "-1"], "--distill"),
 ])
 def test_bad_settings_exit_2_naming_the_flag(target: Path, data: Path, tmp_path: Path, extra: list[str], needle: str,
                                             capsys: pytest.CaptureFixture[str]) -> None:

@@ -25,9 +25,10 @@ import torch
 from ignis.backends.dflash2.model import DrafterModel
 from ignis.train.generate import Sequences
 from ignis.train.progress import Progress
-from ignis.train.recipe import anchors_for, losses, slot_weights
+from ignis.train.recipe import Teacher, anchors_for, losses, slot_weights
 
-Features = Callable[[list[int], torch.Tensor, list[int]], torch.Tensor]  # (rows, tokens [b, S], lengths) -> [b, S, F]
+# (rows, tokens [b, S], lengths) -> (the drafter's taps [b, S, F], the target's last layer's outputs [b, S, H] or None)
+Features = Callable[[list[int], torch.Tensor, list[int]], tuple[torch.Tensor, torch.Tensor | None]]
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class Recipe:
     warmup: int  # steps
     gamma: float
     seed: int
+    distill: float = 0.0  # weight of the soft (distillation) terms; 0: hard labels only
 
     def lr_at(self, step: int, progress: float) -> float:
         return self.lr * min(1.0, (step + 1) / self.warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
@@ -65,10 +67,12 @@ class Counters:
 
 class Loop:
     def __init__(self, drafter: DrafterModel, embed: torch.Tensor, head: torch.Tensor, features: Features,
-                 data: Sequences, rows: list[int], recipe: Recipe, device: torch.device) -> None:
+                 data: Sequences, rows: list[int], recipe: Recipe, device: torch.device,
+                 final_norm: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         self.drafter = drafter
         self.embed = embed  # [V, H] the target's input embedding
         self.head = head  # [V, H] the target's output head
+        self.final_norm = final_norm  # the target's final norm: the teacher's, when recipe.distill > 0
         self.features = features
         self.data = data
         self.rows = torch.tensor(rows, dtype=torch.long)  # training sequences
@@ -119,11 +123,16 @@ class Loop:
         lengths = [int(self.data.starts[p + 1] - self.data.starts[p]) for p in picks]
         seq = max(lengths)
         tokens, mask = tokens[:, :seq].to(self.device), mask[:, :seq].to(self.device)
-        taps = self.features(picks, tokens, lengths)
+        taps, last = self.features(picks, tokens, lengths)
+        teacher = None
+        if self.recipe.distill > 0:
+            if last is None or self.final_norm is None:
+                raise ValueError("distillation needs the target's last layer among the features and its final norm")
+            teacher = Teacher(last, self.final_norm, self.recipe.distill)
         cuda = self.device.type == "cuda"
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cuda):
             out = losses(self.drafter, self.embed, self.head, taps, tokens, mask, anchors.to(self.device),
-                         self.recipe.gamma, norm)
+                         self.recipe.gamma, norm, teacher)
         out["loss"].backward()
         return {k: float(v.detach()) for k, v in out.items()}
 
@@ -140,8 +149,11 @@ class Loop:
                 _sync(self.device)
                 c.seconds += time.monotonic() - t0
                 if c.step <= 3 or c.step % 100 == 0:
+                    soft = (f" soft_unary {seen['soft_unary']:.4f} soft_selector {seen['soft_selector']:.4f}"
+                            if self.recipe.distill else "")
                     log(f"step {c.step} loss {seen['loss']:.4f} unary {seen['unary']:.4f} selector "
-                        f"{seen['selector']:.4f} tau {seen['tau']:.2f} gnorm {seen['gnorm']:.2f} lr {seen['lr']:.2e}")
+                        f"{seen['selector']:.4f}{soft} tau {seen['tau']:.2f} gnorm {seen['gnorm']:.2f} "
+                        f"lr {seen['lr']:.2e}")
                 p = budget.progress(c.step, c.tokens, c.seconds)
                 bar.total = c.step / p if p > 0 else bar.total
                 bar.update(c.step, f"loss {seen['loss']:.3f} tau {seen['tau']:.2f}")

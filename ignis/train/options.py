@@ -47,6 +47,7 @@ class Options:
     anchors: int = 32
     lr: float = 8e-4
     warmup: int = 100
+    distill: float = 1.0  # weight of the soft terms against the target's distribution; 0: hard labels only
     seed: int = 0
     steps: int = 0
     train_tokens: int = 0
@@ -104,6 +105,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--anchors", type=int, default=32, help="blocks per sequence (default 32)")
     r.add_argument("--lr", type=float, default=8e-4)
     r.add_argument("--warmup", type=int, default=100, help="warmup steps (default 100)")
+    r.add_argument("--distill", type=float, default=1.0, metavar="W",
+                   help="weight of the distillation terms, cross-entropies against the target's own next-token "
+                        "distribution beside the hard labels' (default 1.0; 0: hard labels only)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--checkpoint-every", type=float, default=300.0, help="seconds of training between checkpoints")
     r.add_argument("--tap-cache", choices=("auto", "on", "off"), default="auto",
@@ -119,7 +123,7 @@ def from_args(args: argparse.Namespace) -> Options:
         intermediate_size=args.intermediate_size, taps=_ids(args.taps), block_size=args.block_size,
         sliding_window=args.sliding_window, selector_rank=args.selector_rank, selector_top_k=args.selector_top_k,
         mask_token_id=args.mask_token_id, init=args.init, shortlist=args.shortlist, batch=args.batch, anchors=args.anchors,
-        lr=args.lr, warmup=args.warmup, seed=args.seed, steps=args.steps,
+        lr=args.lr, warmup=args.warmup, distill=args.distill, seed=args.seed, steps=args.steps,
         train_tokens=parse_count(args.train_tokens, "--train-tokens"),
         time_budget=parse_seconds(args.time_budget, "--time-budget"), gen_share=args.gen_share,
         checkpoint_every=args.checkpoint_every, tap_cache=args.tap_cache, restart=args.restart,
@@ -148,6 +152,8 @@ def check(o: Options) -> None:
         raise InputError("--block-size", f"a block holds the anchor and at least one draft; got {o.block_size}")
     if not o.lr > 0:
         raise InputError("--lr", f"must be positive, got {o.lr}")
+    if not 0.0 <= o.distill < float("inf"):
+        raise InputError("--distill", f"must be 0 (off) or a positive weight, got {o.distill}")
     if not 0.0 < o.gen_share < 1.0:
         raise InputError("--gen-share", f"must be between 0 and 1, got {o.gen_share}")
     if not (o.steps or o.train_tokens or o.time_budget):

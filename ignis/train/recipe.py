@@ -1,17 +1,26 @@
 """The DFlash block recipe: where blocks start, what each slot must predict, and the losses.
 
 Owns: `anchors_for` (random anchors in the completions), `losses` (the block loss with slot weights decaying as
-exp(-(k-1)/gamma), plus DFlash2's selector loss) and the teacher-forced acceptance counts they report. Does not own:
-the drafter network (ignis.backends.dflash2.model, the same module ignis runs), the data or the tap features.
+exp(-(k-1)/gamma), plus DFlash2's selector loss, each with an optional distillation term against the target's own
+distribution, `Teacher`) and the teacher-forced acceptance counts they report. Does not own: the drafter network
+(ignis.backends.dflash2.model, the same module ignis runs), the data or the tap features.
 
 Recipe (research/dflash.md §4, dflash2.md §4): a block [x_a, MASK x (B-1)] at positions a..a+B-1 sees the target's
 tapped features of positions < a and its own rows; slot k predicts x_{a+k}. Anchors are completion tokens whose
 successor is one too, as in serving, where the anchor is always a token the target generated. The selector is trained
 teacher-forced (its predecessor is the true previous token) as a K-way choice among the unary top-K, the true token
 put in place of the K-th candidate when it is missing.
+
+Distillation: sampled lanes verify by rejection sampling, which accepts a draft from q with probability
+sum_x min(p(x), q(x)); the hard labels are only samples of the target's p. So each hard term gets a soft twin, the
+cross-entropy against p itself (temperature 1), which the target's last decoder layer gives for the price of the
+output head on the label rows: slot k's label x_{a+k} was drawn from p at position a+k-1.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +63,26 @@ def slot_weights(
     return torch.exp(-torch.arange(width, device=mask.device) / gamma) * valid
 
 
+@dataclass(frozen=True)
+class Teacher:
+    """The target's next-token distribution p = softmax(head(final_norm(h))), h its last decoder layer's output."""
+
+    last: torch.Tensor  # [b, S, H] model dtype: the last decoder layer's outputs (a tap: before the final norm)
+    final_norm: Callable[[torch.Tensor], torch.Tensor]  # the target's own final RMSNorm, as it serves
+    weight: float  # of each soft term beside its hard one (--distill)
+
+    def probs(
+        self,
+        head: torch.Tensor,  # [V, H] the target's output head
+        owner: torch.Tensor,  # [n] int64: the sequence of each block
+        at: torch.Tensor,  # [n, k] int64: positions within it
+    ) -> torch.Tensor:
+        """[n, k, V] float32: p after each position, computed as the target serves it (no autocast, no gradient)."""
+        with torch.no_grad(), torch.autocast(self.last.device.type, enabled=False):
+            hidden = self.final_norm(self.last[owner[:, None], at])
+            return F.linear(hidden, head).softmax(-1, dtype=torch.float32)
+
+
 def losses(
     model: DrafterModel,
     embed: torch.Tensor,  # [V, H] the target's input embedding
@@ -64,11 +93,16 @@ def losses(
     anchors: torch.Tensor,  # [b, N] int64
     gamma: float,
     norm: torch.Tensor | None = None,  # [] the slot-weight sum to divide by; None: these blocks' own
+    teacher: Teacher | None = None,  # None: hard labels only
 ) -> dict[str, torch.Tensor]:
-    """The losses ("loss", "unary", "selector") and teacher-forced counts ("accepted_unary", "accepted_selector",
-    "blocks": blocks whose every slot has a label); 1 + accepted / blocks is tokens a round on greedy data.
+    """The losses ("loss", "unary", "selector", "soft_unary", "soft_selector") and teacher-forced counts
+    ("accepted_unary", "accepted_selector", "blocks": blocks whose every slot has a label); 1 + accepted / blocks is
+    tokens a round on greedy data.
 
-    The losses are weighted sums divided by `norm`: a step split into micro-batches passes the whole batch's
+    loss = unary + w * soft_unary + SELECTOR_WEIGHT * (selector + w * soft_selector), w = teacher.weight: the hard
+    terms are cross-entropies against the labels, the soft ones against the teacher's p (the selector's over its K
+    candidates, p not renormalized: mass outside them carries no gradient); without a teacher the soft terms are 0.
+    Each is a slot-weighted sum divided by `norm`: a step split into micro-batches passes the whole batch's
     `slot_weights(...).sum()`, so the parts' losses and gradients add up to the whole's exactly."""
     cfg = model.config
     b, seq = tokens.shape
@@ -89,8 +123,12 @@ def losses(
     weight = slot_weights(mask, anchors, k, gamma)  # [n, k]
     valid = weight > 0
     norm = (weight.sum() if norm is None else norm).clamp_min(1e-6)
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
-    out = {"unary": (ce.view_as(weight) * weight).sum() / norm}
+    logp = logits.log_softmax(-1)  # [n, k, V]
+    out = {"unary": _weighted(-logp.gather(-1, labels[..., None])[..., 0], weight, norm)}
+    zero = torch.zeros((), device=dev)
+    # Slot k's label x_{a+k} is what the target drew from its distribution after position a+k-1.
+    p = None if teacher is None else teacher.probs(head, owner, q_pos[:, :-1].clamp(max=seq - 1))  # [n, k, V]
+    out["soft_unary"] = zero if p is None else _weighted(-(p * logp).sum(-1), weight, norm)
     unary_pick = logits.argmax(-1)
     if model.candidate_selector is not None:
         sel = model.candidate_selector
@@ -102,17 +140,24 @@ def losses(
         hp = sel.hidden_projection(hidden)
         edge = torch.einsum("nkr,nkcr->nkc", sel.predecessor_codebook[prev] * hp, sel.successor_codebook[cand])
         scores = logits.gather(-1, cand) + edge.float()
-        sce = F.cross_entropy(scores.reshape(-1, scores.shape[-1]), target.reshape(-1), reduction="none")
-        out["selector"] = (sce.view_as(weight) * weight).sum() / norm
-        out["loss"] = out["unary"] + SELECTOR_WEIGHT * out["selector"]
+        slogp = scores.log_softmax(-1)  # [n, k, K]
+        out["selector"] = _weighted(-slogp.gather(-1, target[..., None])[..., 0], weight, norm)
+        out["soft_selector"] = zero if p is None else _weighted(-(p.gather(-1, cand) * slogp).sum(-1), weight, norm)
         chosen = cand.gather(-1, scores.argmax(-1, keepdim=True))[..., 0]
     else:
-        out["selector"] = torch.zeros((), device=dev)
-        out["loss"] = out["unary"]
+        out["selector"] = out["soft_selector"] = zero
         chosen = unary_pick
+    out["loss"] = out["unary"] + SELECTOR_WEIGHT * out["selector"]
+    if teacher is not None:
+        out["loss"] = out["loss"] + teacher.weight * (out["soft_unary"] + SELECTOR_WEIGHT * out["soft_selector"])
     full = valid.all(-1)  # blocks whose every slot has a label: their accepted length is defined
     for name, pick in (("unary", unary_pick), ("selector", chosen)):
         run = torch.cumprod((pick == labels).int(), dim=1).sum(-1)
         out[f"accepted_{name}"] = (run * full).sum().float()
     out["blocks"] = full.sum().float()
     return out
+
+
+def _weighted(per_slot: torch.Tensor, weight: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+    """per_slot [n, k] -> []: the slot-weighted sum over `norm`."""
+    return (per_slot * weight).sum() / norm

@@ -2,8 +2,9 @@
 
 Owns: `Tapper`, one prefill pass of the target over a batch of sequences (packed, no padding inside the forward)
 that returns the outputs of the drafter's tapped layers, right-padded to [b, S, F]; and `tap_features`, which keeps
-every sequence's taps in memory when they fit, or runs the target on each batch. Does not own: the layers
-(ignis.model.model) or which layers are tapped (the drafter's config).
+every sequence's taps in memory when they fit, or runs the target on each batch, and also gives the last layer's
+outputs when distillation needs them. Does not own: the layers (ignis.model.model) or which layers the drafter taps
+(its config).
 
 A tap is a decoder layer's own output, before the final norm: what the round hands the dflash2 backend at inference
 (`HybridModel.forward(taps=...)`), so training and serving read the same features from the same code. The target runs
@@ -81,16 +82,30 @@ class Tapper:
 
 
 def tap_features(model: HybridModel, layers: tuple[int, ...], data: Sequences, device: torch.device,
-                 dtype: torch.dtype, cache: str, log: Callable[[str], None]) -> tuple[Features, float]:
+                 dtype: torch.dtype, cache: str, log: Callable[[str], None],
+                 last: bool = False) -> tuple[Features, float]:
     """Tap features for training and the seconds spent precomputing them: with `cache` "on", or "auto" when they fit,
-    every sequence's taps are computed once and kept on `device`; else the target runs on each batch."""
-    tapper = Tapper(model, layers, device, dtype)
+    every sequence's taps are computed once and kept on `device`; else the target runs on each batch.
+
+    With `last`, the features also give the target's last decoder layer's outputs (the distillation teacher's input):
+    the drafter's own columns when it taps that layer, else one more layer tapped (H more columns, in the cache too)
+    and sliced off before the drafter sees them."""
+    final, h = len(model.layers) - 1, model.config.hidden_size
+    tapped = (*layers, final) if last and final not in layers else layers
+
+    def split(taps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:  # [b, S, len(tapped) * H]
+        if not last:
+            return taps, None
+        col = tapped.index(final) * h
+        return taps[..., : len(layers) * h], taps[..., col : col + h]
+
+    tapper = Tapper(model, tapped, device, dtype)
     nbytes = int(data.tokens.size) * tapper.width * torch.finfo(dtype).bits // 8
     keep = cache == "on" or (cache == "auto" and tap_cache_fits(nbytes, device))
     if not keep:
         why = "--tap-cache off" if cache == "off" else f"{nbytes / 2**30:.1f} GiB would not fit beside the target"
         log(f"taps: the target runs on each batch ({why})")
-        return (lambda rows, tokens, lengths: tapper(tokens, lengths)), 0.0
+        return (lambda rows, tokens, lengths: split(tapper(tokens, lengths))), 0.0
     t0 = time.monotonic()
     flat = torch.empty((int(data.tokens.size), tapper.width), dtype=dtype, device=device)
     lengths = data.lengths()
@@ -110,10 +125,10 @@ def tap_features(model: HybridModel, layers: tuple[int, ...], data: Sequences, d
     seconds = time.monotonic() - t0
     log(f"taps: {nbytes / 2**30:.2f} GiB kept in memory, computed in {seconds:.0f} s")
 
-    def cached(picks: list[int], tokens: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    def cached(picks: list[int], tokens: torch.Tensor, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
         out = torch.zeros((len(picks), tokens.shape[1], flat.shape[1]), dtype=dtype, device=device)
         for j, (r, n) in enumerate(zip(picks, lengths)):
             out[j, :n] = flat[int(data.starts[r]) : int(data.starts[r]) + n]
-        return out
+        return split(out)
 
     return cached, seconds
