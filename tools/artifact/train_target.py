@@ -1,12 +1,16 @@
 """Train the built-in target and its MTP head on the Python files of the machine it runs on, within a time budget.
 
-Owns: the training run (data on device, AdamW, warmup + cosine schedule fitted to the time budget, periodic
-checkpoints, held-out evaluation, the log). Does not own: the model's shape and MTP math (model.py), the corpus
-(corpus.py, data.py), prompts (prompts.py) or the file format (export.py).
+Owns: the training run (data on device, AdamW, warmup + cosine schedule fitted to the time budget or set by
+--max-steps, periodic checkpoints, held-out evaluation, the log). Does not own: the model's shape and MTP math
+(model.py), the corpus (corpus.py, data.py), prompts (prompts.py), the file format (export.py) or what a run spread
+over several sessions keeps on disk (resume.py).
 
 Run from the repository root (one GPU; the README beside this file has the full command):
     python -m tools.artifact.train_target --out OUT --time-budget 500
 A CPU smoke run of the same code path: python -m tools.artifact.train_target --toy --out /some/dir
+
+A run longer than one session: give the whole run's --max-steps and each session's --time-budget; when the budget
+(or Ctrl-C) stops it short, OUT/state.pt holds everything, and the same command continues from there.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import argparse
 import json
 import math
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import TextIO
@@ -24,7 +30,7 @@ import torch
 from tokenizers import Tokenizer
 from transformers import Qwen3_5ForCausalLM
 
-from tools.artifact import corpus, data, export, gdn_kernel, prompts
+from tools.artifact import corpus, data, export, gdn_kernel, prompts, resume
 from tools.artifact.model import TARGET_SHAPE, TOY_SHAPE, MTPHead, losses, target_config
 
 MTP_WEIGHT = 0.3  # DeepSeek-V3's early-training weight; the MTP head is auxiliary, the target's loss comes first.
@@ -37,9 +43,9 @@ RESERVE_S = 25.0  # final evaluation and export after the last step
 class Log:
     """Lines to stdout and to OUT/train.log; the last line of a run is a JSON summary."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, append: bool = False) -> None:
         self.t0 = time.monotonic()
-        self.file: TextIO = path.open("w", buffering=1)
+        self.file: TextIO = path.open("a" if append else "w", buffering=1)
 
     def __call__(self, message: str) -> None:
         line = f"[{time.monotonic() - self.t0:7.1f}s] {message}"
@@ -60,6 +66,13 @@ class Batches:
         self.order = torch.randperm(count, generator=self.gen)
         self.pos = 0
         self.epochs = 0
+
+    def state_dict(self) -> dict[str, object]:
+        return {"gen": self.gen.get_state(), "order": self.order, "pos": self.pos, "epochs": self.epochs}
+
+    def load_state_dict(self, state: dict) -> None:  # type: ignore[type-arg]
+        self.gen.set_state(state["gen"])
+        self.order, self.pos, self.epochs = state["order"], state["pos"], state["epochs"]
 
     def next(self) -> torch.Tensor:  # [batch, seq_len+1] int64, device
         if self.pos + self.batch > self.order.numel():
@@ -137,22 +150,39 @@ def main() -> None:
     t0 = time.monotonic()
     deadline = t0 + args.time_budget
     args.out.mkdir(parents=True, exist_ok=True)
-    log = Log(args.out / "train.log")
+    want = resume.settings(args)
+    state_path = args.out / resume.STATE
+    state = resume.load_state(state_path, want) if state_path.is_file() else None
+    if state is not None and not args.max_steps:
+        parser.error(f"{state_path} holds a run to continue: give its --max-steps ({state['total']})")
+    log = Log(args.out / "train.log", append=state is not None)
     log(f"torch {torch.__version__}; args {vars(args)}")
+    if state is not None:
+        log(f"continuing at step {state['step']} of {state['total']}")
 
     # Data first: its worker processes are forked before CUDA is touched.
     tok = Tokenizer.from_file(str(args.tokenizer))
-    train_files, held_files = corpus.load(corpus.default_roots(site_packages=not args.toy))
-    if args.toy:
-        train_files, held_files = train_files[:60], held_files[:20]
-    train_files = corpus.capped(train_files, int(args.max_train_mb * 1e6))
-    log(f"files: train {len(train_files)}, held-out {len(held_files)}; "
-        f"train MB {sum(len(f.text) for f in train_files) / 1e6:.1f}")
-    prompts.write_jsonl(args.out / "heldout_prompts.jsonl", prompts.code_prompts(held_files, 64))
-    prompts.write_jsonl(args.out / "heldout_chat.jsonl", prompts.chat_prompts(held_files, 16))
-    workers = min(16, os.cpu_count() or 1)
-    train_stream, train_counts = data.build_stream(tok, train_files, with_chat=True, seed=args.seed, workers=workers)
-    held_stream, held_counts = data.build_stream(tok, held_files, with_chat=False, seed=args.seed, workers=1)
+    streams = args.out / resume.STREAMS
+    cached = resume.load_streams(streams, resume.data_settings(want))
+    if cached is not None:
+        train_stream, held_stream, counts = cached
+        train_counts, held_counts = counts["train"], counts["held_out"]
+        log(f"tokens from {streams}")
+    else:
+        train_files, held_files = corpus.load(corpus.default_roots(site_packages=not args.toy))
+        if args.toy:
+            train_files, held_files = train_files[:60], held_files[:20]
+        train_files = corpus.capped(train_files, int(args.max_train_mb * 1e6))
+        log(f"files: train {len(train_files)}, held-out {len(held_files)}; "
+            f"train MB {sum(len(f.text) for f in train_files) / 1e6:.1f}")
+        prompts.write_jsonl(args.out / "heldout_prompts.jsonl", prompts.code_prompts(held_files, 64))
+        prompts.write_jsonl(args.out / "heldout_chat.jsonl", prompts.chat_prompts(held_files, 16))
+        workers = min(16, os.cpu_count() or 1)
+        train_stream, train_counts = data.build_stream(tok, train_files, with_chat=True, seed=args.seed,
+                                                       workers=workers)
+        held_stream, held_counts = data.build_stream(tok, held_files, with_chat=False, seed=args.seed, workers=1)
+        resume.save_streams(streams, train_stream, held_stream, {"train": train_counts, "held_out": held_counts},
+                            resume.data_settings(want))
     log(f"train {train_counts}; held-out {held_counts}")
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -180,18 +210,41 @@ def main() -> None:
         lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda",
     )
     window = args.seq_len + 1
-    args.batch = fitting_batch(net, mtp, train_stream, window, args.batch, device, log)
+    if state is None:
+        args.batch = fitting_batch(net, mtp, train_stream, window, args.batch, device, log)
+    else:
+        args.batch = state["batch"]  # the one the first session fitted
     train = Batches(train_stream, window, args.batch, args.seed, device)
     held = Batches(held_stream, window, args.batch, args.seed, device)
     eval_batches = min(2, held.windows.shape[0] // args.batch)
 
+    total = args.max_steps or 10**9  # refined from the measured step time once warm
+    step, tokens, before, timed_from = 0, 0, 0.0, None
+    if state is not None:
+        net.load_state_dict(state["net"])
+        mtp.load_state_dict(state["mtp"])
+        opt.load_state_dict(state["opt"])
+        train.load_state_dict(state["train"])
+        step, tokens, before = state["step"], state["tokens"], state["seconds"]
+
     def save(tag: str) -> None:
         export.save_shards(export.checkpoint_tensors(net, mtp, config.tie_word_embeddings), args.out)
         export.save_config(config, args.out)
+        resume.save_state(state_path, {
+            "settings": want, "net": net.state_dict(), "mtp": mtp.state_dict(), "opt": opt.state_dict(),
+            "train": train.state_dict(), "batch": args.batch, "step": step, "tokens": tokens, "total": total,
+            "seconds": before + time.monotonic() - t0})
         log(f"saved {tag}")
 
-    total = args.max_steps or 10**9  # refined from the measured step time once warm
-    step, tokens, last_save, timed_from = 0, 0, time.monotonic(), None
+    # Ctrl-C ends the run at the next step's end, with everything saved; a second one stops it at once.
+    interrupted = threading.Event()
+
+    def on_sigint(signum: int, frame: object) -> None:
+        interrupted.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    last_save = time.monotonic()
     while step < total:
         if step == 10:
             if device.type == "cuda":
@@ -227,13 +280,20 @@ def main() -> None:
         if time.monotonic() > deadline - RESERVE_S:
             log(f"time budget reached at step {step}")
             break
+        if interrupted.is_set():
+            log(f"interrupted at step {step}")
+            break
+    signal.signal(signal.SIGINT, previous)
 
+    if args.max_steps and step < total:
+        save(f"at step {step} of {total}: the same command continues the run")
+        return
     result = evaluate(net, mtp, held, eval_batches) if eval_batches else {}
     save(f"final at step {step}")
     summary = {
         "steps": step, "tokens": tokens, "epochs": train.epochs + train.pos / train.order.numel(),
         "seq_len": args.seq_len, "batch": args.batch, "gdn_kernel": gdn, "lr": args.lr, "mtp_weight": MTP_WEIGHT,
-        "train_seconds": time.monotonic() - t0, "device": torch.cuda.get_device_name() if device.type == "cuda"
+        "train_seconds": before + time.monotonic() - t0, "device": torch.cuda.get_device_name() if device.type == "cuda"
         else "cpu", "params_target": n_target, "params_mtp": n_mtp, "train": train_counts, "held_out": held_counts,
         "held_out_eval_tokens": eval_batches * args.batch * args.seq_len,
         **{f"held_out_{k}": v for k, v in result.items()},
