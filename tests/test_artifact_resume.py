@@ -31,26 +31,31 @@ def weights(out: Path) -> dict[str, torch.Tensor]:
     return found
 
 
+def interrupt_in_step(n: int, out: Path, *extra: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that Ctrl-C stops during step n: it ends once that step is done."""
+    calls = 0
+    real = train_target.losses
+
+    def ctrl_c(*args: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == n + 1:  # the batch probe, then the steps
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args)
+
+    with monkeypatch.context() as m:
+        m.setattr(train_target, "losses", ctrl_c)
+        run(out, *extra, monkeypatch=monkeypatch)
+    assert calls == n + 1
+
+
 def test_an_interrupted_run_continues_to_the_weights_of_an_uninterrupted_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     run(whole, "--max-steps", "6", monkeypatch=monkeypatch)
 
-    calls = 0
-    real = train_target.losses
-
-    def ctrl_c_in_step_3(*args: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        if calls == 4:  # the batch probe, then steps 1, 2 and 3
-            os.kill(os.getpid(), signal.SIGINT)
-        return real(*args)
-
-    with monkeypatch.context() as m:
-        m.setattr(train_target, "losses", ctrl_c_in_step_3)
-        run(parts, "--max-steps", "6", monkeypatch=monkeypatch)
-    assert calls == 4  # it stopped at the end of step 3
+    interrupt_in_step(3, parts, "--max-steps", "6", monkeypatch=monkeypatch)
     assert not (parts / "state.tmp").exists()
     log = (parts / "train.log").read_text()
     assert "interrupted at step 3" in log and "summary" not in log
@@ -66,8 +71,12 @@ def test_an_interrupted_run_continues_to_the_weights_of_an_uninterrupted_one(
 
 def test_a_run_continues_only_with_its_own_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "run"
-    run(out, "--max-steps", "2", monkeypatch=monkeypatch)
+    interrupt_in_step(1, out, "--max-steps", "3", monkeypatch=monkeypatch)
     with pytest.raises(SystemExit, match="lr"):
-        run(out, "--max-steps", "2", "--lr", "1e-3", monkeypatch=monkeypatch)
+        run(out, "--max-steps", "3", "--lr", "1e-3", monkeypatch=monkeypatch)
     with pytest.raises(SystemExit):  # the schedule's length must be given to continue it
         run(out, monkeypatch=monkeypatch)
+    run(out, "--max-steps", "3", monkeypatch=monkeypatch)
+    run(out, "--max-steps", "2", "--lr", "1e-3", monkeypatch=monkeypatch)  # a finished run: the next starts over
+    log = (out / "train.log").read_text()
+    assert "continuing" not in log and '"steps": 2' in log

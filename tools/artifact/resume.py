@@ -4,8 +4,9 @@ Owns: `settings` (what a continuation must share with the run it continues), the
 optimizer, data order, step counters; written atomically) and the token-stream file (so a continuation skips reading
 and tokenizing the corpus). Does not own: the training loop (train_target.py) or the data (data.py).
 
-A run continues when OUT/state.pt exists: it loads the state, checks the settings, and takes the steps that are left
-of `--max-steps`, the schedule's length, which must then be fixed rather than fitted to one session's budget.
+A run continues when OUT/state.pt holds an unfinished run of a fixed `--max-steps` (the schedule's length, not fitted
+to one session's budget): it loads the state, checks the settings, and takes the steps that are left. Any other
+state (a finished run, or one fitted to its budget) is overwritten by a new run.
 """
 
 from __future__ import annotations
@@ -48,9 +49,8 @@ def save_state(path: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)  # a run killed while writing leaves the last whole state
 
 
-def load_state(path: Path, want: dict[str, Any]) -> dict[str, Any]:
+def load_state(path: Path) -> dict[str, Any]:
     state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=False)
-    check(state["settings"], want, str(path))
     return state
 
 

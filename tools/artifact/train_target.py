@@ -152,9 +152,13 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     want = resume.settings(args)
     state_path = args.out / resume.STATE
-    state = resume.load_state(state_path, want) if state_path.is_file() else None
-    if state is not None and not args.max_steps:
-        parser.error(f"{state_path} holds a run to continue: give its --max-steps ({state['total']})")
+    state = resume.load_state(state_path) if state_path.is_file() else None
+    if state is not None and (state["done"] or not state["settings"]["max_steps"]):
+        state = None  # a finished run, or one fitted to a single budget: this one starts over
+    if state is not None:
+        if not args.max_steps:
+            parser.error(f"{state_path} holds a run to continue: give its --max-steps ({state['total']})")
+        resume.check(state["settings"], want, str(state_path))
     log = Log(args.out / "train.log", append=state is not None)
     log(f"torch {torch.__version__}; args {vars(args)}")
     if state is not None:
@@ -227,13 +231,13 @@ def main() -> None:
         train.load_state_dict(state["train"])
         step, tokens, before = state["step"], state["tokens"], state["seconds"]
 
-    def save(tag: str) -> None:
+    def save(tag: str, done: bool = False) -> None:
         export.save_shards(export.checkpoint_tensors(net, mtp, config.tie_word_embeddings), args.out)
         export.save_config(config, args.out)
         resume.save_state(state_path, {
             "settings": want, "net": net.state_dict(), "mtp": mtp.state_dict(), "opt": opt.state_dict(),
             "train": train.state_dict(), "batch": args.batch, "step": step, "tokens": tokens, "total": total,
-            "seconds": before + time.monotonic() - t0})
+            "seconds": before + time.monotonic() - t0, "done": done})
         log(f"saved {tag}")
 
     # Ctrl-C ends the run at the next step's end, with everything saved; a second one stops it at once.
@@ -289,7 +293,7 @@ def main() -> None:
         save(f"at step {step} of {total}: the same command continues the run")
         return
     result = evaluate(net, mtp, held, eval_batches) if eval_batches else {}
-    save(f"final at step {step}")
+    save(f"final at step {step}", done=True)
     summary = {
         "steps": step, "tokens": tokens, "epochs": train.epochs + train.pos / train.order.numel(),
         "seq_len": args.seq_len, "batch": args.batch, "gdn_kernel": gdn, "lr": args.lr, "mtp_weight": MTP_WEIGHT,
