@@ -18,7 +18,9 @@ end and the output is rounded once. So the result is the float64 product up to t
 rounding (`fp8_linear_reference`, the CPU's, rounds each dequantized weight to x's dtype first).
 
 BLOCK_K and the split come from the weight's shape alone, and row tiles are 16 rows on mma.sync, so a row's result
-does not depend on how many rows share the call. Importing this module imports triton; its callers import it only when
+does not depend on how many rows share the call. A launch of wider row tiles (`Config.block_m`: 32 or 64, for a
+verify's 64 rows, where 16-row tiles read each weight tile four times) is for benchmarks to weigh: its sums are
+ordered differently, so its rows do depend on the batch. Importing this module imports triton; its callers import it only when
 a product takes this path. Without a GPU, TRITON_INTERPRET=1 runs the kernel on CPU tensors.
 """
 
@@ -35,7 +37,7 @@ import triton.language as tl
 from ignis.kernels.launch import SPLIT_COUNTERS, sm_count, split_counters
 from ignis.kernels.split_k_triton import store_split
 
-BLOCK_M = 16  # rows a program: mma.sync's tile (a 64-row wgmma tile would add a product's terms differently)
+BLOCK_M = 16  # rows a program by default: mma.sync's tile (a 64-row wgmma tile would add a product's terms differently)
 PROGRAMS_PER_SM = 4  # what the K split aims at
 MIN_SPLIT_STEPS = 4  # K steps a split reads at least
 MAX_SPLITS = 16
@@ -50,6 +52,7 @@ class Config:
     split_k: int  # programs along the input dimension (1: no split); divides the steps
     warps: int
     stages: int
+    block_m: int = BLOCK_M  # rows a program (16, 32 or 64)
 
 
 def fits(nout: int, ncols: int) -> bool:
@@ -65,7 +68,7 @@ def choose(nout: int, ncols: int, sms: int) -> Config:
 
 
 def plan(nout: int, ncols: int, sms: int, block_n: int = 64, block_k: int = 128,
-         programs_per_sm: int = PROGRAMS_PER_SM, warps: int = 4, stages: int = 4) -> Config:
+         programs_per_sm: int = PROGRAMS_PER_SM, warps: int = 4, stages: int = 4, block_m: int = BLOCK_M) -> Config:
     """A launch of these tiles whose K split is the least divisor of the steps giving every SM `programs_per_sm`
     programs where the output tiles alone do not, at most MAX_SPLITS and none shorter than MIN_SPLIT_STEPS steps
     (`choose` with its defaults; benchmarks try others)."""
@@ -73,7 +76,7 @@ def plan(nout: int, ncols: int, sms: int, block_n: int = 64, block_k: int = 128,
     steps = ncols // block_k
     want = math.ceil(programs_per_sm * sms / tiles)
     divisors = [d for d in range(1, min(MAX_SPLITS, steps // MIN_SPLIT_STEPS) + 1) if steps % d == 0] or [1]
-    return Config(block_n, block_k, next((d for d in divisors if d >= want), divisors[-1]), warps, stages)
+    return Config(block_n, block_k, next((d for d in divisors if d >= want), divisors[-1]), warps, stages, block_m)
 
 
 @triton.jit
@@ -154,9 +157,10 @@ def _gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, con
         return out.reshape(*lead, nout)
     cfg = config if config is not None else choose(nout, ncols, sm_count(x.device))
     steps = ncols // cfg.block_k
-    if ncols % cfg.block_k or steps % cfg.split_k:
-        raise ValueError(f"gemv config {cfg}: block_k must divide {ncols} columns and split_k the steps")
-    grid = (math.ceil(nrows / BLOCK_M), math.ceil(nout / cfg.block_n), cfg.split_k)
+    if ncols % cfg.block_k or steps % cfg.split_k or cfg.block_m not in (16, 32, 64):
+        raise ValueError(f"gemv config {cfg}: block_k must divide {ncols} columns, split_k the steps, and block_m "
+                         f"be 16, 32 or 64")
+    grid = (math.ceil(nrows / cfg.block_m), math.ceil(nout / cfg.block_n), cfg.split_k)
     if cfg.split_k > 1:
         if grid[0] * grid[1] > SPLIT_COUNTERS:
             raise ValueError(f"{grid[0] * grid[1]} tiles split over K exceed the {SPLIT_COUNTERS} counters")
@@ -166,7 +170,7 @@ def _gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, con
         ws = counters = out  # not read: the unsplit variant has no workspace
     _gemv_kernel[grid](
         rows, weight, weight if scale is None else scale, out, ws, counters, nrows, nout, rows.stride(0),
-        weight.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STEPS=steps // cfg.split_k,
+        weight.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STEPS=steps // cfg.split_k,
         SPLIT_K=cfg.split_k, SCALED=scale is not None, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=cfg.warps, num_stages=cfg.stages,
     )

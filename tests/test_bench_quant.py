@@ -94,9 +94,12 @@ def test_gemv_sweep_launches_and_summary() -> None:
     from tools.bench_gemv import PRODUCTS, launches, summary
 
     for _, nout, ncols in PRODUCTS:
-        configs = launches(nout, ncols, 132)
+        configs = launches(nout, ncols, 132, rows=1)
         assert configs[0] == choose(nout, ncols, 132) and len(set(configs)) == len(configs) >= 7
-        for c in configs:
+        assert {c.block_m for c in configs} == {16}  # one row: only the 16-row tile
+        wide = launches(nout, ncols, 132, rows=64)
+        assert wide[: len(configs)] == configs and {c.block_m for c in wide} == {16, 32, 64}
+        for c in wide:
             assert ncols % c.block_k == 0 and (ncols // c.block_k) % c.split_k == 0
     base = {"product": "mlp down", "rows": 1, "floor_ms": 0.04}
     rows = [{**base, "form": "bf16 cublas", "ms": 0.05, "x_floor": 1.25, "config": None, "default": None},

@@ -35,7 +35,8 @@ def expected(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor) -> torch
 
 @pytest.mark.parametrize("rows,nout,ncols,config", [
     (1, 96, 512, None), (7, 80, 1024, Config(64, 128, 2, 4, 1)), (20, 64, 1024, Config(64, 128, 8, 4, 1)),
-    (3, 200, 256, Config(64, 128, 1, 4, 1)),
+    (3, 200, 256, Config(64, 128, 1, 4, 1)), (64, 96, 512, Config(64, 128, 2, 4, 1, block_m=64)),
+    (40, 80, 256, Config(32, 128, 1, 4, 1, block_m=32)),
 ])
 def test_kernel_equals_the_product_of_its_operands(rows: int, nout: int, ncols: int, config: Config | None) -> None:
     x, codes, scale = operands(rows, nout, ncols, seed=rows + nout)
@@ -100,7 +101,7 @@ def test_fp8_linear_keeps_the_reference_on_the_cpu() -> None:
 
 
 COMPILE = r"""
-from ignis.kernels.gemv_triton import _gemv_kernel, choose
+from ignis.kernels.gemv_triton import _gemv_kernel, choose, plan
 from tests.sm90 import build, spills
 
 for nout, ncols in ((34816, 5120), (5120, 17408)):
@@ -113,8 +114,17 @@ for nout, ncols in ((34816, 5120), (5120, 17408)):
     ptx = kernel.asm["ptx"]
     assert ".target sm_90a" in ptx and "mma.sync" in ptx and spills(kernel) == 0, (nout, ncols)
     print("ok", nout, ncols)
+
+# a verify's 64 rows in one row tile, on a dense bf16 weight (o_proj / gdn out_proj)
+c = plan(5120, 6144, 132, block_m=64)
+types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "s_ptr": "*bf16", "out_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
+consts = {"BLOCK_M": 64, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k, "STEPS": 6144 // c.block_k // c.split_k,
+          "SPLIT_K": c.split_k, "SCALED": False, "PRECISION": "tf32"}
+kernel = build(_gemv_kernel, types, consts, ("stride_xm", "stride_wn"), c.warps, c.stages)
+assert "mma" in kernel.asm["ptx"] and spills(kernel) == 0
+print("ok", "block_m 64")
 """
 
 
 def test_kernel_compiles_for_sm90_on_tensor_cores_without_spills() -> None:
-    assert run_child(COMPILE).count("ok") == 2
+    assert run_child(COMPILE).count("ok") == 3

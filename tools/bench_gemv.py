@@ -4,7 +4,7 @@ its launch shapes swept, in one run on one GPU.
 For each product of a Qwen3.5-27B decode step (the SHAPES of tools.bench_quant, plus the output head) and 1, 8 and
 64 rows: bf16 `F.linear` (cuBLAS), then the Triton kernel on the same bf16 weight (`dense_gemv`) and on its fp8
 codes (`fp8_gemv`), each at `choose`'s launch and at the variants of `plan` around it (tile width, step, warps,
-stages, the split's target of programs a SM). Every figure is a CUDA graph of calls cycling over enough weight
+stages, the split's target of programs a SM; above 16 rows, row tiles of 32 and 64 too). Every figure is a CUDA graph of calls cycling over enough weight
 copies that none is read from L2 (tools.quant_products.graph_ms), in µs and over the form's own bytes at the copy
 bandwidth measured in the same run. The summary names, per product and row count, the fastest launch of each form
 and its ratio to cuBLAS: where the dense kernel beats cuBLAS, and which launch the fp8 kernel should take.
@@ -37,15 +37,21 @@ PRODUCTS = [*SHAPES, ("output head", C["vocab_size"], C["hidden_size"])]
 # (block_n, block_k, programs a SM, warps, stages) around the default launch (64, 128, 4, 4, 4), one knob at a time
 VARIANTS = [(32, 128, 4, 4, 4), (128, 128, 4, 8, 4), (64, 256, 4, 4, 4), (64, 256, 4, 8, 3), (64, 128, 2, 4, 4),
             (64, 128, 8, 4, 4), (64, 128, 4, 8, 4), (64, 128, 4, 4, 6)]
+# Wider row tiles for calls of more than 16 rows (a verify's 64: 16-row tiles read each weight tile four times), with
+# the default launch's knobs and a few around them; (block_m, block_n, block_k, programs a SM, warps, stages)
+WIDE = [(32, 64, 128, 4, 4, 4), (64, 64, 128, 4, 4, 4), (64, 128, 128, 4, 8, 4), (64, 64, 128, 2, 4, 4),
+        (64, 64, 64, 4, 4, 4), (64, 128, 64, 4, 8, 3), (64, 64, 128, 1, 4, 4)]
 
 
-def launches(nout: int, ncols: int, sms: int) -> list[Config]:
-    """The default launch first, then each variant that fits the shape (duplicates dropped)."""
+def launches(nout: int, ncols: int, sms: int, rows: int) -> list[Config]:
+    """The default launch first, then each variant that fits the shape and the rows (duplicates dropped)."""
     found = [plan(nout, ncols, sms)]
-    for bn, bk, pps, warps, stages in VARIANTS:
+    knobs = [(16, *v) for v in VARIANTS] + [w for w in WIDE if w[0] < 2 * rows]
+    for bm, bn, bk, pps, warps, stages in knobs:
         if ncols % bk:
             continue
-        c = plan(nout, ncols, sms, block_n=bn, block_k=bk, programs_per_sm=pps, warps=warps, stages=stages)
+        c = plan(nout, ncols, sms, block_n=bn, block_k=bk, programs_per_sm=pps, warps=warps, stages=stages,
+                 block_m=bm)
         if c not in found:
             found.append(c)
     return found
@@ -79,7 +85,7 @@ def sweep(bw: float, reps: int, names: list[str], row_counts: list[int]) -> list
             io = 2 * r * (ncols + nout)
             forms: list[tuple[str, int, Config | None, list[Callable[[], object]]]] = [
                 ("bf16 cublas", nb, None, [partial(F.linear, x, p) for p in cb])]
-            configs = launches(nout, ncols, sms)
+            configs = launches(nout, ncols, sms, r)
             for cfg in configs:
                 forms.append(("bf16 triton", nb, cfg, [partial(dense_gemv, x, p, cfg) for p in cb]))
                 forms.append(("fp8 triton", n8, cfg, [partial(fp8_gemv, x, q, s, cfg) for q, s in c8]))
