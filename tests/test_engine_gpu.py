@@ -95,6 +95,40 @@ def test_fla_is_used_only_where_it_agrees_with_torch() -> None:
     assert kernel is not None, "fla is installed but disagrees with the torch chunked form at the built-in shape"
 
 
+def test_packed_prefill_agrees_with_one_fla_call_a_segment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three prompts prefilled in one step: fla's packed call (cu_seqlens) against one call a segment, bf16."""
+    pytest.importorskip("fla")
+    from ignis.model import delta_rule, gdn
+
+    model = load_model(BUILTIN, device="cuda", dtype=torch.bfloat16, exact=False)
+    c = model.config
+    shape = (c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim,
+             torch.bfloat16, torch.device("cuda", 0))
+    assert delta_rule.fla_varlen(*shape) is not None, "fla's packed call disagrees with the torch chunked form"
+    ids = Tokenizer.from_dir(BUILTIN).encode(PROMPT * 4)
+    lengths = [len(ids), 70, 129]
+
+    def run() -> tuple[torch.Tensor, LaneCache]:
+        cache = LaneCache(c, lanes=3, context=512, max_cols=1, device="cuda", dtype=torch.bfloat16)
+        segs, offset = [], 0
+        for lane, n in enumerate(lengths):
+            segs.append(Segment(lane, offset, 0, n, prefill=True))
+            offset += n
+        tokens = torch.tensor([t for n in lengths for t in ids[:n]], device="cuda")
+        positions = torch.cat([torch.arange(n) for n in lengths]).cuda()
+        return model(Batch(tokens, positions, tuple(segs), torch.arange(offset, device="cuda")), cache).logits, cache
+
+    packed, packed_cache = run()
+    with monkeypatch.context() as m:
+        m.setattr(gdn, "prefill_kernels", lambda layer, exact, x: (delta_rule.fla_chunk(*shape), None))
+        single, single_cache = run()
+    err = float((packed.float() - single.float()).norm() / single.float().norm())
+    assert err < 1e-2, err
+    for a, b in zip(packed_cache.layers, single_cache.layers):
+        if hasattr(a, "state"):
+            assert float((a.state - b.state).norm() / b.state.norm()) < 1e-2
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_logits_track_the_exact_cpu_model(dtype: torch.dtype) -> None:
     ref = _prefill_logits("cpu", torch.float32, exact=True)

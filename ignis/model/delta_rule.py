@@ -1,7 +1,8 @@
 """The gated delta rule and the short causal conv in front of it: the arithmetic of a Gated DeltaNet layer.
 
 Owns: the per-token recurrent step, the chunked form (one 64-row chunk at a time), the depthwise short conv as an
-explicit sum over its taps, and the optional fla kernel for prefill on CUDA. Does not own: projections, gates and
+explicit sum over its taps, and the optional fla kernel for prefill on CUDA (one sequence a call, or several packed
+into one call: `fla_varlen`). Does not own: projections, gates and
 where the state lives (ignis.model.gdn, ignis.model.cache).
 
 Per value head, with state S [dk, dv] (fp32 always):
@@ -130,8 +131,40 @@ def fla_chunk(
     qn = l2norm(q).repeat_interleave(r, dim=1) * dk**-0.5
     kn = l2norm(k).repeat_interleave(r, dim=1)
     ref_s, ref_o = chunked(state, qn, kn, v, g, beta)
-    err = max(
-        float((o[0].float() - ref_o).norm() / ref_o.norm()), float((s[0].float() - ref_s).norm() / ref_s.norm())
-    )
     tolerance = 1e-3 if dtype == torch.float32 else 2e-2
-    return chunk_gated_delta_rule if err == err and err < tolerance else None  # type: ignore[no-any-return]
+    if not _error(o[0], s[0], ref_o, ref_s) < tolerance:  # NaN fails too
+        return None
+    # Several sequences in one call (cu_seqlens), each from its own state: the split at 100 is not a chunk boundary.
+    cut = 100
+    states = torch.stack([state, rnd(hv, dk, dv) * 0.1])
+    try:
+        o, s = chunk_gated_delta_rule(
+            q[None].to(dtype), k[None].to(dtype), v[None].to(dtype), g=g[None], beta=beta[None].to(dtype),
+            scale=dk**-0.5, initial_state=states.clone(), output_final_state=True, use_qk_l2norm_in_kernel=True,
+            cu_seqlens=torch.tensor([0, cut, length], dtype=torch.long, device=device),
+        )
+        errors = []
+        for i, (a, b) in enumerate(((0, cut), (cut, length))):
+            ref_s, ref_o = chunked(states[i], qn[a:b], kn[a:b], v[a:b], g[a:b], beta[a:b])
+            errors.append(_error(o[0, a:b], s[i], ref_o, ref_s))
+        _VARLEN[(hk, hv, dk, dv, dtype, device)] = max(errors) < tolerance
+    except Exception:  # noqa: BLE001 - no packed form: one call a sequence still works
+        _VARLEN[(hk, hv, dk, dv, dtype, device)] = False
+    return chunk_gated_delta_rule  # type: ignore[no-any-return]
+
+
+_VARLEN: dict[tuple[object, ...], bool] = {}  # shape -> whether fla's packed form passed fla_chunk's check
+
+
+def fla_varlen(
+    hk: int, hv: int, dk: int, dv: int, dtype: torch.dtype, device: torch.device
+) -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
+    """fla's kernel when it also takes several sequences in one call (`cu_seqlens`, one initial state each) and agreed
+    with `chunked` on each in `fla_chunk`'s check, which runs (once per shape) if it has not yet; else None."""
+    kernel = fla_chunk(hk, hv, dk, dv, dtype, device)
+    return kernel if kernel is not None and _VARLEN.get((hk, hv, dk, dv, dtype, device), False) else None
+
+
+def _error(o: torch.Tensor, s: torch.Tensor, ref_o: torch.Tensor, ref_s: torch.Tensor) -> float:
+    """The larger relative error of an output and a final state against the reference's."""
+    return max(float((o.float() - ref_o).norm() / ref_o.norm()), float((s.float() - ref_s).norm() / ref_s.norm()))

@@ -1,10 +1,11 @@
 """The Gated DeltaNet layer (Qwen3.5's `linear_attn`): projections, short conv, gates, delta rule, gated norm.
 
 Owns: `GatedDeltaNet` and the choice, per segment, between the recurrent form (record=True or one row: decode and
-verify share it, so their bits agree) and the chunked form (prefill; fla's kernel on CUDA when installed); and
-`decode`, the recurrent form over B lanes x C columns with device lane ids (static shapes, capturable; a long
-one-lane piece that records nothing, as the device prefill runs, takes fla's chunked form there too). Does not
-own: the state tensors (ignis.model.cache) or the rule's arithmetic (ignis.model.delta_rule).
+verify share it, so their bits agree) and the chunked form (prefill; fla's kernel on CUDA when installed, a step's
+segments on distinct lanes packed into one call); and `decode`, the recurrent form over B lanes x C columns with
+device lane ids (static shapes, capturable; a long one-lane piece that records nothing, as the device prefill runs,
+takes fla's chunked form there too). Does not own: the state tensors (ignis.model.cache) or the rule's arithmetic
+(ignis.model.delta_rule).
 """
 
 from __future__ import annotations
@@ -36,6 +37,15 @@ from ignis.model.ops import (
 # where fla is installed and passes its check: the recurrent kernel loops over columns one after another, the chunked
 # form is matrix products over 64-column chunks. 0: never (tools.bench_prefill compares the two).
 CHUNKED_COLUMNS = 64
+
+
+def prefill_kernels(layer: GatedDeltaNet, exact: bool, x: torch.Tensor) -> tuple[object | None, object | None]:
+    """fla's chunk kernel for a prefill segment, and for several packed into one call, where they run (CUDA, not the
+    exact mode) and passed their check (ignis.model.delta_rule.fla_chunk); (None, None) means the torch chunked form."""
+    if exact or x.device.type != "cuda":
+        return None, None
+    shape = (layer.hk, layer.hv, layer.dk, layer.dv, x.dtype, x.device)
+    return delta_rule.fla_chunk(*shape), delta_rule.fla_varlen(*shape)
 
 
 class GatedDeltaNet(nn.Module):
@@ -105,21 +115,24 @@ class GatedDeltaNet(nn.Module):
             if not grp.record:
                 cache.state[grp.lanes] = state
 
-        for seg in step.chunked:
-            rows = slice(seg.offset, seg.offset + seg.length)
-            raw = qkv[rows][None]
-            window = cache.conv[seg.lane][None]
-            fla = None
-            if not ex and x.device.type == "cuda":
-                fla = delta_rule.fla_chunk(self.hk, self.hv, self.dk, self.dv, x.dtype, x.device)
-            if fla is not None:
-                out[rows] = self._fla(fla, raw, window, weight, g[rows], beta[rows], cache, seg.lane)
-            else:
-                mixed = silu(delta_rule.short_conv(window, raw, weight), ex)
-                q, k, v = self._heads(mixed)
-                state, out[rows] = delta_rule.chunked(cache.state[seg.lane], q[0], k[0], v[0], g[rows], beta[rows])
-                cache.state[seg.lane] = state
-            cache.conv[seg.lane] = torch.cat([window[0], raw[0]])[-window.shape[1] :]
+        fla, packed = prefill_kernels(self, ex, x)
+        lanes = [seg.lane for seg in step.chunked]
+        if packed is not None and len(lanes) > 1 and len(set(lanes)) == len(lanes):
+            self._fla_packed(packed, qkv, step, weight, g, beta, cache, out)
+        else:
+            for seg in step.chunked:
+                rows = slice(seg.offset, seg.offset + seg.length)
+                raw = qkv[rows][None]
+                window = cache.conv[seg.lane][None]
+                if fla is not None:
+                    out[rows] = self._fla(fla, raw, window, weight, g[rows], beta[rows], cache, seg.lane)
+                else:
+                    mixed = silu(delta_rule.short_conv(window, raw, weight), ex)
+                    q, k, v = self._heads(mixed)
+                    state, out[rows] = delta_rule.chunked(cache.state[seg.lane], q[0], k[0], v[0], g[rows],
+                                                          beta[rows])
+                    cache.state[seg.lane] = state
+                cache.conv[seg.lane] = torch.cat([window[0], raw[0]])[-window.shape[1] :]
 
         y = gated_rms_norm(out.to(x.dtype), z, self.norm.weight, self.eps, ex)
         return linear(y.reshape(t, self.value_dim), self.out_proj.weight, ex)
@@ -186,6 +199,39 @@ class GatedDeltaNet(nn.Module):
         )
         cache.state.index_copy_(0, lanes, state.float())
         return o.float()
+
+    def _fla_packed(self, fla: object, qkv: torch.Tensor, step: Step, weight: torch.Tensor, g: torch.Tensor,
+                    beta: torch.Tensor, cache: GDNState, out: torch.Tensor) -> None:
+        """Every prefill segment of the step (on distinct lanes) through one call of fla's chunk kernel, packed with
+        cu_seqlens, each from its lane's state: one call a layer instead of one a segment. qkv [T, conv_dim] model
+        dtype; g, beta [T, Hv] f32; fills out [T, Hv, dv] at the segments' rows and advances their lanes' states."""
+        segs = step.chunked
+        dev, dtype = qkv.device, qkv.dtype
+        rows = torch.cat([torch.arange(seg.offset, seg.offset + seg.length) for seg in segs]).to(dev)
+        lanes = torch.tensor([seg.lane for seg in segs], device=dev)
+        mixed = []
+        for seg in segs:  # the short conv, over each segment's own window
+            raw = qkv[seg.offset : seg.offset + seg.length][None]
+            window = cache.conv[seg.lane][None]
+            mixed.append(silu(delta_rule.short_conv(window, raw, weight), False)[0].to(dtype))
+            cache.conv[seg.lane] = torch.cat([window[0], raw[0]])[-window.shape[1] :]
+        q, k, v = torch.split(torch.cat(mixed), [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        length = q.shape[0]
+        ends = torch.tensor([0, *[seg.length for seg in segs]]).cumsum(0).to(dev)
+        o, state = fla(  # type: ignore[operator]
+            q.reshape(1, length, self.hk, self.dk),
+            k.reshape(1, length, self.hk, self.dk),
+            v.reshape(1, length, self.hv, self.dv),
+            g=g[rows][None],
+            beta=beta[rows][None].to(dtype),
+            scale=self.dk**-0.5,
+            initial_state=cache.state.index_select(0, lanes),
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+            cu_seqlens=ends,
+        )
+        cache.state.index_copy_(0, lanes, state.float())
+        out[rows] = o[0].float()
 
     def _heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """mixed [n, L, conv_dim] f32 -> q, k [n, L, Hv, dk] (l2-normed, q scaled, repeated to value heads), v."""
