@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ignis.backends.dflash2.config import DrafterConfig, drafter_config_json
-from ignis.backends.dflash2.model import DrafterModel
+from ignis.backends.dflash2.model import DrafterModel, block_mask, shared_context_mask
 from ignis.backends.dflash2.weights import load_drafter, save_drafter
 from ignis.model.config import ModelConfig
 from ignis.model.loader import load_model
@@ -43,6 +43,37 @@ def _data(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     mask = torch.zeros(3, SEQ, dtype=torch.bool)
     mask[:, PROMPT:] = True
     return torch.randn(3, SEQ, 2 * 64, generator=g), tokens, mask
+
+
+@pytest.mark.parametrize("window,causal", [(12, False), (None, True)])
+def test_blocks_sharing_one_context_attend_as_each_block_alone(window: int | None, causal: bool) -> None:
+    """Training gives a sequence's blocks one copy of its context (`shared_context_mask`), serving one each
+    (`block_mask`): every block row's hidden state is the same either way, windows and causality included."""
+    target = ModelConfig.from_dict(tiny_config(vocab_size=VOCAB, model_type="qwen3_5_text"))
+    config = drafter_config_json(target, num_layers=2, mask_token_id=VOCAB - 1, target_layer_ids=[1, 3],
+                                 layer_types=["sliding_attention" if window else "full_attention", "full_attention"],
+                                 sliding_window=window, is_causal=causal, selector_rank=8, selector_top_k=8,
+                                 intermediate_size=128)
+    torch.manual_seed(0)
+    model = DrafterModel(DrafterConfig.from_dict(config, target)).eval()
+    cfg = model.config
+    b, per, rows = 2, 3, cfg.width + 1
+    g = torch.Generator().manual_seed(2)
+    taps = torch.randn(b * SEQ, 2 * 64, generator=g)
+    anchors = torch.tensor([[5, 30, 17], [22, 9, 31]])
+    pos = torch.arange(SEQ)
+    q_pos = anchors.reshape(-1)[:, None] + torch.arange(rows)  # [n, B], sequence-major
+    owner = torch.arange(b).repeat_interleave(per)
+    x = torch.randn(b * per, rows, cfg.hidden_size, generator=g)
+    with torch.no_grad():
+        kv = model.context_kv(taps, pos.repeat(b))
+        alone = model.block(
+            x, q_pos, [(kk.view(b, SEQ, *kk.shape[1:])[owner], vv.view(b, SEQ, *vv.shape[1:])[owner]) for kk, vv in kv],
+            [block_mask(cfg, i, pos.expand(b * per, -1), q_pos) for i in range(cfg.num_layers)])
+        shared = model.block(
+            x, q_pos, [(kk.view(b, SEQ, *kk.shape[1:]), vv.view(b, SEQ, *vv.shape[1:])) for kk, vv in kv],
+            [shared_context_mask(cfg, i, pos.expand(b, -1), q_pos.view(b, per, rows)) for i in range(cfg.num_layers)])
+    torch.testing.assert_close(shared, alone, rtol=1e-5, atol=1e-5)
 
 
 def test_a_block_sees_only_context_before_its_anchor() -> None:

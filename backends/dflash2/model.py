@@ -99,11 +99,16 @@ class Attention(nn.Module):
         x: torch.Tensor,  # [n, B, H] the block rows, normed (and convolved)
         cos: torch.Tensor,  # [n*B, rd] model dtype, device
         sin: torch.Tensor,  # [n*B, rd] model dtype, device
-        ctx_k: torch.Tensor,  # [n, C, nkv, hd] model dtype, device: context keys, normed and rotated
-        ctx_v: torch.Tensor,  # [n, C, nkv, hd] model dtype, device
-        mask: torch.Tensor,  # [n, B, C + B] bool, device: key visible to query row
+        ctx_k: torch.Tensor,  # [m, C, nkv, hd] model dtype, device: context keys, normed and rotated
+        ctx_v: torch.Tensor,  # [m, C, nkv, hd] model dtype, device
+        mask: torch.Tensor,  # [m, P*B, C + P*B] bool, device: key visible to query row
     ) -> torch.Tensor:
+        """Each block's rows against its context and its own rows. Blocks share a context in runs of P = n / m
+        (serving: P = 1, a context each; training: a sequence's blocks, one copy of its context): the P blocks of a
+        run attend as one query set of P*B rows, whose keys are the context and all P blocks' rows, and `mask` keeps
+        each block to its own (`shared_context_mask`)."""
         n, rows, _ = x.shape
+        m = ctx_k.shape[0]
         flat = x.reshape(n * rows, -1)
         t, nh, nkv, hd = n * rows, self.num_heads, self.num_kv, self.head_dim
         if self.qkv_proj is not None:
@@ -115,17 +120,18 @@ class Attention(nn.Module):
         else:
             q = apply_rope(self.q_norm(self.q_proj(flat).view(t, nh, hd)), cos, sin)
             k, v = self.keys(flat, cos, sin)
-        k = torch.cat([ctx_k, k.view(n, rows, self.num_kv, self.head_dim)], dim=1)
-        v = torch.cat([ctx_v, v.view(n, rows, self.num_kv, self.head_dim)], dim=1)
+        r = n // m * rows  # query rows a context serves
+        k = torch.cat([ctx_k, k.view(m, r, self.num_kv, self.head_dim)], dim=1)
+        v = torch.cat([ctx_v, v.view(m, r, self.num_kv, self.head_dim)], dim=1)
         group, nkv, hd = self.num_heads // self.num_kv, self.num_kv, self.head_dim
-        # The query heads of one KV head attend together as group*B rows: no copy of K/V per query head.
-        qh = q.view(n, rows, nkv, group, hd).permute(0, 2, 3, 1, 4).reshape(n, nkv, group * rows, hd)
-        kh, vh = k.transpose(1, 2), v.transpose(1, 2)  # [n, nkv, C+B, hd]
+        # The query heads of one KV head attend together as group*r rows: no copy of K/V per query head.
+        qh = q.view(m, r, nkv, group, hd).permute(0, 2, 3, 1, 4).reshape(m, nkv, group * r, hd)
+        kh, vh = k.transpose(1, 2), v.transpose(1, 2)  # [m, nkv, C+r, hd]
         # Under training autocast the cached context keys may be fp32 beside bf16 values: one dtype for the kernel.
         kh, vh = kh.to(qh.dtype), vh.to(qh.dtype)
-        m = mask[:, None, None].expand(n, 1, group, rows, mask.shape[-1]).reshape(n, 1, group * rows, mask.shape[-1])
-        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=m, scale=hd**-0.5)  # [n, nkv, group*B, hd]
-        o = o.view(n, nkv, group, rows, hd).permute(0, 3, 1, 2, 4).reshape(n, rows, self.num_heads * hd)
+        am = mask[:, None, None].expand(m, 1, group, r, mask.shape[-1]).reshape(m, 1, group * r, mask.shape[-1])
+        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=am, scale=hd**-0.5)  # [m, nkv, group*r, hd]
+        o = o.view(m, nkv, group, r, hd).permute(0, 3, 1, 2, 4).reshape(n, rows, self.num_heads * hd)
         return self.o_proj(o)
 
 
@@ -219,10 +225,11 @@ class DrafterModel(nn.Module):
         self,
         x: torch.Tensor,  # [n, B, H] model dtype, device: embedded [anchor, MASK...] rows (already scaled)
         positions: torch.Tensor,  # [n, B] int64, device: absolute positions of the rows
-        context: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (K, V) [n, C_l, nkv, hd]
-        masks: list[torch.Tensor],  # per layer [n, B, C_l + B] bool: key visible to query row
+        context: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (K, V) [m, C_l, nkv, hd], m dividing n
+        masks: list[torch.Tensor],  # per layer [m, P*B, C_l + P*B] bool, P = n / m: key visible to query row
     ) -> torch.Tensor:
-        """The final-normed hidden state of every block row, [n, B, H]."""
+        """The final-normed hidden state of every block row, [n, B, H]. Serving gives each block its own context
+        (m = n); training gives a sequence's P blocks one copy (`Attention.forward`)."""
         cos, sin = self.rope.tables(positions.reshape(-1), x.dtype)
         h = x
         for layer, (k, v), mask in zip(self.layers, context, masks):
@@ -254,3 +261,21 @@ def block_mask(
     if window is not None:
         own = own & (dq < window) & (-dq < window)
     return torch.cat([ctx, own], dim=-1)
+
+
+def shared_context_mask(
+    c: DrafterConfig,
+    layer: int,
+    ctx_pos: torch.Tensor,  # [m, C] int64, device: position held in each context slot, -1 if empty
+    q_pos: torch.Tensor,  # [m, P, B] int64, device: positions of the rows of P blocks sharing that context
+) -> torch.Tensor:
+    """[m, P*B, C + P*B] bool: `block_mask` for P blocks that attend as one query set against one copy of their
+    context: each row sees what `block_mask` lets it see of the context, and of the P blocks' rows only its own
+    block's, so the result is the P blocks' own attention, row for row."""
+    m, per, rows = q_pos.shape
+    each = block_mask(c, layer, ctx_pos.repeat_interleave(per, dim=0), q_pos.reshape(m * per, rows))
+    ctx = each[..., : ctx_pos.shape[1]].reshape(m, per * rows, -1)
+    own = torch.zeros((per, m, rows, per, rows), dtype=torch.bool, device=q_pos.device)
+    idx = torch.arange(per, device=q_pos.device)
+    own[idx, :, :, idx, :] = each[..., ctx_pos.shape[1] :].view(m, per, rows, rows).transpose(0, 1)
+    return torch.cat([ctx, own.permute(1, 0, 2, 3, 4).reshape(m, per * rows, per * rows)], dim=-1)

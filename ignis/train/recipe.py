@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ignis.backends.dflash2.model import DrafterModel, block_mask
+from ignis.backends.dflash2.model import DrafterModel, shared_context_mask
 from ignis.backends.dflash2.selector import transform
 
 SELECTOR_WEIGHT = 1.0
@@ -116,8 +116,10 @@ def losses(
     labels = tokens[owner[:, None], at]  # [n, k]
     ids = torch.cat([tokens[owner, a][:, None], torch.full_like(labels, cfg.mask_token_id)], dim=1)
     x = F.embedding(ids, embed) * cfg.input_embedding_scale
-    ctx = [(kk.view(b, seq, *kk.shape[1:])[owner], vv.view(b, seq, *vv.shape[1:])[owner]) for kk, vv in kv]
-    masks = [block_mask(cfg, i, pos.expand(a.shape[0], -1), q_pos) for i in range(cfg.num_layers)]
+    # One copy of a sequence's context for all its blocks (blocks are sequence-major: a = anchors.reshape(-1)).
+    ctx = [(kk.view(b, seq, *kk.shape[1:]), vv.view(b, seq, *vv.shape[1:])) for kk, vv in kv]
+    per = anchors.shape[1]
+    masks = [shared_context_mask(cfg, i, pos.expand(b, -1), q_pos.view(b, per, k + 1)) for i in range(cfg.num_layers)]
     hidden = model.block(x, q_pos, ctx, masks)[:, 1:]  # [n, k, H]
     logits = transform(cfg, F.linear(hidden, head).float())  # [n, k, V]
     weight = slot_weights(mask, anchors, k, gamma)  # [n, k]
