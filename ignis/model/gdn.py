@@ -115,7 +115,7 @@ class GatedDeltaNet(nn.Module):
             if not grp.record:
                 cache.state[grp.lanes] = state
 
-        fla, packed = prefill_kernels(self, ex, x)
+        fla, packed = prefill_kernels(self, ex, x) if step.chunked else (None, None)
         lanes = [seg.lane for seg in step.chunked]
         if packed is not None and len(lanes) > 1 and len(set(lanes)) == len(lanes):
             self._fla_packed(packed, qkv, step, weight, g, beta, cache, out)
