@@ -1,6 +1,6 @@
-"""The built-in target's training spread over sessions: a run stopped by Ctrl-C and run again ends with the weights of
-one that never stopped, reads its tokens back instead of the corpus, and refuses to continue under other settings
-(tools/artifact/train_target.py, resume.py; the toy shape on the CPU)."""
+"""The built-in target's training spread over several jobs: a run stopped by Ctrl-C and run again ends with the
+weights of one that never stopped, reads its tokens back instead of the corpus, and refuses to continue under other
+settings (tools/artifact/train_target.py, resume.py; the toy shape on the CPU)."""
 
 from __future__ import annotations
 

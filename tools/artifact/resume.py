@@ -1,11 +1,12 @@
-"""What lets one target training run span several machines' sessions: the run's state and its token streams on disk.
+"""What lets one target training run span several jobs (each a machine held for a limited time): the run's state
+and its token streams on disk.
 
 Owns: `settings` (what a continuation must share with the run it continues), the state file (weights in float32,
 optimizer, data order, step counters; written atomically) and the token-stream file (so a continuation skips reading
 and tokenizing the corpus). Does not own: the training loop (train_target.py) or the data (data.py).
 
 A run continues when OUT/state.pt holds an unfinished run of a fixed `--max-steps` (the schedule's length, not fitted
-to one session's budget): it loads the state, checks the settings, and takes the steps that are left. Any other
+to one job's budget): it loads the state, checks the settings, and takes the steps that are left. Any other
 state (a finished run, or one fitted to its budget) is overwritten by a new run.
 """
 

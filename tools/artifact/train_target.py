@@ -3,13 +3,13 @@
 Owns: the training run (data on device, AdamW, warmup + cosine schedule fitted to the time budget or set by
 --max-steps, periodic checkpoints, held-out evaluation, the log). Does not own: the model's shape and MTP math
 (model.py), the corpus (corpus.py, data.py), prompts (prompts.py), the file format (export.py) or what a run spread
-over several sessions keeps on disk (resume.py).
+over several jobs keeps on disk (resume.py).
 
 Run from the repository root (one GPU; the README beside this file has the full command):
     python -m tools.artifact.train_target --out OUT --time-budget 500
 A CPU smoke run of the same code path: python -m tools.artifact.train_target --toy --out /some/dir
 
-A run longer than one session: give the whole run's --max-steps and each session's --time-budget; when the budget
+A run longer than one job: give the whole run's --max-steps and each job's --time-budget; when the budget
 (or Ctrl-C) stops it short, OUT/state.pt holds everything, and the same command continues from there.
 """
 
@@ -217,7 +217,7 @@ def main() -> None:
     if state is None:
         args.batch = fitting_batch(net, mtp, train_stream, window, args.batch, device, log)
     else:
-        args.batch = state["batch"]  # the one the first session fitted
+        args.batch = state["batch"]  # the one the first job fitted
     train = Batches(train_stream, window, args.batch, args.seed, device)
     held = Batches(held_stream, window, args.batch, args.seed, device)
     eval_batches = min(2, held.windows.shape[0] // args.batch)
