@@ -1,5 +1,5 @@
 """A step's prefill segments through one packed call of the chunk kernel (fla's cu_seqlens form on CUDA) give what one
-call a segment gives: outputs, recurrent states and conv windows (ignis.model.gdn `_fla_packed`).
+call a segment gives: outputs, recurrent states and conv windows (ignis.model.gdn `GatedDeltaNet._fla`).
 
 fla runs on CUDA only, so here a torch stand-in with fla's signature and its packed semantics (each sequence of
 cu_seqlens from its own initial state, q and k l2-normalised inside, the scale applied to q) takes its place in both
@@ -47,7 +47,7 @@ def prefill(packed: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[torch.Tensor
         calls.append(kw.get("cu_seqlens"))
         return stand_in(*args, **kw)
 
-    monkeypatch.setattr(gdn, "prefill_kernels", lambda layer, exact, x: (counted, counted if packed else None))
+    monkeypatch.setattr(gdn, "prefill_kernels", lambda layer, exact, x: (counted, packed))
     model = random_model(tiny_config(), seed=3, mtp=False, device="cpu", dtype=torch.float32)
     cache = LaneCache(model.config, lanes=3, context=512, max_cols=1, device="cpu", dtype=torch.float32)
     gen = torch.Generator().manual_seed(0)
@@ -88,7 +88,7 @@ def test_one_lane_or_a_lane_twice_keeps_one_call_a_segment(monkeypatch: pytest.M
         calls.append(kw.get("cu_seqlens"))
         return stand_in(*args, **kw)
 
-    monkeypatch.setattr(gdn, "prefill_kernels", lambda layer, exact, x: (counted, counted))
+    monkeypatch.setattr(gdn, "prefill_kernels", lambda layer, exact, x: (counted, True))
     model = random_model(tiny_config(), seed=3, mtp=False, device="cpu", dtype=torch.float32)
     cache = LaneCache(model.config, lanes=2, context=512, max_cols=1, device="cpu", dtype=torch.float32)
     seg = Segment(lane=1, offset=0, start=0, length=12, prefill=True)

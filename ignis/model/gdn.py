@@ -17,6 +17,7 @@ from torch import nn
 from ignis.kernels import fused
 from ignis.kernels import gdn as gdn_kernels
 from ignis.model import delta_rule
+from ignis.model.batch import Segment
 from ignis.model.cache import GDNState
 from ignis.model.config import ModelConfig
 from ignis.model.decode import DecodeStep
@@ -39,13 +40,14 @@ from ignis.model.ops import (
 CHUNKED_COLUMNS = 64
 
 
-def prefill_kernels(layer: GatedDeltaNet, exact: bool, x: torch.Tensor) -> tuple[object | None, object | None]:
-    """fla's chunk kernel for a prefill segment, and for several packed into one call, where they run (CUDA, not the
-    exact mode) and passed their check (ignis.model.delta_rule.fla_chunk); (None, None) means the torch chunked form."""
+def prefill_kernels(layer: GatedDeltaNet, exact: bool, x: torch.Tensor) -> tuple[object | None, bool]:
+    """fla's chunk kernel for prefill segments where it runs (CUDA, not the exact mode) and passed its check
+    (ignis.model.delta_rule.fla_chunk), and whether it also packs several into one call; None: the torch chunked
+    form."""
     if exact or x.device.type != "cuda":
-        return None, None
+        return None, False
     shape = (layer.hk, layer.hv, layer.dk, layer.dv, x.dtype, x.device)
-    return delta_rule.fla_chunk(*shape), delta_rule.fla_varlen(*shape)
+    return delta_rule.fla_chunk(*shape), delta_rule.fla_varlen(*shape) is not None
 
 
 class GatedDeltaNet(nn.Module):
@@ -115,23 +117,22 @@ class GatedDeltaNet(nn.Module):
             if not grp.record:
                 cache.state[grp.lanes] = state
 
-        fla, packed = prefill_kernels(self, ex, x) if step.chunked else (None, None)
-        lanes = [seg.lane for seg in step.chunked]
-        if packed is not None and len(lanes) > 1 and len(set(lanes)) == len(lanes):
-            self._fla_packed(packed, qkv, step, weight, g, beta, cache, out)
+        fla, packed = prefill_kernels(self, ex, x) if step.chunked else (None, False)
+        if fla is not None:
+            lanes = [seg.lane for seg in step.chunked]
+            # one call for all segments where fla packs them (each lane once), else one a segment
+            runs = [step.chunked] if packed and len(set(lanes)) == len(lanes) else [(seg,) for seg in step.chunked]
+            for run in runs:
+                self._fla(fla, qkv, run, weight, g, beta, cache, out)
         else:
             for seg in step.chunked:
                 rows = slice(seg.offset, seg.offset + seg.length)
                 raw = qkv[rows][None]
                 window = cache.conv[seg.lane][None]
-                if fla is not None:
-                    out[rows] = self._fla(fla, raw, window, weight, g[rows], beta[rows], cache, seg.lane)
-                else:
-                    mixed = silu(delta_rule.short_conv(window, raw, weight), ex)
-                    q, k, v = self._heads(mixed)
-                    state, out[rows] = delta_rule.chunked(cache.state[seg.lane], q[0], k[0], v[0], g[rows],
-                                                          beta[rows])
-                    cache.state[seg.lane] = state
+                mixed = silu(delta_rule.short_conv(window, raw, weight), ex)
+                q, k, v = self._heads(mixed)
+                state, out[rows] = delta_rule.chunked(cache.state[seg.lane], q[0], k[0], v[0], g[rows], beta[rows])
+                cache.state[seg.lane] = state
                 cache.conv[seg.lane] = torch.cat([window[0], raw[0]])[-window.shape[1] :]
 
         y = gated_rms_norm(out.to(x.dtype), z, self.norm.weight, self.eps, ex)
@@ -200,12 +201,12 @@ class GatedDeltaNet(nn.Module):
         cache.state.index_copy_(0, lanes, state.float())
         return o.float()
 
-    def _fla_packed(self, fla: object, qkv: torch.Tensor, step: Step, weight: torch.Tensor, g: torch.Tensor,
-                    beta: torch.Tensor, cache: GDNState, out: torch.Tensor) -> None:
-        """Every prefill segment of the step (on distinct lanes) through one call of fla's chunk kernel, packed with
-        cu_seqlens, each from its lane's state: one call a layer instead of one a segment. qkv [T, conv_dim] model
-        dtype; g, beta [T, Hv] f32; fills out [T, Hv, dv] at the segments' rows and advances their lanes' states."""
-        segs = step.chunked
+    def _fla(self, fla: object, qkv: torch.Tensor, segs: tuple[Segment, ...], weight: torch.Tensor,
+             g: torch.Tensor, beta: torch.Tensor, cache: GDNState, out: torch.Tensor) -> None:
+        """Prefill segments (on distinct lanes) through one call of fla's chunk kernel, which does the l2 norms, the
+        scale and the key-head pairing itself; several are packed with cu_seqlens, each from its lane's state. qkv
+        [T, conv_dim] model dtype; g, beta [T, Hv] f32; fills out [T, Hv, dv] f32 at the segments' rows and advances
+        their lanes' states and conv windows."""
         dev, dtype = qkv.device, qkv.dtype
         rows = torch.cat([torch.arange(seg.offset, seg.offset + seg.length) for seg in segs]).to(dev)
         lanes = torch.tensor([seg.lane for seg in segs], device=dev)
@@ -218,6 +219,7 @@ class GatedDeltaNet(nn.Module):
         q, k, v = torch.split(torch.cat(mixed), [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         length = q.shape[0]
         ends = torch.tensor([0, *[seg.length for seg in segs]]).cumsum(0).to(dev)
+        packed = {} if len(segs) == 1 else {"cu_seqlens": ends}
         o, state = fla(  # type: ignore[operator]
             q.reshape(1, length, self.hk, self.dk),
             k.reshape(1, length, self.hk, self.dk),
@@ -228,7 +230,7 @@ class GatedDeltaNet(nn.Module):
             initial_state=cache.state.index_select(0, lanes),
             output_final_state=True,
             use_qk_l2norm_in_kernel=True,
-            cu_seqlens=ends,
+            **packed,
         )
         cache.state.index_copy_(0, lanes, state.float())
         out[rows] = o[0].float()
@@ -243,37 +245,6 @@ class GatedDeltaNet(nn.Module):
         if r > 1:
             q, k = q.repeat_interleave(r, dim=2), k.repeat_interleave(r, dim=2)
         return q, k, v.reshape(n, length, self.hv, self.dv)
-
-    def _fla(
-        self,
-        fla: object,
-        raw: torch.Tensor,
-        window: torch.Tensor,
-        weight: torch.Tensor,
-        g: torch.Tensor,
-        beta: torch.Tensor,
-        cache: GDNState,
-        lane: int,
-    ) -> torch.Tensor:
-        """Prefill through fla's chunk kernel, which does the l2 norms, the scale and the key-head pairing itself.
-        raw [1, L, C], window [1, Kc-1, C] model dtype; g, beta [L, Hv] f32 -> output [L, Hv, dv] f32."""
-        dtype = raw.dtype
-        mixed = silu(delta_rule.short_conv(window, raw, weight), False).to(dtype)
-        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        length = raw.shape[1]
-        o, state = fla(  # type: ignore[operator]
-            q.reshape(1, length, self.hk, self.dk),
-            k.reshape(1, length, self.hk, self.dk),
-            v.reshape(1, length, self.hv, self.dv),
-            g=g[None],
-            beta=beta[None].to(dtype),
-            scale=self.dk**-0.5,
-            initial_state=cache.state[lane][None].clone(),
-            output_final_state=True,
-            use_qk_l2norm_in_kernel=True,
-        )
-        cache.state[lane] = state[0].float()
-        return o[0].float()
 
 
 class _GatedNormWeight(nn.Module):
