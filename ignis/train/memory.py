@@ -16,7 +16,10 @@ from collections.abc import Callable
 import torch
 
 HEADROOM = 0.85  # share of the free memory a micro-batch may plan to use: the allocator fragments the rest
-TAP_CACHE_SHARE = 0.5  # keep every tap in memory only when they take at most this share of what is free
+# Keep every tap in memory only when they take at most this share of what is free. On the accelerator the drafter's
+# micro-batch is sized afterwards from what the cache leaves (fit_micro_batch), so the cache may take most of it; host
+# memory is shared with the rest of the machine.
+TAP_CACHE_SHARE = {"cuda": 0.7, "cpu": 0.5}
 
 
 def micro_batch_for(free: int, fixed: int, per_sequence: int, requested: int) -> int:
@@ -54,4 +57,4 @@ def tap_cache_fits(nbytes: int, device: torch.device) -> bool:
         import os
 
         free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return nbytes <= TAP_CACHE_SHARE * free
+    return nbytes <= TAP_CACHE_SHARE["cuda" if device.type == "cuda" else "cpu"] * free
