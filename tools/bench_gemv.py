@@ -2,7 +2,8 @@
 its launch shapes swept, in one run on one GPU.
 
 For each product of a Qwen3.5-27B decode step (the SHAPES of tools.bench_quant, plus the output head) and 1, 8 and
-64 rows: bf16 `F.linear` (cuBLAS), then the Triton kernel on the same bf16 weight (`dense_gemv`) and on its fp8
+64 rows: bf16 `F.linear` (cuBLAS; again with torch's preferred BLAS library set to cuBLASLt, and through TunableOp,
+which times the algorithms torch can call for the shape and keeps the fastest), then the Triton kernel on the same bf16 weight (`dense_gemv`) and on its fp8
 codes (`fp8_gemv`), each at `choose`'s launch and at the variants of `plan` around it (tile width, step, warps,
 stages, the split's target of programs a SM; above 16 rows, row tiles of 32 and 64 too). Every figure is a CUDA graph of calls cycling over enough weight
 copies that none is read from L2 (tools.quant_products.graph_ms), in µs and over the form's own bytes at the copy
@@ -19,7 +20,8 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -57,6 +59,30 @@ def launches(nout: int, ncols: int, sms: int, rows: int) -> list[Config]:
     return found
 
 
+@contextmanager
+def blas(form: str) -> Iterator[None]:
+    """The BLAS setting a form is timed under: cuBLASLt preferred, TunableOp tuning each new shape, or torch's default."""
+    if form == "bf16 cublaslt":
+        before = torch.backends.cuda.preferred_blas_library()
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+        try:
+            yield
+        finally:
+            torch.backends.cuda.preferred_blas_library(before)
+    elif form == "bf16 tunableop":
+        tunable = torch.cuda.tunable
+        tunable.write_file_on_exit(False)
+        tunable.enable(True)
+        tunable.tuning_enable(True)
+        try:
+            yield
+        finally:
+            tunable.tuning_enable(False)
+            tunable.enable(False)
+    else:
+        yield
+
+
 def time_form(calls: list[Callable[[], object]], reps: int) -> dict[str, Any]:
     """ms of one call, or the error of a launch that does not compile or run (out of shared memory, say)."""
     try:
@@ -84,7 +110,8 @@ def sweep(bw: float, reps: int, names: list[str], row_counts: list[int]) -> list
             x = torch.randn(r, ncols, device=dev).bfloat16()
             io = 2 * r * (ncols + nout)
             forms: list[tuple[str, int, Config | None, list[Callable[[], object]]]] = [
-                ("bf16 cublas", nb, None, [partial(F.linear, x, p) for p in cb])]
+                (form, nb, None, [partial(F.linear, x, p) for p in cb])
+                for form in ("bf16 cublas", "bf16 cublaslt", "bf16 tunableop")]
             configs = launches(nout, ncols, sms, r)
             for cfg in configs:
                 forms.append(("bf16 triton", nb, cfg, [partial(dense_gemv, x, p, cfg) for p in cb]))
@@ -93,14 +120,15 @@ def sweep(bw: float, reps: int, names: list[str], row_counts: list[int]) -> list
                 floor = (nbytes + io) / bw * 1e3
                 row: dict[str, Any] = {"product": name, "out": nout, "in": ncols, "rows": r, "form": form,
                                        "floor_ms": floor, "config": asdict(cfg) if cfg else None,
-                                       "default": cfg == configs[0] if cfg else None,
-                                       **time_form(calls, reps)}
+                                       "default": cfg == configs[0] if cfg else None}
+                with blas(form):
+                    row.update(time_form(calls, reps))
                 if "ms" in row:
                     row["x_floor"] = row["ms"] / floor
                 out.append(row)
                 said = (f"{1e3 * row['ms']:8.1f} us  x{row['x_floor']:5.2f}" if "ms" in row
                         else f"failed: {row['error'][:80]}")
-                print(f"{name:22s} rows {r:2d}  {form:11s} {str(asdict(cfg) if cfg else ''):80s} {said}", flush=True)
+                print(f"{name:22s} rows {r:2d}  {form:14s} {str(asdict(cfg) if cfg else ''):80s} {said}", flush=True)
         del cb, c8
         torch.cuda.empty_cache()
     return out
@@ -116,7 +144,7 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
         if cublas is None:
             continue
         said = [f"{product} rows {nrows}: cuBLAS {1e3 * cublas['ms']:.1f} us (x{cublas['x_floor']:.2f})"]
-        for form in ("bf16 triton", "fp8 triton"):
+        for form in ("bf16 cublaslt", "bf16 tunableop", "bf16 triton", "fp8 triton"):
             runs = [r for r in mine if r["form"] == form]
             if not runs:
                 continue
