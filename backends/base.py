@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from ignis.engine.device_sampling import shape_probs
+
 if TYPE_CHECKING:
     from ignis.config import IgnisConfig
     from ignis.model.model import HybridModel
@@ -74,6 +76,7 @@ class ProposeIn:
     k: int  # drafts wanted per lane
     temperatures: list[float]  # per lane; 0 = the request is greedy (draft deterministically, q may be None)
     generators: list[torch.Generator]  # per lane, for backends that sample their drafts
+    cuts: list[tuple[int, float, float]] | None = None  # per lane: the request's (top_k, top_p, min_p); None = none
     span: int = 0  # the largest anchor position among the lanes (rows any lane has committed)
 
 
@@ -85,20 +88,47 @@ class Proposal:
 
 @dataclass(frozen=True)
 class Choice:
-    """How each lane chooses its drafts: temperature 0 is greedy; others draw with their uniforms."""
+    """How each lane chooses its drafts: temperature 0 is greedy; others draw with their uniforms from the drafter's
+    distribution shaped the way the request shapes the target's (temperature, then its top-k, top-p and min-p cuts).
+
+    Rejection sampling stays exact for any q the drafts are drawn from; a q cut like p puts no mass on tokens that p
+    gives none, which the target would reject every time."""
 
     temperatures: torch.Tensor  # [n] float32, device
     uniforms: torch.Tensor | None  # [n, k] float64, device: one per slot; None = every lane greedy
+    top_k: torch.Tensor | None = None  # [n] int64, device: 0 = off; None (with top_p and min_p) = no lane cuts
+    top_p: torch.Tensor | None = None  # [n] float32, device: 1 = off
+    min_p: torch.Tensor | None = None  # [n] float32, device: 0 = off
 
     @staticmethod
-    def build(temperatures: list[float], generators: list[torch.Generator], k: int, device: torch.device) -> Choice:
-        """The host form: uniforms from each sampling lane's own generator."""
+    def build(temperatures: list[float], generators: list[torch.Generator], k: int, device: torch.device,
+              cuts: list[tuple[int, float, float]] | None = None) -> Choice:
+        """The host form: uniforms from each sampling lane's own generator; `cuts` holds each lane's (top_k, top_p,
+        min_p)."""
         temps = torch.tensor(temperatures, dtype=torch.float32, device=device)
         if all(t <= 0.0 for t in temperatures):
             return Choice(temps, None)
         rows = [torch.rand(k, generator=g, dtype=torch.float64) if t > 0.0 else torch.zeros(k, dtype=torch.float64)
                 for t, g in zip(temperatures, generators)]
-        return Choice(temps, torch.stack(rows).to(device, non_blocking=True))
+        uniforms = torch.stack(rows).to(device, non_blocking=True)
+        if not cuts:
+            return Choice(temps, uniforms)
+        top_k, top_p, min_p = zip(*cuts)
+        return Choice(temps, uniforms, torch.tensor(top_k, dtype=torch.int64, device=device),
+                      torch.tensor(top_p, dtype=torch.float32, device=device),
+                      torch.tensor(min_p, dtype=torch.float32, device=device))
+
+    def probs(self, scores: torch.Tensor) -> torch.Tensor:
+        """scores [n, C] or [n, k, C] float32 -> each lane's draft distribution over the C columns, the same shape:
+        softmax(scores / T) within the lane's cuts, renormalised (rows of greedy lanes are shaped at T = 1, unused)."""
+        n, width = scores.shape[0], scores.shape[-1]
+        slots = scores.numel() // max(1, n * width)
+        zeros = torch.zeros_like(self.temperatures)
+        top_k = self.top_k if self.top_k is not None else zeros.long()
+        top_p = self.top_p if self.top_p is not None else torch.ones_like(self.temperatures)
+        min_p = self.min_p if self.min_p is not None else zeros
+        rows = [t.repeat_interleave(slots) for t in (self.temperatures, top_k, top_p, min_p)]
+        return shape_probs(scores.reshape(-1, width), *rows).view(scores.shape)
 
 
 @dataclass(frozen=True)

@@ -88,8 +88,9 @@ class SpecSection:
     backend: str = text(AUTO)  # "auto" or a name in the entry-point group ignis.spec_backends
     draft_tokens: int = integer(0, 0, MAX_DRAFT_TOKENS, allowed=f"0 (unset) or 1..{MAX_DRAFT_TOKENS}")
     draft_head: str = choice("full", "full", "shortlist")
-    # Sampled requests: draw drafts from the drafter's own distribution q ("sampled"), or take its argmax, a one-hot q
-    # ("greedy"). Both keep the output exact; q that follows the target accepts more.
+    # Sampled requests: draw drafts from the drafter's own distribution q, shaped by the request's temperature, top-k,
+    # top-p and min-p ("sampled"), or take its argmax, a one-hot q ("greedy"). Both keep the output exact; q that
+    # follows the target accepts more.
     draft_sampling: str = choice("sampled", "sampled", "greedy")
     drafter: str = text("")  # "" = <model>/drafter
 

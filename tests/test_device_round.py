@@ -144,6 +144,35 @@ def test_seeded_sampling_is_the_same_alone_and_beside_others(ckpt: Path) -> None
     assert alone == crowd and len(alone) == 24
 
 
+@pytest.mark.parametrize("model", [{}, FAST], ids=["host round", "device round"])
+def test_a_sampling_lanes_drafts_are_cut_like_its_requests_p(ckpt: Path, model: dict[str, str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The drafter draws a sampling lane's drafts within the request's own top-k, top-p and min-p, in both rounds; a
+    greedy lane beside it drafts deterministically."""
+    from ignis.backends.dflash2.backend import DFlash2
+
+    seen: list[Choice] = []
+    draft = DFlash2._draft
+
+    def spy(self: DFlash2, lane_ix: torch.Tensor, anchors: torch.Tensor, positions: torch.Tensor, k: int,
+            choice: Choice, span: int) -> Proposal:
+        seen.append(choice)
+        return draft(self, lane_ix, anchors, positions, k, choice, span)
+
+    monkeypatch.setattr(DFlash2, "_draft", spy)
+    ps = prompts(2, VOCAB, seed=12, lo=5, hi=20)
+    params = [SamplingParams(max_tokens=6, temperature=0.8, top_k=7, top_p=0.85, min_p=0.05, seed=3, ignore_eos=True),
+              SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)]
+    run(make_engine(ckpt, "dflash2", draft_tokens=7, model=model, lanes=2), ps, params)
+    sampled = [c for c in seen if c.uniforms is not None]
+    assert sampled
+    for c in sampled:
+        assert c.top_k is not None and c.top_p is not None and c.min_p is not None
+        lane = int(torch.nonzero(c.temperatures > 0)[0])
+        assert (int(c.top_k[lane]), float(c.top_p[lane]), float(c.min_p[lane])) == pytest.approx((7, 0.85, 0.05))
+        assert float(c.temperatures[lane]) == pytest.approx(0.8)
+
+
 def test_rejected_drafts_leave_no_trace_in_the_device_round(ckpt: Path) -> None:
     """Every layer's state after speculative device rounds equals plain device decoding's for the same tokens."""
     ps = prompts(2, VOCAB, seed=9, lo=20, hi=60)

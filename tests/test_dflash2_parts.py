@@ -23,10 +23,11 @@ from ignis.backends.dflash2.shortlist import dequantize, quantize
 from ignis.backends.dflash2.weights import SHORTLIST, WEIGHTS, save_random_drafter
 from ignis.config import load_config
 from ignis.engine.accept import accept_sampled
-from ignis.engine.sampling import make_generator
+from ignis.engine.sampling import make_generator, target_probs
 from ignis.errors import ArtifactError, ConfigError
 from ignis.model.config import ModelConfig
 from ignis.model.loader import load_model
+from ignis.params import SamplingParams
 from tiny import tiny_checkpoint, tiny_config
 from tools.artifact.build_shortlist import build as build_shortlist
 
@@ -210,26 +211,46 @@ def _tv(a: torch.Tensor, b: torch.Tensor) -> float:
     return 0.5 * float((a - b).abs().sum())
 
 
+CUTS = {"uncut": None, "top_k": (2, 1.0, 0.0), "top_p": (0, 0.6, 0.0), "min_p": (0, 1.0, 0.4)}
+
+
+@pytest.mark.parametrize("cut", list(CUTS))
 @pytest.mark.parametrize("drafter", ["selector", "v1", "v1-shortlist"])
-def test_rejection_sampling_with_the_drafters_q_keeps_the_target_distribution(drafter: str) -> None:
+def test_rejection_sampling_with_the_drafters_q_keeps_the_target_distribution(drafter: str, cut: str) -> None:
     """Drafts drawn by the backend's own sampler with its q, then the engine's acceptance: every emitted token is
-    distributed as the target's p (the speculation issue's statistical test, with this backend's q)."""
+    distributed as the target's p (the speculation issue's statistical test, with this backend's q), also when the
+    request's top-k, top-p or min-p cut q; the cut q is the uncut one cut by the host sampler's rule."""
     vocab, k, trials = 8, 2, 20000
     cfg, sel = _selector_setup(vocab, top_k=4, seed=3)
     g = torch.Generator().manual_seed(4)
     hidden = torch.randn(1, k, cfg.hidden_size, generator=g).expand(trials, -1, -1)
     logits = (torch.randn(1, k, vocab, generator=g) * 2).expand(trials, -1, -1)
-    choice = Choice(torch.full((trials,), 0.7), torch.rand(trials, k, generator=g, dtype=torch.float64))
+    temps, u = torch.full((trials,), 0.7), torch.rand(trials, k, generator=g, dtype=torch.float64)
     anchors = torch.full((trials,), 2)
-    if drafter == "selector":
-        tokens, q = select(cfg, sel, hidden, logits, None, anchors, choice, vocab)
-    elif drafter == "v1":
-        tokens, q = pick(cfg, logits, None, choice, vocab)
-    else:
-        ids = torch.tensor([6, 1, 3, 0, 5])
+    ids = torch.tensor([6, 1, 3, 0, 5])
+
+    def draw_drafts(choice: Choice) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if drafter == "selector":
+            return select(cfg, sel, hidden, logits, None, anchors, choice, vocab)
+        if drafter == "v1":
+            return pick(cfg, logits, None, choice, vocab)
         tokens, q = pick(cfg, logits[:, :, : ids.numel()], ids, choice, vocab)
         assert torch.isin(tokens, ids).all()
+        return tokens, q
+
+    tokens, q = draw_drafts(Choice(temps, u))
     assert q is not None
+    if CUTS[cut] is not None:
+        top_k, top_p, min_p = CUTS[cut]
+        uncut = q[0, 0]
+        tokens, q = draw_drafts(Choice(temps, u, torch.full((trials,), top_k), torch.full((trials,), top_p),
+                                       torch.full((trials,), min_p)))
+        assert q is not None
+        # slot 0's q does not depend on earlier draws: the uncut q, cut as the host cuts a request's p
+        want = target_probs(uncut.log()[None], SamplingParams(temperature=1.0, top_k=top_k, top_p=top_p,
+                                                               min_p=min_p))[0]
+        assert int((want > 0).sum()) < int((uncut > 0).sum())  # the cut removes something
+        torch.testing.assert_close(q[0, 0], want)
     # The drafts follow q: at slot 0 q is the same for every trial.
     drawn = torch.bincount(tokens[:, 0], minlength=vocab).double() / trials
     assert _tv(drawn, q[0, 0].double()) < 0.02

@@ -137,7 +137,7 @@ class DFlash2:
     @torch.inference_mode()
     def propose(self, inp: ProposeIn) -> Proposal:
         lane_ix = torch.tensor(inp.lanes, dtype=torch.long, device=self.device)
-        choice = Choice.build(inp.temperatures, inp.generators, inp.k, self.device)
+        choice = Choice.build(inp.temperatures, inp.generators, inp.k, self.device, inp.cuts)
         return self._draft(lane_ix, inp.anchors, inp.positions, inp.k, choice, inp.span)
 
     @torch.inference_mode()

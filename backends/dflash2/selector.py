@@ -7,8 +7,8 @@ not own: the logits themselves (.backend runs the head) or acceptance (ignis.eng
 Selector (research/dflash2.md §2): per slot t, the K best tokens by logit get the score
     s[t, c] = unary[t, c] + sum_r A[prev, r] * (P h_t)[r] * B[cand[t, c], r]
 with prev the draft chosen at slot t-1 (the anchor for t = 0). Greedy lanes take argmax s (ties to the better
-logit); sampling lanes draw from q_t = softmax(s / T) over the K candidates, using T alone (the request's top-k/top-p
-shape only the target side). q_t depends on the drafted prefix, which is also what the target conditions on, so
+logit); sampling lanes draw from q_t = softmax(s / T) over the K candidates within the request's top-k, top-p and
+min-p cuts (Choice.probs), so q_t puts no mass where the target's p has none. q_t depends on the drafted prefix, which is also what the target conditions on, so
 chained rejection sampling with these q stays exact. All lanes are handled in one batch: greedy lanes simply
 ignore their uniforms, and nothing here reads a device value on the host.
 """
@@ -107,7 +107,8 @@ def pick(
     choice: Choice,
     vocab: int,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A v1 drafter's drafts: argmax per slot, or a draw from softmax(logits / T); slots are independent."""
+    """A v1 drafter's drafts: argmax per slot, or a draw from the lane's shaped softmax(logits / T) (Choice.probs);
+    slots are independent."""
     n, k, width = logits.shape
     x = transform(cfg, logits)
     best = x.argmax(dim=-1)  # [n, k]
@@ -124,13 +125,11 @@ def _draw(
     choice: Choice,
     slot: int | None,  # the slot these scores belong to, None = scores hold every slot
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q over the C columns, chosen column): inverse CDF of softmax(scores / T) for sampling lanes; greedy lanes
-    keep their argmax and get a one-hot q, so q always describes how the draft was chosen."""
+    """(q over the C columns, chosen column): inverse CDF of the lane's shaped softmax(scores / T) for sampling lanes;
+    greedy lanes keep their argmax and get a one-hot q, so q always describes how the draft was chosen."""
     assert choice.uniforms is not None
-    temps = choice.temperatures
-    sampling = temps > 0
-    shape = (-1,) + (1,) * (scores.dim() - 1)
-    probs = torch.softmax(scores / torch.where(sampling, temps, 1.0).view(shape), dim=-1)
+    sampling = choice.temperatures > 0
+    probs = choice.probs(scores)
     u = choice.uniforms[:, slot] if slot is not None else choice.uniforms
     cdf = torch.cumsum(probs.double(), dim=-1)
     drawn = torch.searchsorted(cdf, (u * cdf[..., -1]).unsqueeze(-1), right=True).squeeze(-1)

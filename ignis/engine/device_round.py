@@ -211,7 +211,8 @@ class DeviceRound:
         # 1. propose
         if k:
             u = uniforms(buf.seeds, start, STREAM_DRAFT, k) if sampling else None
-            proposal = backend.propose_lanes(lanes, anchors, start, k, Choice(buf.draft_temperature, u), span)
+            choice = Choice(buf.draft_temperature, u, buf.top_k, buf.top_p, buf.min_p)  # q cut as the request cuts p
+            proposal = backend.propose_lanes(lanes, anchors, start, k, choice, span)
             drafts, q = proposal.tokens, proposal.q
         else:
             drafts, q = anchors[:, None][:, :0], None

@@ -156,6 +156,7 @@ class Runner:
             k=k,
             temperatures=[r.params.temperature if self.sample_drafts else 0.0 for r in reqs],
             generators=[r.generator for r in reqs],
+            cuts=[(r.params.top_k, r.params.top_p, r.params.min_p) for r in reqs],
             span=max(len(r.tokens) - 1 for r in reqs),
         )
         return self.backend.propose(inp)
