@@ -42,7 +42,7 @@ from ignis.engine.scheduler import Decode
 from ignis.model.cache import LaneCache
 from ignis.model.loader import load_model
 from ignis.model.model import HybridModel
-from ignis.kernels import attention
+from ignis.kernels import attention, fused
 from ignis.model.random import random_model
 from ignis.train.shortlist import build as build_shortlist
 from ignis.params import SamplingParams
@@ -272,11 +272,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens-per-round", type=float, default=5.625,
                     help="dflash2 tokens per round of the built-in pair on held-out code (BENCHMARKS.md), for the "
                          "projected speed-up")
+    ap.add_argument("--conv-blocks", type=int, default=fused.CONV_BLOCKS,
+                    help="the GDN conv's block target (ignis.kernels.fused.conv_tile): raised, a verify's columns "
+                         "spread over more blocks")
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None)
     args = ap.parse_args(argv)
     device = torch.device("cuda")
     attention.use(args.attention)
+    fused.CONV_BLOCKS = args.conv_blocks
     bw = copy_bandwidth(device)
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     rows: list[dict[str, Any]] = []
@@ -299,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
             if off and spec:
                 projected[f"{label}:{lanes}"] = args.tokens_per_round * off[0]["graph_ms"] / spec[0]["graph_ms"]
     result = {"device": torch.cuda.get_device_name(), "copy_tb_s": bw / 1e12, "context": args.context,
-              "attention": args.attention, "position": args.position, "rows": rows, "projected_speedup": projected}
+              "attention": args.attention, "conv_blocks": args.conv_blocks, "position": args.position, "rows": rows,
+              "projected_speedup": projected}
     print(json.dumps(projected))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
