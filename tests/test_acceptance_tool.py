@@ -110,3 +110,18 @@ def test_the_tool_reports_each_suite(ckpt: Path, tmp_path: Path, capsys: pytest.
     assert [(r["backend"], r["suite"]) for r in rows] == [("off", "code"), ("mtp", "code")]
     assert rows[0]["tokens_per_round"] == 1.0 and "loop_rate" in rows[0]
     assert "loop_rate=" in capsys.readouterr().out
+
+
+def test_sampled_suites_run_once_a_seed_and_report_the_mean(ckpt: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("".join(json.dumps({"prompt_token_ids": p}) + "\n" for p in prompts(2, VOCAB, seed=4)))
+    out = tmp_path / "r.json"
+    assert main(["--model", str(ckpt), "--prompts", str(chat), "--mode", "sampled", "--backend", "mtp:2",
+                 "--max-tokens", "12", "--seed", "5", "--seeds", "3", "--json", str(out), "--profile", "cpu"]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["suite"] for r in rows] == ["chat@5", "chat@6", "chat@7"]
+    mean = sum(r["tokens_per_round"] for r in rows) / 3
+    assert f"chat     mean of seeds 5-7: tokens/round={mean:.3f}" in capsys.readouterr().out

@@ -11,6 +11,7 @@ tokens repeat a shorter period, since a loop is the easiest text to draft and fl
     python -m tools.acceptance --suite code --backend off --backend dflash2:7          # one suite
     python -m tools.acceptance --prompts my.jsonl --mode sampled --backend dflash2:7    # your own prompts
     python -m tools.acceptance --suite sampled --backend dflash2:7 --set spec.draft_sampling=greedy   # one-hot q
+    python -m tools.acceptance --suite sampled --backend dflash2:7 --seeds 4     # seeds 0-3 and their mean
 
 Teacher-forced replay (the seeds' "sampled acceptance" method): recorded turns are replayed token for token; at each
 round the backend drafts from the recorded context, the acceptance rule (rejection sampling at the given temperature,
@@ -31,6 +32,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from ignis.acceptance import Tally, drain, measure
 from ignis.artifact import BUILTIN
@@ -103,8 +106,6 @@ def record(model: str, profile: str | None, prompts: list[list[int]], params: Sa
 def replay(model: str, profile: str | None, backend: str, k: int, turns: list[dict], params: SamplingParams,
            lanes: int) -> Tally:
     """Teacher-forced: each turn emits its recorded response; the stats count what the rule would have accepted."""
-    import msgspec
-
     engine = _engine(model, profile, backend, k, lanes)
     tally = Tally(backend, engine.backend.draft_tokens, "replay")
     t0 = time.perf_counter()
@@ -139,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top-p", type=float, default=0.95)
     ap.add_argument("--top-k", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="sampled suites run once per seed from --seed on, each reported, then their mean")
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--record", default=None, help="record turns from the target into this JSONL, then stop")
     ap.add_argument("--replay", default=None, help="teacher-forced replay of the turns in this JSONL")
@@ -171,13 +174,22 @@ def main(argv: list[str] | None = None) -> int:
             runs = [replay(str(model), args.profile, name, int(k or 0), turns, sampled, args.lanes)]
         else:
             engine = _engine(str(model), args.profile, name, int(k or 0), args.lanes)
-            runs = [measure(engine, load_prompts(s.prompts, model, args.limit), sampled if s.sampled else greedy,
-                            s.name)[0] for s in chosen]
+            runs = []
+            for s in chosen:
+                seeds = range(args.seed, args.seed + args.seeds) if s.sampled else [None]
+                for seed in seeds:
+                    params = msgspec.structs.replace(sampled, seed=seed) if seed is not None else greedy
+                    label = s.name if args.seeds == 1 or seed is None else f"{s.name}@{seed}"
+                    runs.append(measure(engine, load_prompts(s.prompts, model, args.limit), params, label)[0])
         for t in runs:
             results.append(t)
             pos = " ".join(f"{x:.2f}" for x in t.per_position())
             print(f"{t.backend:8s} k={t.k} {t.suite:8s} prompts={t.prompts} rounds={t.rounds} "
                   f"tokens/round={t.tokens_per_round:.3f} loop_rate={t.loop_rate:.2f} per-position=[{pos}]", flush=True)
+        for suite in dict.fromkeys(t.suite.partition("@")[0] for t in runs if "@" in t.suite):
+            per_seed = [t.tokens_per_round for t in runs if t.suite.partition("@")[0] == suite]
+            print(f"{name:8s} k={runs[0].k} {suite:8s} mean of seeds {args.seed}-{args.seed + args.seeds - 1}: "
+                  f"tokens/round={sum(per_seed) / len(per_seed):.3f}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps([t.as_dict() for t in results], indent=2))
     return 0
