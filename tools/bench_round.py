@@ -42,7 +42,7 @@ from ignis.engine.scheduler import Decode
 from ignis.model.cache import LaneCache
 from ignis.model.loader import load_model
 from ignis.model.model import HybridModel
-from ignis.kernels import attention, fused
+from ignis.kernels import attention, fused, gdn
 from ignis.model.random import random_model
 from ignis.train.shortlist import build as build_shortlist
 from ignis.params import SamplingParams
@@ -275,12 +275,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conv-blocks", type=int, default=fused.CONV_BLOCKS,
                     help="the GDN conv's block target (ignis.kernels.fused.conv_tile): raised, a verify's columns "
                          "spread over more blocks")
+    ap.add_argument("--split", default="4:4",
+                    help="THREADS:BLOCKS, the recurrence kernels' split of a state column and launch bound "
+                         "(ignis.kernels.gdn.SPLIT)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None)
     args = ap.parse_args(argv)
     device = torch.device("cuda")
     attention.use(args.attention)
     fused.CONV_BLOCKS = args.conv_blocks
+    threads, blocks = (int(v) for v in args.split.split(":"))
+    gdn.SPLIT = (threads, blocks)
     bw = copy_bandwidth(device)
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     rows: list[dict[str, Any]] = []
@@ -303,8 +308,8 @@ def main(argv: list[str] | None = None) -> int:
             if off and spec:
                 projected[f"{label}:{lanes}"] = args.tokens_per_round * off[0]["graph_ms"] / spec[0]["graph_ms"]
     result = {"device": torch.cuda.get_device_name(), "copy_tb_s": bw / 1e12, "context": args.context,
-              "attention": args.attention, "conv_blocks": args.conv_blocks, "position": args.position, "rows": rows,
-              "projected_speedup": projected}
+              "attention": args.attention, "conv_blocks": args.conv_blocks, "split": args.split,
+              "position": args.position, "rows": rows, "projected_speedup": projected}
     print(json.dumps(projected))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
