@@ -10,6 +10,9 @@ state read and written, its keys and values read) over the device-to-device copy
 The drafter is not in the floor: "x floor" of a drafting round is against the target's own floor.
 
     python -m tools.bench_round --json round.json --md round.md
+    python -m tools.bench_round --models 27b --cases verify --lanes 8 --split 4:4,8:5 --conv-blocks 1024,8192
+
+Kernel variants (`--split`, `--conv-blocks`: comma lists) run as every pair on each model, built once.
 """
 
 from __future__ import annotations
@@ -272,33 +275,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens-per-round", type=float, default=5.625,
                     help="dflash2 tokens per round of the built-in pair on held-out code (BENCHMARKS.md), for the "
                          "projected speed-up")
-    ap.add_argument("--conv-blocks", type=int, default=fused.CONV_BLOCKS,
-                    help="the GDN conv's block target (ignis.kernels.fused.conv_tile): raised, a verify's columns "
-                         "spread over more blocks")
+    ap.add_argument("--conv-blocks", default=str(fused.CONV_BLOCKS),
+                    help="comma list: the GDN conv's block target (ignis.kernels.fused.conv_tile); raised, a verify's "
+                         "columns spread over more blocks")
     ap.add_argument("--split", default="4:4",
-                    help="THREADS:BLOCKS, the recurrence kernels' split of a state column and launch bound "
-                         "(ignis.kernels.gdn.SPLIT)")
+                    help="comma list of THREADS:BLOCKS, the recurrence kernels' split of a state column and launch "
+                         "bound (ignis.kernels.gdn.SPLIT)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None)
     args = ap.parse_args(argv)
     device = torch.device("cuda")
     attention.use(args.attention)
-    fused.CONV_BLOCKS = args.conv_blocks
-    threads, blocks = (int(v) for v in args.split.split(":"))
-    gdn.SPLIT = (threads, blocks)
+    # every (split, conv blocks) pair, each model built once; with more than one, a row's model names its variant
+    variants = [(split, int(blocks)) for split in args.split.split(",") for blocks in args.conv_blocks.split(",")]
     bw = copy_bandwidth(device)
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     rows: list[dict[str, Any]] = []
-    for label in args.models.split(","):
-        if label == "builtin":
-            model = load_model(BUILTIN, device=device, dtype=torch.bfloat16, exact=False)
-            rows += bench_model(label, model, BUILTIN, bw, args, device)
-        else:
-            model = random_model(QWEN35_27B, seed=0, mtp=True, device=device, dtype=torch.bfloat16)
-            with tempfile.TemporaryDirectory() as tmp:
-                rows += bench_model(label, model, Path(tmp), bw, args, device)
-        del model
-        torch.cuda.empty_cache()
+    with tempfile.TemporaryDirectory() as tmp:  # the 27B's random drafter and shortlist
+        for label in args.models.split(","):
+            if label == "builtin":
+                model, path = load_model(BUILTIN, device=device, dtype=torch.bfloat16, exact=False), BUILTIN
+            else:
+                model = random_model(QWEN35_27B, seed=0, mtp=True, device=device, dtype=torch.bfloat16)
+                path = Path(tmp)
+            for split, blocks in variants:
+                threads, per_sm = (int(v) for v in split.split(":"))
+                gdn.SPLIT, fused.CONV_BLOCKS = (threads, per_sm), blocks
+                name = label if len(variants) == 1 else f"{label} split={split} conv={blocks}"
+                rows += [{**r, "split": split, "conv_blocks": blocks}
+                         for r in bench_model(name, model, path, bw, args, device)]
+            del model
+            torch.cuda.empty_cache()
     timed = [r for r in rows if "error" not in r]
     projected = {}
     for label in {r["model"] for r in timed}:
@@ -308,8 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             if off and spec:
                 projected[f"{label}:{lanes}"] = args.tokens_per_round * off[0]["graph_ms"] / spec[0]["graph_ms"]
     result = {"device": torch.cuda.get_device_name(), "copy_tb_s": bw / 1e12, "context": args.context,
-              "attention": args.attention, "conv_blocks": args.conv_blocks, "split": args.split,
-              "position": args.position, "rows": rows, "projected_speedup": projected}
+              "attention": args.attention, "position": args.position, "rows": rows, "projected_speedup": projected}
     print(json.dumps(projected))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
