@@ -188,7 +188,7 @@ def make_kernels(dk: int, dv: int, cmax: int = 1, rs: int = RS, per_sm: int = BL
         # l2-normalised (q scaled); ba [B, C, 2 Hv] f32: the raw beta and decay projections; dt_bias, rate [Hv] f32;
         # out [B, C, Hv, dv]; record [L, C, Hv, dk + dv + 2]; grid (dv / TV, Hv, B).
         # Everything a tile of columns reads (q, k, the decays and betas, the thread's v) is staged, and recorded,
-        # before the loop over its columns, so that loop touches no global memory but the outputs, and the four
+        # before the loop over its columns, so that loop touches no global memory but the outputs, and the rs
         # partial sums of a state column meet by warp shuffles: no block barrier inside it. Indices that are never
         # negative go in as uint64, which spares each access numba's wrap-around select.
         t = cuda.threadIdx.x
@@ -234,7 +234,7 @@ def make_kernels(dk: int, dv: int, cmax: int = 1, rs: int = RS, per_sm: int = BL
                             if keeper:
                                 record[lane, uint64(j0 + jb + n), h, uint64(e)] = kb[n]
                 e += threads
-            for n in range(vcount):  # the four threads of a state column share its v
+            for n in range(vcount):  # the rs threads of a state column share its v
                 j = s + n * rs
                 if j < nt:
                     vb[n] = mixed[b, uint64(j0 + j), uint64(voff + c)] if c < nv else float32(0.0)

@@ -8,9 +8,9 @@ Selector (research/dflash2.md §2): per slot t, the K best tokens by logit get t
     s[t, c] = unary[t, c] + sum_r A[prev, r] * (P h_t)[r] * B[cand[t, c], r]
 with prev the draft chosen at slot t-1 (the anchor for t = 0). Greedy lanes take argmax s (ties to the better
 logit); sampling lanes draw from q_t = softmax(s / T) over the K candidates within the request's top-k, top-p and
-min-p cuts (Choice.probs), so q_t puts no mass where the target's p has none. q_t depends on the drafted prefix, which is also what the target conditions on, so
-chained rejection sampling with these q stays exact. All lanes are handled in one batch: greedy lanes simply
-ignore their uniforms, and nothing here reads a device value on the host.
+min-p cuts (Choice.probs), so q_t puts no mass where the target's p has none. q_t depends on the drafted prefix,
+which is also what the target conditions on, so chained rejection sampling with these q stays exact. All lanes are
+handled in one batch: greedy lanes simply ignore their uniforms, and nothing here reads a device value on the host.
 """
 
 from __future__ import annotations
