@@ -148,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="config override for every engine, e.g. spec.draft_head=shortlist, spec.draft_sampling=greedy")
     args = ap.parse_args(argv)
+    if args.seeds < 1:
+        ap.error(f"--seeds: at least 1, got {args.seeds}")
     SETTINGS[:] = args.set
     model = Path(args.model)
     sampled = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
