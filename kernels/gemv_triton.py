@@ -20,8 +20,8 @@ rounding (`fp8_linear_reference`, the CPU's, rounds each dequantized weight to x
 BLOCK_K and the split come from the weight's shape alone, and row tiles are 16 rows on mma.sync, so a row's result
 does not depend on how many rows share the call. A launch of wider row tiles (`Config.block_m`: 32 or 64, for a
 verify's 64 rows, where 16-row tiles read each weight tile four times) is for benchmarks to weigh: its sums are
-ordered differently, so its rows do depend on the batch. Importing this module imports triton; its callers import it only when
-a product takes this path. Without a GPU, TRITON_INTERPRET=1 runs the kernel on CPU tensors.
+ordered differently, so its rows do depend on the batch. Importing this module imports triton; its callers import it
+only when a product takes this path. Without a GPU, TRITON_INTERPRET=1 runs the kernel on CPU tensors.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import triton.language as tl
 from ignis.kernels.launch import SPLIT_COUNTERS, sm_count, split_counters
 from ignis.kernels.split_k_triton import store_split
 
-BLOCK_M = 16  # rows a program by default: mma.sync's tile (a 64-row wgmma tile would add a product's terms differently)
+BLOCK_M = 16  # rows a program by default: mma.sync's tile (a 64-row wgmma tile adds a product's terms differently)
 PROGRAMS_PER_SM = 4  # what the K split aims at
 MIN_SPLIT_STEPS = 4  # K steps a split reads at least
 MAX_SPLITS = 16

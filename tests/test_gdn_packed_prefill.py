@@ -17,6 +17,7 @@ import torch
 from ignis.model import delta_rule, gdn
 from ignis.model.batch import Batch, Segment
 from ignis.model.cache import GDNState, LaneCache
+from ignis.model.model import HybridModel
 from ignis.model.ops import l2norm
 from ignis.model.random import random_model
 from tests.tiny import tiny_config
@@ -40,7 +41,10 @@ def stand_in(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, g: torch.Tens
     return torch.cat(outs)[None], torch.stack(states)
 
 
-def prefill(packed: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[torch.Tensor, LaneCache, list[Any]]:
+def with_stand_in(packed: bool, lanes: int,
+                  monkeypatch: pytest.MonkeyPatch) -> tuple[HybridModel, LaneCache, list[Any]]:
+    """A tiny model and cache whose prefill runs `stand_in` as fla's kernel (packing when `packed`), and the list
+    that collects each call's cu_seqlens."""
     calls: list[Any] = []
 
     def counted(*args: Any, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,7 +53,12 @@ def prefill(packed: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[torch.Tensor
 
     monkeypatch.setattr(gdn, "prefill_kernels", lambda layer, exact, x: (counted, packed))
     model = random_model(tiny_config(), seed=3, mtp=False, device="cpu", dtype=torch.float32)
-    cache = LaneCache(model.config, lanes=3, context=512, max_cols=1, device="cpu", dtype=torch.float32)
+    cache = LaneCache(model.config, lanes=lanes, context=512, max_cols=1, device="cpu", dtype=torch.float32)
+    return model, cache, calls
+
+
+def prefill(packed: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[torch.Tensor, LaneCache, list[Any]]:
+    model, cache, calls = with_stand_in(packed, 3, monkeypatch)
     gen = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     hidden = None
@@ -82,15 +91,7 @@ def test_packed_prefill_equals_one_call_a_segment(monkeypatch: pytest.MonkeyPatc
 
 
 def test_one_lane_or_a_lane_twice_keeps_one_call_a_segment(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[Any] = []
-
-    def counted(*args: Any, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        calls.append(kw.get("cu_seqlens"))
-        return stand_in(*args, **kw)
-
-    monkeypatch.setattr(gdn, "prefill_kernels", lambda layer, exact, x: (counted, True))
-    model = random_model(tiny_config(), seed=3, mtp=False, device="cpu", dtype=torch.float32)
-    cache = LaneCache(model.config, lanes=2, context=512, max_cols=1, device="cpu", dtype=torch.float32)
+    model, cache, calls = with_stand_in(True, 2, monkeypatch)
     seg = Segment(lane=1, offset=0, start=0, length=12, prefill=True)
     model(Batch(torch.zeros(12, dtype=torch.long), torch.arange(12), (seg,), torch.arange(12)), cache, taps=())
     assert calls and all(c is None for c in calls)

@@ -127,13 +127,9 @@ class GatedDeltaNet(nn.Module):
         else:
             for seg in step.chunked:
                 rows = slice(seg.offset, seg.offset + seg.length)
-                raw = qkv[rows][None]
-                window = cache.conv[seg.lane][None]
-                mixed = silu(delta_rule.short_conv(window, raw, weight), ex)
-                q, k, v = self._heads(mixed)
+                q, k, v = self._heads(self._conv(qkv, seg, weight, cache, ex)[None])
                 state, out[rows] = delta_rule.chunked(cache.state[seg.lane], q[0], k[0], v[0], g[rows], beta[rows])
                 cache.state[seg.lane] = state
-                cache.conv[seg.lane] = torch.cat([window[0], raw[0]])[-window.shape[1] :]
 
         y = gated_rms_norm(out.to(x.dtype), z, self.norm.weight, self.eps, ex)
         return linear(y.reshape(t, self.value_dim), self.out_proj.weight, ex)
@@ -210,13 +206,8 @@ class GatedDeltaNet(nn.Module):
         dev, dtype = qkv.device, qkv.dtype
         rows = torch.cat([torch.arange(seg.offset, seg.offset + seg.length) for seg in segs]).to(dev)
         lanes = torch.tensor([seg.lane for seg in segs], device=dev)
-        mixed = []
-        for seg in segs:  # the short conv, over each segment's own window
-            raw = qkv[seg.offset : seg.offset + seg.length][None]
-            window = cache.conv[seg.lane][None]
-            mixed.append(silu(delta_rule.short_conv(window, raw, weight), False)[0].to(dtype))
-            cache.conv[seg.lane] = torch.cat([window[0], raw[0]])[-window.shape[1] :]
-        q, k, v = torch.split(torch.cat(mixed), [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        mixed = torch.cat([self._conv(qkv, seg, weight, cache, False).to(dtype) for seg in segs])
+        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         length = q.shape[0]
         ends = torch.tensor([0, *[seg.length for seg in segs]]).cumsum(0).to(dev)
         packed = {} if len(segs) == 1 else {"cu_seqlens": ends}
@@ -234,6 +225,16 @@ class GatedDeltaNet(nn.Module):
         )
         cache.state.index_copy_(0, lanes, state.float())
         out[rows] = o[0].float()
+
+    def _conv(self, qkv: torch.Tensor, seg: Segment, weight: torch.Tensor, cache: GDNState,
+              exact: bool) -> torch.Tensor:
+        """silu(short conv) of a prefill segment's rows of qkv over its lane's window, [L, conv_dim] f32, and the
+        window moved on past them."""
+        raw = qkv[seg.offset : seg.offset + seg.length][None]
+        window = cache.conv[seg.lane][None]
+        mixed = silu(delta_rule.short_conv(window, raw, weight), exact)[0]
+        cache.conv[seg.lane] = torch.cat([window[0], raw[0]])[-window.shape[1] :]
+        return mixed
 
     def _heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """mixed [n, L, conv_dim] f32 -> q, k [n, L, Hv, dk] (l2-normed, q scaled, repeated to value heads), v."""
