@@ -98,20 +98,21 @@ def grouped_conv_reference(x: torch.Tensor, base: torch.Tensor, dyn: torch.Tenso
 # --- kernels ----------------------------------------------------------------------------------------------------
 
 _lock = threading.Lock()
-_kernels: dict[tuple[bool, int, int], dict[str, Any]] = {}
+_kernels: dict[tuple[bool, int, int, int], dict[str, Any]] = {}
 
 
-def _compiled(dtype: torch.dtype, head: int, per: int = 1) -> dict[str, Any]:
-    """The kernels for elements of `dtype`, per-head blocks of the next power of two >= head and norm rows of at most
-    per * NORM_THREADS (compiled lazily by numba on first launch, per signature)."""
+def _compiled(dtype: torch.dtype, head: int, per: int = 1, taps: int = 4) -> dict[str, Any]:
+    """The kernels for elements of `dtype`, per-head blocks of the next power of two >= head, norm rows of at most
+    per * NORM_THREADS and a conv of `taps` (compiled lazily by numba on first launch, per signature)."""
     if dtype not in (torch.bfloat16, torch.float32):
         raise TypeError(f"fused kernels take bfloat16 or float32 tensors, not {dtype}")
-    key = (dtype == torch.bfloat16, _threads(head), per)
+    key = (dtype == torch.bfloat16, _threads(head), per, taps)
     with _lock:
         if key not in _kernels:
-            from ignis.kernels.fused_kernel import make_kernels
+            from ignis.kernels.fused_kernel import NORM_THREADS, make_kernels
 
-            _kernels[key] = make_kernels(*key)
+            half, threads, per, taps = key
+            _kernels[key] = make_kernels(half, threads, per, NORM_THREADS, taps)
         return _kernels[key]
 
 
@@ -158,7 +159,10 @@ def conv(
     b, c, dim = raw.shape
     mixed = torch.empty((b, c, dim), dtype=torch.float32, device=raw.device)
     ba_out = torch.empty(ba.shape, dtype=torch.float32, device=raw.device)
-    k = _compiled(raw.dtype, dk)["conv"]
+    if weight.shape[1] != window.shape[1] + 1:
+        raise ValueError(f"a conv of {weight.shape[1]} taps keeps {weight.shape[1] - 1} inputs a lane, not "
+                         f"{window.shape[1]}")
+    k = _compiled(raw.dtype, dk, taps=weight.shape[1])["conv"]
     tile = conv_tile(b, c, -(-dim // dk), window.shape[1], verify=record is not None)
     launch(k, ((dim + dk - 1) // dk, b, (c + tile - 1) // tile), _threads(dk),
             (window, lanes, raw, weight, mixed, window if record is None else record, ba, ba_out, record is not None,

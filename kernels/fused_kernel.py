@@ -71,12 +71,15 @@ def block_sum(part, t, value, n):  # numba device function: typed by numba, not 
     return total
 
 
-def make_kernels(half: bool, head_threads: int, per: int = 1, norm_threads: int = NORM_THREADS) -> dict[str, Any]:
+def make_kernels(half: bool, head_threads: int, per: int = 1, norm_threads: int = NORM_THREADS,
+                 taps: int = 4) -> dict[str, Any]:
     """The kernels for bf16 (`half`) or fp32 elements; `head_threads` (a power of two) is the block of the per-head
     kernels, at least the head width it serves; `norm_threads` (a power of two) the block of add_rms_norm, whose rows
-    are at most per * norm_threads wide."""
+    are at most per * norm_threads wide; `taps` the GDN conv's width, fixed so that its loop over them unrolls and a
+    column's loads issue together."""
     load, store = _converters(half)
     nt = norm_threads
+    kc1 = taps - 1  # the conv inputs a lane's window keeps
 
     @cuda.jit(cache=True)
     def add_rms_norm(x, d, scale, resid, normed, eps, add):
@@ -124,7 +127,6 @@ def make_kernels(half: bool, head_threads: int, per: int = 1, norm_threads: int 
         b = cuda.blockIdx.y
         z = cuda.blockIdx.z
         lane = lanes[b]
-        kc1 = window.shape[1]
         cols = raw.shape[1]
         active = t < dk and ch < raw.shape[2]
         part = cuda.shared.array(ht, np.float32)
@@ -137,7 +139,7 @@ def make_kernels(half: bool, head_threads: int, per: int = 1, norm_threads: int 
         for j in range(z * tile, min(cols, (z + 1) * tile)):
             acc = np.float32(0.0)
             if active:
-                for tap in range(kc1 + 1):
+                for tap in range(taps):
                     src = j + tap
                     v = load(window[lane, src, ch]) if src < kc1 else load(raw[b, src - kc1, ch])
                     acc += v * weight[ch, tap]
@@ -164,14 +166,15 @@ def make_kernels(half: bool, head_threads: int, per: int = 1, norm_threads: int 
         h, row = cuda.blockIdx.x, cuda.blockIdx.y
         dv = out.shape[2]
         part = cuda.shared.array(ht, np.float32)
-        o = np.float32(0.0)
-        if t < dv:
+        o, w, g = np.float32(0.0), np.float32(0.0), np.float32(0.0)
+        if t < dv:  # every load before the barrier: one memory latency a block
             o = load(store(out[row, h, t]))
+            w = load(weight[t])
+            g = load(z[row, h * dv + t])
         total = block_sum(part, t, o * o, ht)
         if t < dv:
             r = np.float32(1.0) / math.sqrt(total / np.float32(dv) + np.float32(eps))
-            wh = load(store(load(weight[t]) * load(store(o * r))))
-            g = load(z[row, h * dv + t])
+            wh = load(store(w * load(store(o * r))))
             y[row, h * dv + t] = store(wh * (g / (np.float32(1.0) + math.exp(-g))))
 
     @cuda.jit(cache=True)
