@@ -41,11 +41,12 @@ class Tiles:
 def tiles(rows: int, hd: int, dtype: torch.dtype) -> Tiles:
     """The tiles for R = `rows` query rows of head width hd (compiled for sm_90: no spills in bf16, shared memory
     within an SM's). bf16 at hd 256: 32 keys keep K and V of two stages (64 KiB) beside the queries (up to 32 KiB);
-    64 rows x 256 fp32 accumulators take 8 warps to stay in registers. fp32 (a correctness path: its products are
-    IEEE FMAs, not tensor cores) takes 16 keys and one stage."""
+    one warpgroup (4 warps) holds 64 rows x 256 fp32 accumulators without spilling, and on the H200 at a 1,024-key
+    span ran 8 lanes x 8 columns in 33.8 µs against 45.9 with 8 warps (1 x 8: 17.6 against 17.9). fp32 (a correctness
+    path: its products are IEEE FMAs, not tensor cores) takes 16 keys and one stage."""
     if dtype == torch.float32:
         return Tiles(16, 8, 1)
-    return Tiles(64 if hd <= 128 else 32, 8 if rows > 16 and hd >= 256 else 4, 2)
+    return Tiles(64 if hd <= 128 else 32, 4, 2)
 
 
 def rows_block(rows: int) -> int:
