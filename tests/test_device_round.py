@@ -173,6 +173,26 @@ def test_a_sampling_lanes_drafts_are_cut_like_its_requests_p(ckpt: Path, model: 
         assert float(c.temperatures[lane]) == pytest.approx(0.8)
 
 
+def test_each_round_runs_under_the_blas_choice_for_its_rows(ckpt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round's products run inside ops.products_for with its bucket's rows (lanes x columns), so a captured graph
+    keeps the library chosen for them."""
+    import contextlib
+
+    import ignis.engine.device_round as device_round
+
+    seen: list[int] = []
+
+    @contextlib.contextmanager
+    def spy(rows: int, device: torch.device):  # type: ignore[no-untyped-def]
+        seen.append(rows)
+        yield
+
+    monkeypatch.setattr(device_round, "products_for", spy)
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    run(make_engine(ckpt, "mtp", draft_tokens=3, model=FAST, lanes=2), prompts(2, VOCAB, seed=5, lo=4, hi=9), params)
+    assert seen and set(seen) <= {1 * 4, 2 * 4}, seen
+
+
 def test_rejected_drafts_leave_no_trace_in_the_device_round(ckpt: Path) -> None:
     """Every layer's state after speculative device rounds equals plain device decoding's for the same tokens."""
     ps = prompts(2, VOCAB, seed=9, lo=20, hi=60)

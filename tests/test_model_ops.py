@@ -53,3 +53,17 @@ def test_rope_rotates_only_the_rotary_dims() -> None:
     # A rotation keeps each (i, i + 4) pair's norm.
     pairs = lambda t: t[..., :4] ** 2 + t[..., 4:8] ** 2  # noqa: E731
     torch.testing.assert_close(pairs(y[1]), pairs(x[1]))
+
+
+def test_products_for_leaves_the_cpu_and_few_rows_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The CPU build of torch has no cuBLASLt to prefer: any attempt to set it would raise here.
+    calls: list[object] = []
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", lambda *a: calls.append(a))
+    with ops.products_for(64, torch.device("cpu")):
+        pass
+    with ops.products_for(ops.LT_MIN_ROWS - 1, torch.device("cuda")):
+        pass
+    assert calls == []
+    with ops.products_for(ops.LT_MIN_ROWS, torch.device("cuda")):
+        pass
+    assert calls == [(), ("cublaslt",), (None,)]  # read, set, put back what was read

@@ -40,6 +40,7 @@ from ignis.engine.scheduler import Decode
 from ignis.logging import get_logger
 from ignis.model.cache import LaneCache
 from ignis.model.model import HybridModel
+from ignis.model.ops import products_for
 
 log = get_logger(__name__)
 
@@ -205,7 +206,12 @@ class DeviceRound:
     @torch.inference_mode()
     def forward(self, buf: RoundBuffers, span: int, sampling: bool) -> None:
         """The round as device work on `buf`'s inputs; writes buf.out and buf.logits, the verify logits [B, C, V]
-        (one buffer a bucket, shared by its graphs: memory does not grow with the number of spans)."""
+        (one buffer a bucket, shared by its graphs: memory does not grow with the number of spans). Its products
+        take the BLAS library `products_for` picks for its rows."""
+        with products_for(buf.size * self.cols, self.device):
+            self._forward(buf, span, sampling)
+
+    def _forward(self, buf: RoundBuffers, span: int, sampling: bool) -> None:
         model, backend, k, b = self.model, self.backend, self.k, buf.size
         lanes, anchors, start = buf.lanes, buf.anchors, buf.positions
         # 1. propose
