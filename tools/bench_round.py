@@ -12,7 +12,8 @@ The drafter is not in the floor: "x floor" of a drafting round is against the ta
     python -m tools.bench_round --json round.json --md round.md
     python -m tools.bench_round --models 27b --cases verify --lanes 8 --split 4:4,8:5 --conv-blocks 1024,8192
 
-Kernel variants (`--split`, `--conv-blocks`: comma lists) run as every pair on each model, built once.
+Kernel variants (`--split`, `--conv-blocks`, `--blas`: comma lists) run as every combination on each model, built
+once.
 """
 
 from __future__ import annotations
@@ -281,13 +282,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--split", default="4:4",
                     help="comma list of THREADS:BLOCKS, the recurrence kernels' split of a state column and launch "
                          "bound (ignis.kernels.gdn.SPLIT)")
+    ap.add_argument("--blas", default="cublas",
+                    help="comma list of torch's preferred BLAS library for the products (cublas, cublaslt: "
+                         "torch.backends.cuda.preferred_blas_library); a round of ignis.model.ops.LT_MIN_ROWS rows or "
+                         "more takes cuBLASLt whatever this says (ops.products_for)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None)
     args = ap.parse_args(argv)
     device = torch.device("cuda")
     attention.use(args.attention)
     # every (split, conv blocks) pair, each model built once; with more than one, a row's model names its variant
-    variants = [(split, int(blocks)) for split in args.split.split(",") for blocks in args.conv_blocks.split(",")]
+    variants = [(split, int(blocks), blas) for split in args.split.split(",") for blocks in args.conv_blocks.split(",")
+                for blas in args.blas.split(",")]
     bw = copy_bandwidth(device)
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     rows: list[dict[str, Any]] = []
@@ -298,11 +304,12 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 model = random_model(QWEN35_27B, seed=0, mtp=True, device=device, dtype=torch.bfloat16)
                 path = Path(tmp)
-            for split, blocks in variants:
+            for split, blocks, blas in variants:
                 threads, per_sm = (int(v) for v in split.split(":"))
                 gdn.SPLIT, fused.CONV_BLOCKS = (threads, per_sm), blocks
-                name = label if len(variants) == 1 else f"{label} split={split} conv={blocks}"
-                rows += [{**r, "split": split, "conv_blocks": blocks}
+                torch.backends.cuda.preferred_blas_library(blas)
+                name = label if len(variants) == 1 else f"{label} split={split} conv={blocks} blas={blas}"
+                rows += [{**r, "split": split, "conv_blocks": blocks, "blas": blas}
                          for r in bench_model(name, model, path, bw, args, device)]
             del model
             torch.cuda.empty_cache()
