@@ -114,22 +114,18 @@ def window_reference(conv: torch.Tensor, inputs: torch.Tensor, lanes: torch.Tens
 
 
 _lock = threading.Lock()
-_kernels: dict[tuple[int, int, int, tuple[int, int]], Any] = {}
+_kernels: dict[tuple[int, int, int], Any] = {}
 VERIFY_TILE = 8  # the staging tile of a verify (at most 8 columns: spec.draft_tokens + 1) and of a short prefill piece
-# (threads a state column, blocks an SM) the kernels are built and launched with: ignis.kernels.gdn_kernel's default
-# split of 4; tools.bench_gdn and tools.bench_round time a split of 8 with `--split`
-SPLIT = (4, 4)
 
 
 def _compiled(dk: int, dv: int, cols: int) -> Any:
-    """ignis.kernels.gdn_kernel.Kernels for heads of dk x dv staging `cols` columns at a time, at SPLIT."""
-    key = (dk, dv, cols, SPLIT)
+    """ignis.kernels.gdn_kernel.Kernels for heads of dk x dv staging `cols` columns at a time."""
     with _lock:
-        if key not in _kernels:
+        if (dk, dv, cols) not in _kernels:
             from ignis.kernels.gdn_kernel import make_kernels
 
-            _kernels[key] = make_kernels(dk, dv, cols, *SPLIT)
-        return _kernels[key]
+            _kernels[dk, dv, cols] = make_kernels(dk, dv, cols)
+        return _kernels[dk, dv, cols]
 
 
 def _tile(dk: int, dv: int, cols: int) -> int:
@@ -139,13 +135,13 @@ def _tile(dk: int, dv: int, cols: int) -> int:
 
     if cols == 1:
         return 1
-    return VERIFY_TILE if cols <= VERIFY_TILE else column_tile(dk, dv, SPLIT[0])
+    return VERIFY_TILE if cols <= VERIFY_TILE else column_tile(dk, dv)
 
 
 def _launch(kernel: Any, dv: int, hv: int, b: int, dk: int, args: tuple[Any, ...], device: torch.device) -> None:
     from ignis.kernels.gdn_kernel import block_shape
 
-    tv, threads = block_shape(dk, dv, SPLIT[0])
+    tv, threads = block_shape(dk, dv)
     launch(kernel, ((dv + tv - 1) // tv, hv, b), threads, args, device)
 
 

@@ -9,8 +9,7 @@ the simulator); nothing here touches the driver.
 Block (TV * RS threads) = one value head of one lane, TV columns of its [dk, dv] state; thread (c, s) keeps rows
 s, s + RS, s + 2 RS, .. of column c in registers, so the state is read once and every column's update and output are
 sums over a thread's own rows plus RS partials combined by warp shuffles (the simulator runs them through the test
-suite's warp shim). RS is 4, or 8 when built with `rs=8`: half the rows a thread, so its registers may allow more
-blocks an SM (`per_sm`), at one more shuffle a sum. A staged column of k or q is stored permuted (`slot`): each thread's rows in runs of four, the
+suite's warp shim). A staged column of k or q is stored permuted (`slot`): each thread's rows in runs of four, the
 four threads' runs side by side, so a thread reads its k and q as 16-byte vectors (ld.shared.v4, one load per four
 multiply-adds rather than one per multiply-add; numba emits them for an unsigned index into a 16-byte aligned array)
 and the four threads of a state column read four distinct banks (rows in blocks of dk/RS would put all four on one
@@ -32,44 +31,30 @@ from typing import Any, NamedTuple
 from numba import cuda, float32, uint64
 from numba.cuda.core import config
 
-RS = 4  # threads that share one state column (row slices of dk), by default: consecutive lanes of a warp
-SPLITS = (4, 8)  # the row splits the kernels are built for (make_kernels' `rs`)
-BLOCKS_PER_SM = 4  # the launch bound at the default split: see `layout`
+RS = 4  # threads that share one state column (row slices of dk): consecutive lanes of a warp
 FULL = 0xFFFFFFFF  # the full-warp mask: every block is whole warps (TV * RS = 128, or 32 in the tests)
 EPS = 1e-6  # l2norm's epsilon (ignis.model.ops.l2norm)
 
 
-def block_shape(dk: int, dv: int, rs: int = RS) -> tuple[int, int]:
-    """(TV, threads): TV columns a block, a power of two, 128 / rs at most and at least a warp's worth (32 / rs);
-    threads = TV * rs."""
-    tv = 128 // rs
-    while tv > dv and tv > 32 // rs:  # a block is whole warps (the partial sums are warp shuffles)
+def block_shape(dk: int, dv: int) -> tuple[int, int]:
+    """(TV, threads): TV columns a block, 8 to 32, a power of two; threads = TV * RS."""
+    tv = 32
+    while tv > dv and tv > 8:  # at least 8 columns: a block is whole warps (the partial sums are warp shuffles)
         tv //= 2
-    return tv, tv * rs
+    return tv, tv * RS
 
 
 @cuda.jit(device=True, inline=True)
 def quad_sum(x):  # numba device function: typed by numba, not annotated
-    """The sum of x over the 4 consecutive lanes that share a state column (the same in all four)."""
+    """The sum of x over the RS = 4 consecutive lanes that share a state column (the same in all four)."""
     x += cuda.shfl_xor_sync(FULL, x, 1)
     return x + cuda.shfl_xor_sync(FULL, x, 2)
 
 
-@cuda.jit(device=True, inline=True)
-def octet_sum(x):  # numba device function: typed by numba, not annotated
-    """The sum of x over the 8 consecutive lanes that share a state column (the same in all eight)."""
-    x += cuda.shfl_xor_sync(FULL, x, 1)
-    x += cuda.shfl_xor_sync(FULL, x, 2)
-    return x + cuda.shfl_xor_sync(FULL, x, 4)
-
-
-LANE_SUMS = {4: quad_sum, 8: octet_sum}
-
-
-def column_tile(dk: int, dv: int, rs: int = RS) -> int:
+def column_tile(dk: int, dv: int) -> int:
     """Columns a block stages at once: as many as fit in 40 KiB of shared memory (static shared memory stops at
     48 KiB), a power of two."""
-    tv, _ = block_shape(dk, dv, rs)
+    tv, _ = block_shape(dk, dv)
     per = 4 * (2 * dk + tv + 2)  # bytes a column: k and q, the block's v, g and beta
     tile = 1
     while 2 * tile * per <= 40 * 1024:
@@ -89,59 +74,57 @@ class Layout(NamedTuple):
     """A kernel's shape of work, fixed when it is built."""
 
     tv: int  # state columns a block
-    threads: int  # TV * rs
-    rows: int  # a thread's rows of a state column: dk / rs
+    threads: int  # TV * RS
+    rows: int  # a thread's rows of a state column: dk / RS
     vec: int  # of them one shared load carries: 4 (16 bytes), 2 for tiny heads
     align: int | None  # the staged k and q arrays' alignment (None in the simulator, which has no vector loads)
     batch: int  # columns whose staging loads issue before their stores
-    vcount: int  # a thread's share of a tile's v (the rs threads of a state column split it)
+    vcount: int  # a thread's share of a tile's v (the four threads of a state column split it)
     bounds: dict[str, Any]  # cuda.jit's launch bounds
-    rs: int  # threads that share a state column
 
 
-def layout(dk: int, dv: int, cmax: int, rs: int = RS, per_sm: int = BLOCKS_PER_SM) -> Layout:
-    if rs not in SPLITS:
-        raise ValueError(f"the recurrence kernel splits a state column over one of {SPLITS} threads, got {rs}")
-    tv, threads = block_shape(dk, dv, rs)
-    rows = dk // rs
-    if dk % (2 * rs):
-        raise ValueError(f"the recurrence kernel takes key heads of a multiple of {2 * rs} channels, got {dk}")
+def layout(dk: int, dv: int, cmax: int) -> Layout:
+    tv, threads = block_shape(dk, dv)
+    rows = dk // RS
+    if dk % (2 * RS):
+        raise ValueError(f"the recurrence kernel takes key heads of a multiple of {2 * RS} channels, got {dk}")
     vec = 4 if rows % 4 == 0 else 2
     # Staging loads a batch of columns into registers before it stores any: numba's loads are generic (LD.E), which
     # may alias shared memory, so ptxas issues no load ahead of an earlier shared store, and a loop of load-then-store
     # waits out one memory latency per column.
-    # Four blocks an SM at the default split: within 128 registers, which ptxas meets without spilling; unasked it
-    # took 132-134 for `columns` (CUDA 13.0's ptxas), which fit three. A split of 8 halves a thread's rows, so more
-    # blocks may fit (`per_sm`). The simulator takes no launch bounds.
+    # Four blocks an SM: within 128 registers, which ptxas meets without spilling; unasked it took 132-134 for
+    # `columns` (CUDA 13.0's ptxas), which fit three. A state column over 8 threads, at 4 to 6 blocks an SM, was
+    # level at a 1-lane verify and slower everywhere else (docs/adr/0004-gdn-kernel.md). The simulator takes no
+    # launch bounds.
     return Layout(tv, threads, rows, vec, None if config.ENABLE_CUDASIM else 4 * vec, min(cmax, 8),
-                  (cmax + rs - 1) // rs, {} if config.ENABLE_CUDASIM else {"launch_bounds": (threads, per_sm)}, rs)
+                  (cmax + RS - 1) // RS, {} if config.ENABLE_CUDASIM else {"launch_bounds": (threads, 4)})
 
 
 def state_io(lay: Layout) -> tuple[Any, Any, Any]:
     """The device functions every recurrence kernel of this layout shares: (slot, load_state, store_state)."""
-    rows, vec, rs = lay.rows, lay.vec, lay.rs
+    rows, vec = lay.rows, lay.vec
 
     @cuda.jit(device=True, inline=True)
     def slot(base, i):  # numba device function: typed by numba, not annotated
         """Where a staged column of k or q keeps a thread's row i (i a constant once the loops unroll), base = s * vec
         its run's start (unsigned, as every index of the column loops: a signed index costs a wrap-around select that
         hides the runs from the vectoriser)."""
-        return base + uint64((i // vec) * (rs * vec) + i % vec)
+        return base + uint64((i // vec) * (RS * vec) + i % vec)
 
     @cuda.jit(device=True, inline=True)
     def load_state(st, state, lane, h, s, c, nv):  # numba device function: typed by numba, not annotated
-        """This thread's rows s, s + rs, .. of state column c (zeros past the last column)."""
+        """This thread's rows s, s + RS, .. of state column c (zeros past the last column)."""
         for i in range(rows):
             st[i] = float32(0.0)
         if c < nv:
             for i in range(rows):
-                st[i] = state[lane, h, uint64(i * rs + s), uint64(c)]
+                st[i] = state[lane, h, uint64(i * RS + s), uint64(c)]
 
     @cuda.jit(device=True, inline=True)
     def store_state(st, state, lane, h, s, c, nv):  # numba device function: typed by numba, not annotated
         if c < nv:
             for i in range(rows):
-                state[lane, h, uint64(i * rs + s), uint64(c)] = st[i]
+                state[lane, h, uint64(i * RS + s), uint64(c)] = st[i]
 
     return slot, load_state, store_state
 
@@ -151,17 +134,15 @@ class Kernels(NamedTuple):
     replay: Any  # a commit of every layer's kept columns
 
 
-def make_kernels(dk: int, dv: int, cmax: int = 1, rs: int = RS, per_sm: int = BLOCKS_PER_SM) -> Kernels:
-    """The recurrence's kernels for heads of dk x dv, staging `cmax` columns at a time (any column count runs), with
-    each state column split over `rs` threads and launch bounds of `per_sm` blocks an SM."""
-    lay = layout(dk, dv, cmax, rs, per_sm)
-    tv, threads, rows, vec, align, batch, vcount, bounds, _ = lay
+def make_kernels(dk: int, dv: int, cmax: int = 1) -> Kernels:
+    """The recurrence's kernels for heads of dk x dv, staging `cmax` columns at a time (any column count runs)."""
+    lay = layout(dk, dv, cmax)
+    tv, threads, rows, vec, align, batch, vcount, bounds = lay
     slot, load_state, store_state = state_io(lay)
-    lane_sum = LANE_SUMS[rs]
 
     @cuda.jit(device=True, inline=True)
     def decay_memory(st, kr, sk, j, base, decay):  # numba device function: typed by numba, not annotated
-        """S <- decay S on this thread's rows, and S^T k of its state column (the rs partials summed), k being staged
+        """S <- decay S on this thread's rows, and S^T k of its state column (the RS partials summed), k being staged
         column j; keeps that k in kr for the update. Two running sums: half the dependent chain."""
         mem, mem2 = float32(0.0), float32(0.0)
         for i in range(0, rows, 2):
@@ -171,7 +152,7 @@ def make_kernels(dk: int, dv: int, cmax: int = 1, rs: int = RS, per_sm: int = BL
             st[i + 1] *= decay
             mem += kr[i] * st[i]
             mem2 += kr[i + 1] * st[i + 1]
-        return lane_sum(mem + mem2)
+        return quad_sum(mem + mem2)
 
     @cuda.jit(device=True, inline=True)
     def column_delta(st, kr, sk, sv, ds, bs, j, base, cl, c, nv):  # numba device function: typed by numba
@@ -188,11 +169,11 @@ def make_kernels(dk: int, dv: int, cmax: int = 1, rs: int = RS, per_sm: int = BL
         # l2-normalised (q scaled); ba [B, C, 2 Hv] f32: the raw beta and decay projections; dt_bias, rate [Hv] f32;
         # out [B, C, Hv, dv]; record [L, C, Hv, dk + dv + 2]; grid (dv / TV, Hv, B).
         # Everything a tile of columns reads (q, k, the decays and betas, the thread's v) is staged, and recorded,
-        # before the loop over its columns, so that loop touches no global memory but the outputs, and the rs
+        # before the loop over its columns, so that loop touches no global memory but the outputs, and the four
         # partial sums of a state column meet by warp shuffles: no block barrier inside it. Indices that are never
         # negative go in as uint64, which spares each access numba's wrap-around select.
         t = cuda.threadIdx.x
-        cl, s = t // rs, t % rs
+        cl, s = t // RS, t % RS
         c = cuda.blockIdx.x * tv + cl
         h, b = uint64(cuda.blockIdx.y), uint64(cuda.blockIdx.z)
         lane = uint64(lanes[b])
@@ -220,7 +201,7 @@ def make_kernels(dk: int, dv: int, cmax: int = 1, rs: int = RS, per_sm: int = BL
             cuda.syncthreads()  # every thread is done with the last tile
             e = t
             while e < dk:  # one pass when the block has dk threads (dk = 128)
-                at = slot(uint64(e % rs * vec), e // rs)
+                at = slot(uint64(e % RS * vec), e // RS)
                 qi, ki = uint64(hk * dk + e), uint64(key_dim + hk * dk + e)
                 for jb in range(0, nt, batch):
                     for n in range(batch):  # every load of the batch before its first store: see `batch`
@@ -234,8 +215,8 @@ def make_kernels(dk: int, dv: int, cmax: int = 1, rs: int = RS, per_sm: int = BL
                             if keeper:
                                 record[lane, uint64(j0 + jb + n), h, uint64(e)] = kb[n]
                 e += threads
-            for n in range(vcount):  # the rs threads of a state column share its v
-                j = s + n * rs
+            for n in range(vcount):  # the four threads of a state column share its v
+                j = s + n * RS
                 if j < nt:
                     vb[n] = mixed[b, uint64(j0 + j), uint64(voff + c)] if c < nv else float32(0.0)
             j = t
@@ -248,7 +229,7 @@ def make_kernels(dk: int, dv: int, cmax: int = 1, rs: int = RS, per_sm: int = BL
                     record[lane, j0 + j, h, dk + nv + 1] = beta
                 j += threads
             for n in range(vcount):
-                j = s + n * rs
+                j = s + n * RS
                 if j < nt:
                     sv[uint64(j), cl] = vb[n]
             cuda.syncthreads()
@@ -263,7 +244,7 @@ def make_kernels(dk: int, dv: int, cmax: int = 1, rs: int = RS, per_sm: int = BL
                     st[i + 1] += kr[i + 1] * delta
                     o += sq[j, slot(base, i)] * st[i]
                     o2 += sq[j, slot(base, i + 1)] * st[i + 1]
-                o = lane_sum(o + o2)
+                o = quad_sum(o + o2)
                 if s == 0 and c < nv:
                     out[b, uint64(j0 + jj), h, uint64(c)] = o
             j0 += cmax
@@ -277,7 +258,7 @@ def make_kernels(dk: int, dv: int, cmax: int = 1, rs: int = RS, per_sm: int = BL
         # S <- exp(g_j) S + k_j delta_j^T with the delta its verify recorded: the thread's own rows only, no sums
         # across threads, so nothing in the loop waits on another thread.
         t = cuda.threadIdx.x
-        cl, s = t // rs, t % rs
+        cl, s = t // RS, t % RS
         c = cuda.blockIdx.x * tv + cl
         nb = uint64(lanes.shape[0])
         h, b, g = uint64(cuda.blockIdx.y), uint64(cuda.blockIdx.z) % nb, uint64(cuda.blockIdx.z) // nb
@@ -298,7 +279,7 @@ def make_kernels(dk: int, dv: int, cmax: int = 1, rs: int = RS, per_sm: int = BL
             cuda.syncthreads()
             e = t
             while e < dk:
-                at = slot(uint64(e % rs * vec), e // rs)
+                at = slot(uint64(e % RS * vec), e // RS)
                 for jb in range(0, nt, batch):
                     for n in range(batch):  # loads before stores, as in `columns`
                         if jb + n < nt:
@@ -308,7 +289,7 @@ def make_kernels(dk: int, dv: int, cmax: int = 1, rs: int = RS, per_sm: int = BL
                             sk[uint64(jb + n), at] = kb[n]
                 e += threads
             for n in range(vcount):
-                j = s + n * rs
+                j = s + n * RS
                 if j < nt:
                     db[n] = record[lane, uint64(j0 + j), h, uint64(dk + c)] if c < nv else float32(0.0)
             j = t
@@ -316,7 +297,7 @@ def make_kernels(dk: int, dv: int, cmax: int = 1, rs: int = RS, per_sm: int = BL
                 ds[j] = math.exp(record[lane, j0 + j, h, dk + nv])
                 j += threads
             for n in range(vcount):
-                j = s + n * rs
+                j = s + n * RS
                 if j < nt:
                     sd[uint64(j), cl] = db[n]
             cuda.syncthreads()

@@ -8,7 +8,6 @@ CUDA graph of calls cycling over enough lanes that no state is read from L2, and
 after a warm-up instead, for a profiler (ncu) to attach to.
 
     python -m tools.bench_gdn --out gdn.json
-    python -m tools.bench_gdn --out gdn.json --splits 4:4,8:4,8:5,8:6    # a state column over 4 or 8 threads
     ncu --clock-control none -k regex:columns python -m tools.bench_gdn --once --cases verify
 """
 
@@ -100,26 +99,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lanes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--once", action="store_true", help="each case once after a warm-up (for a profiler)")
-    ap.add_argument("--splits", default="4:4",
-                    help="comma list of THREADS:BLOCKS, the kernels' split of a state column over threads and their "
-                         "launch bound in blocks an SM (ignis.kernels.gdn.SPLIT), each timed in turn, e.g. 4:4,8:6")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     cases = args.cases.split(",")
     bw = 0.0 if args.once else copy_bandwidth(torch.device("cuda"))
     rows = []
-    for split in args.splits.split(","):
-        threads, blocks = (int(v) for v in split.split(":"))
-        gdn.SPLIT = (threads, blocks)
-        for b in args.lanes:
-            for kind in ("decode", "verify"):
-                if kind in cases:
-                    rows.append({"split": split, **recurrence_case(kind, b, bw, args.reps, args.once)})
-            if "replay" in cases:
-                rows.append({"split": split, **replay_case(b, bw, args.reps, args.once)})
+    for b in args.lanes:
+        for kind in ("decode", "verify"):
+            if kind in cases:
+                rows.append(recurrence_case(kind, b, bw, args.reps, args.once))
+        if "replay" in cases:
+            rows.append(replay_case(b, bw, args.reps, args.once))
     for r in rows:
         if "us" in r:
-            print(f"split {r['split']}  {r['case']:7s} {r['lanes']}x{r['cols']}  "
+            print(f"{r['case']:7s} {r['lanes']}x{r['cols']}  "
                   f"{r['us']:8.1f} µs  floor {r['floor_us']:7.1f} µs  x{r['x_floor']:5.2f}", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "copy_tb_s": bw / 1e12,
