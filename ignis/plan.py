@@ -304,15 +304,22 @@ def _drafter(cfg: IgnisConfig, model_dir: Path, target: ModelConfig, dtype: torc
     if cfg.spec.backend == "dflash2":
         from ignis.backends.dflash2.config import DrafterConfig
         from ignis.backends.dflash2.context import ContextCache
+        from ignis.backends.dflash2.model import fp8_converted
         from ignis.backends.dflash2.weights import expected_shapes
 
         path = cfg.spec.drafter_dir(model_dir)
         dcfg = DrafterConfig.from_dir(path, target)
-        params = sum(int(torch.Size(s).numel()) for s in expected_shapes(dcfg).values())
+        shapes = expected_shapes(dcfg)
+        params = sum(int(torch.Size(s).numel()) for s in shapes.values())
+        weights = params * size
+        if cfg.spec.draft_weights == "fp8":  # a byte a converted weight and an fp32 scale a row, not `size` bytes
+            converted = [s for name, s in shapes.items() if fp8_converted(name)]
+            weights -= sum(int(torch.Size(s).numel()) * (size - 1) - 4 * s[0] for s in converted)
         context = ContextCache(dcfg, lanes=ec.lanes, context=ec.context, device=torch.device("meta"), dtype=dtype)
         shortlist = (path / "shortlist.safetensors").stat().st_size if cfg.spec.draft_head == "shortlist" else 0
-        return Item("drafter", params * size + context.nbytes() + shortlist,
-                    f"dflash2, {params / 1e9:.2f} B parameters + its context K/V ({dcfg.num_layers} layers)")
+        form = ", projections in fp8" if cfg.spec.draft_weights == "fp8" else ""
+        return Item("drafter", weights + context.nbytes() + shortlist,
+                    f"dflash2, {params / 1e9:.2f} B parameters{form} + its context K/V ({dcfg.num_layers} layers)")
     if cfg.spec.backend == "mtp":
         return Item("drafter", 0, "mtp: its layer's K/V is in the pool (weights are the target's)")
     return Item("drafter", 0, f"spec.backend = {cfg.spec.backend!r}")

@@ -24,6 +24,7 @@ from ignis.engine.core import Engine
 from ignis.model.config import ModelConfig
 from ignis.model.loader import load_model
 from ignis.params import SamplingParams
+from ignis.quant.fp8 import Fp8Linear
 from tiny import tiny_checkpoint
 from tools.artifact.build_shortlist import build as build_shortlist
 from tools.artifact.build_shortlist import count_ids
@@ -31,10 +32,12 @@ from tools.artifact.build_shortlist import count_ids
 VOCAB = 512
 
 
-def make_engine(ckpt: Path, drafter: Path, k: int, lanes: int, head: str = "full") -> Engine:
+def make_engine(ckpt: Path, drafter: Path, k: int, lanes: int, head: str = "full", weights: str = "model",
+                **extra: Any) -> Engine:
     overrides: dict[str, Any] = {
         "model.path": str(ckpt), "spec.backend": "dflash2", "spec.draft_tokens": k, "spec.drafter": str(drafter),
-        "spec.draft_head": head, "engine.lanes": lanes, "log.level": "warning",
+        "spec.draft_head": head, "spec.draft_weights": weights, "engine.lanes": lanes, "log.level": "warning",
+        **extra,
     }
     return Engine(load_config(profile="cpu", overrides=overrides))
 
@@ -129,6 +132,22 @@ def test_dflash2_greedy_equals_off_token_for_token(
     if variant == "dflash2":
         # The bigram drafter knows most continuations: commits of several rows per lane happen at every width.
         assert s.accepted > s.drafted / 4
+
+
+@pytest.mark.parametrize("model", [{}, {"model.exact": "off"}], ids=["exact", "fused"])
+def test_an_fp8_drafter_keeps_greedy_output_and_its_drafts(ckpt: Path, work, reference, drafters,
+                                                          model: dict[str, str]) -> None:
+    """spec.draft_weights = "fp8": the drafter's projections in e4m3 (fused or not) still leave greedy output equal to
+    off, and the bigram drafter's table survives the rounding: its drafts are still mostly accepted."""
+    ps, params = work
+    engine = make_engine(ckpt, drafters["dflash2"], 7, 4, weights="fp8", **model)
+    converted = [m for m in engine.runner.backend.model.modules() if isinstance(m, Fp8Linear)]
+    assert len(converted) == 1 + 2 * 7  # fc, and q, k, v, o, gate, up, down of each of the two layers
+    out = run(engine, ps, params)
+    for rid, ref in reference.items():
+        assert out[rid].token_ids == ref, f"request {rid} diverged from off"
+    s = engine.stats()
+    assert s.accepted > s.drafted / 4
 
 
 def test_sampled_drafts_are_reproducible_and_accepted(ckpt: Path, work, drafters) -> None:

@@ -81,6 +81,18 @@ def test_the_h200_fp8_option_plans_the_27b_as_its_comment_states(q27b: dict[str,
     assert round(items["weights"] / GIB, 1) == 28.2 and round(plan.total / GIB, 1) == 51.2 and plan.fits
 
 
+def test_an_fp8_drafter_is_planned_at_a_byte_a_projection_weight(q27b: dict[str, Path]) -> None:
+    plans = {w: memory_plan(load_config(profile="h200", overrides={**DFLASH2, "spec.draft_weights": w}), q27b["bf16"])
+             for w in ("model", "fp8")}
+    bf16, fp8 = ({i.name: i for i in plans[w].items}["drafter"] for w in ("model", "fp8"))
+    # fc (25,600 x 5,120) and 5 layers of q, k, v (6,144 rows), o (4,096 -> 5,120), gate, up and down (17,408): 1.46 B
+    # weights a byte lighter, less an fp32 scale a row
+    converted = 25600 * 5120 + 5 * (6144 * 5120 + 5120 * 4096 + 3 * 17408 * 5120)
+    rows = 5120 + 5 * (6144 + 5120 + 2 * 17408 + 5120)
+    assert bf16.nbytes - fp8.nbytes == converted - 4 * rows
+    assert "fp8" in fp8.how and "fp8" not in bf16.how
+
+
 def test_the_planned_weights_are_what_the_loader_holds(tmp_path: Path) -> None:
     """Counted from config.json alone, the weights item equals the bytes of the model loaded from the converted
     checkpoint (packed projections, kept embeddings, norms, gates and MTP layer; with --head, the head packed)."""

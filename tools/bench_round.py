@@ -3,17 +3,17 @@
 For the Qwen3.5-27B shape (random bf16 weights built on the GPU, no checkpoint on disk) and the built-in model, and
 for each case (plain decode; the target's verify round with free drafts; mtp and dflash2 at 7 drafts, drafter
 included; dflash2-sl, dflash2 proposing through its 4-bit shortlist head, spec.draft_head = "shortlist": the built-in
-drafter's own, a random one of SHORTLIST_TOKENS rows for the 27B) at 1 and 8 lanes: ms a round through
+drafter's own, a random one of SHORTLIST_TOKENS rows for the 27B; dflash2-sl-fp8, the same with the drafter's
+projections in fp8, spec.draft_weights = "fp8") at 1 and 8 lanes: ms a round through
 `DeviceRound.run` (host work and the one read-back included), GPU kernel time and kernels per round from the profiler
 (eager), and the ratio to the floor: the bytes a round must move (the target's weights once, each lane's recurrent
 state read and written, its keys and values read) over the device-to-device copy bandwidth measured in the same run.
 The drafter is not in the floor: "x floor" of a drafting round is against the target's own floor.
 
     python -m tools.bench_round --json round.json --md round.md
-    python -m tools.bench_round --models 27b --cases verify --lanes 8 --split 4:4,8:5 --conv-blocks 1024,8192
+    python -m tools.bench_round --models 27b --cases verify --lanes 8 --conv-blocks 1024,8192 --blas cublas,cublaslt
 
-Kernel variants (`--split`, `--conv-blocks`, `--blas`: comma lists) run as every combination on each model, built
-once.
+Kernel variants (`--conv-blocks`, `--blas`: comma lists) run as every combination on each model, built once.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from ignis.engine.scheduler import Decode
 from ignis.model.cache import LaneCache
 from ignis.model.loader import load_model
 from ignis.model.model import HybridModel
-from ignis.kernels import attention, fused, gdn
+from ignis.kernels import attention, fused
 from ignis.model.random import random_model
 from ignis.train.shortlist import build as build_shortlist
 from ignis.params import SamplingParams
@@ -104,7 +104,8 @@ class Case:
 CASES = [Case("decode", "off", 0, 1), Case("decode", "off", 0, 8), Case("verify", "verify", 7, 1),
          Case("verify", "verify", 7, 8), Case("mtp", "mtp", 7, 1), Case("mtp", "mtp", 7, 8),
          Case("dflash2", "dflash2", 7, 1), Case("dflash2", "dflash2", 7, 8),
-         Case("dflash2-sl", "dflash2-shortlist", 7, 1), Case("dflash2-sl", "dflash2-shortlist", 7, 8)]
+         Case("dflash2-sl", "dflash2-shortlist", 7, 1), Case("dflash2-sl", "dflash2-shortlist", 7, 8),
+         Case("dflash2-sl-fp8", "dflash2-shortlist-fp8", 7, 1), Case("dflash2-sl-fp8", "dflash2-shortlist-fp8", 7, 8)]
 # the random 27B drafter's shortlist head (spec.draft_head = "shortlist"): as many tokens as docs/drafter-training.md's
 # 27B command keeps (--shortlist 32768); the built-in drafter has its own (4,096)
 SHORTLIST_TOKENS = 32768
@@ -145,11 +146,11 @@ def build_backend(kind: str, k: int, model: HybridModel, path: Path, lanes: int,
                   device: torch.device, dtype: torch.dtype) -> SpecBackend:
     if kind in ("off", "verify"):
         return FreeDrafts(k)
-    head = "full"
-    if kind == "dflash2-shortlist":
-        kind, head = "dflash2", "shortlist"
+    head, weights = "full", "model"
+    if kind.startswith("dflash2-shortlist"):
+        kind, head, weights = "dflash2", "shortlist", "fp8" if kind.endswith("-fp8") else "model"
     overrides = {"model.path": str(path), "spec.backend": kind, "spec.draft_tokens": k, "spec.draft_head": head,
-                 "log.level": "warning"}
+                 "spec.draft_weights": weights, "log.level": "warning"}
     ctx = BackendContext(model, load_config(overrides=overrides), path, lanes, context, device, dtype)
     if kind == "mtp":
         return Mtp(ctx)
@@ -279,9 +280,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conv-blocks", default=str(fused.CONV_BLOCKS),
                     help="comma list: the GDN conv's block target (ignis.kernels.fused.conv_tile); raised, a verify's "
                          "columns spread over more blocks")
-    ap.add_argument("--split", default="4:4",
-                    help="comma list of THREADS:BLOCKS, the recurrence kernels' split of a state column and launch "
-                         "bound (ignis.kernels.gdn.SPLIT)")
     ap.add_argument("--blas", default="cublas",
                     help="comma list of torch's preferred BLAS library for the products (cublas, cublaslt: "
                          "torch.backends.cuda.preferred_blas_library); a round of ignis.model.ops.LT_MIN_ROWS rows or "
@@ -291,9 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     device = torch.device("cuda")
     attention.use(args.attention)
-    # every (split, conv blocks) pair, each model built once; with more than one, a row's model names its variant
-    variants = [(split, int(blocks), blas) for split in args.split.split(",") for blocks in args.conv_blocks.split(",")
-                for blas in args.blas.split(",")]
+    # every (conv blocks, BLAS) pair, each model built once; with more than one, a row's model names its variant
+    variants = [(int(blocks), blas) for blocks in args.conv_blocks.split(",") for blas in args.blas.split(",")]
     bw = copy_bandwidth(device)
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     rows: list[dict[str, Any]] = []
@@ -304,12 +301,11 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 model = random_model(QWEN35_27B, seed=0, mtp=True, device=device, dtype=torch.bfloat16)
                 path = Path(tmp)
-            for split, blocks, blas in variants:
-                threads, per_sm = (int(v) for v in split.split(":"))
-                gdn.SPLIT, fused.CONV_BLOCKS = (threads, per_sm), blocks
+            for blocks, blas in variants:
+                fused.CONV_BLOCKS = blocks
                 torch.backends.cuda.preferred_blas_library(blas)
-                name = label if len(variants) == 1 else f"{label} split={split} conv={blocks} blas={blas}"
-                rows += [{**r, "split": split, "conv_blocks": blocks, "blas": blas}
+                name = label if len(variants) == 1 else f"{label} conv={blocks} blas={blas}"
+                rows += [{**r, "conv_blocks": blocks, "blas": blas}
                          for r in bench_model(name, model, path, bw, args, device)]
             del model
             torch.cuda.empty_cache()

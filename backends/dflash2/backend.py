@@ -54,6 +54,8 @@ class DFlash2:
         self.draft_tokens = spec.draft_tokens
         self.tap_layers = cfg.target_layer_ids
         self.model = load_drafter(path, cfg, device=ctx.device, dtype=ctx.dtype) if drafter is None else drafter
+        if spec.draft_weights == "fp8":
+            self.model.to_fp8()
         if not ctx.model.exact:  # fewer, larger launches; exact mode keeps the reference arithmetic
             self.model.fuse()
             self.model.rope.precompute(ctx.context + cfg.block_size + 1, ctx.device, ctx.dtype)
@@ -71,6 +73,7 @@ class DFlash2:
         log.info(
             "ignis.runtime.draft_head",
             draft_head=spec.draft_head,
+            draft_weights=spec.draft_weights,
             drafter=str(path),
             variant=cfg.variant,
             draft_tokens=self.draft_tokens,
@@ -87,7 +90,7 @@ class DFlash2:
         return self.cache.ring
 
     def nbytes(self) -> int:
-        weights = sum(p.nbytes for p in self.model.parameters())
+        weights = sum(t.nbytes for t in (*self.model.parameters(), *self.model.buffers()))  # fp8 codes are buffers
         head = self.shortlist.nbytes() if self.shortlist is not None else 0
         return weights + head + self.cache.nbytes() + self.offsets.nbytes + self.masks.nbytes
 

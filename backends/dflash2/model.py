@@ -21,7 +21,18 @@ from ignis.backends.dflash2.config import DrafterConfig
 from ignis.kernels import fused
 from torch import nn
 
-from ignis.model.ops import Rope, apply_rope, fuse_rows
+from ignis.model.ops import Rope, Weight, apply_rope, fuse_rows, linear
+from ignis.quant.fp8 import Fp8Linear, fuse_fp8, quantize_fp8
+
+
+FP8_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # `to_fp8`'s
+
+
+def fp8_converted(name: str) -> bool:
+    """Whether `to_fp8` converts the module `name` (or the checkpoint tensor `name`.weight): fc and every layer's
+    attention and MLP projections."""
+    name = name.removesuffix(".weight")
+    return name == "fc" or (name.startswith("layers.") and name.rsplit(".", 1)[-1] in FP8_PROJECTIONS)
 
 
 class Norm(nn.Module):
@@ -80,16 +91,19 @@ class Attention(nn.Module):
         self.q_norm = Norm(c.head_dim, c.rms_norm_eps)
         self.k_norm = Norm(c.head_dim, c.rms_norm_eps)
 
-        self.qkv_proj: torch.Tensor | None = None  # [(nh + 2 nkv) hd, H]: q | k | v, once fused (inference)
+        self.qkv_proj: Weight | None = None  # [(nh + 2 nkv) hd, H]: q | k | v, once fused (inference)
 
     def fuse(self) -> None:
-        self.qkv_proj = fuse_rows(self.q_proj, self.k_proj, self.v_proj)
+        if isinstance(self.q_proj, Fp8Linear):
+            self.qkv_proj = fuse_fp8((self.q_proj, self.k_proj, self.v_proj))  # type: ignore[arg-type]
+        else:
+            self.qkv_proj = fuse_rows(self.q_proj, self.k_proj, self.v_proj)
 
     def keys(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] -> K, V [T, nkv, hd]: K normed and rotated at the rows' positions (cos/sin [T, rd])."""
         t, nkv, hd = x.shape[0], self.num_kv, self.head_dim
         if self.qkv_proj is not None:
-            k, v = F.linear(x, self.qkv_proj[self.num_heads * hd :]).split(nkv * hd, dim=-1)
+            k, v = linear(x, self.qkv_proj[self.num_heads * hd :], False).split(nkv * hd, dim=-1)
         else:
             k, v = self.k_proj(x), self.v_proj(x)
         return apply_rope(self.k_norm(k.reshape(t, nkv, hd)), cos, sin), v.reshape(t, nkv, hd)
@@ -113,7 +127,7 @@ class Attention(nn.Module):
         t, nh, nkv, hd = n * rows, self.num_heads, self.num_kv, self.head_dim
         if self.qkv_proj is not None:
             # One product for q, k and v, one rotation for q and k together.
-            q, k, v = F.linear(flat, self.qkv_proj).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+            q, k, v = linear(flat, self.qkv_proj, False).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
             qk = apply_rope(torch.cat([self.q_norm(q.reshape(t, nh, hd)), self.k_norm(k.reshape(t, nkv, hd))], dim=1),
                             cos, sin)
             q, k, v = qk[:, :nh].reshape(t, nh, hd), qk[:, nh:], v.reshape(t, nkv, hd)
@@ -141,14 +155,17 @@ class Mlp(nn.Module):
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
-        self.gate_up: torch.Tensor | None = None  # [2 inner, H], once fused (inference)
+        self.gate_up: Weight | None = None  # [2 inner, H], once fused (inference)
 
     def fuse(self) -> None:
-        self.gate_up = fuse_rows(self.gate_proj, self.up_proj)
+        if isinstance(self.gate_proj, Fp8Linear):
+            self.gate_up = fuse_fp8((self.gate_proj, self.up_proj))  # type: ignore[arg-type]
+        else:
+            self.gate_up = fuse_rows(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up is not None:
-            return self.down_proj(fused.swiglu(F.linear(x, self.gate_up)))
+            return self.down_proj(fused.swiglu(linear(x, self.gate_up, False)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -202,6 +219,21 @@ class DrafterModel(nn.Module):
         self.norm = Norm(c.hidden_size, c.rms_norm_eps)
         self.candidate_selector = Selector(c) if c.is_v2 else None
         self.rope = Rope(c.rotary_dim, c.rope_theta)
+
+    @torch.no_grad()
+    def to_fp8(self) -> int:
+        """Inference only, before `fuse`: fc and every layer's attention and MLP projections become Fp8Linear (e4m3
+        codes, a scale per output row; ignis.quant.fp8), one at a time on the weight's device. The grouped convs'
+        kernel projections and the selector stay in their precision (small, and read by every row). Returns how
+        many were converted."""
+        done = 0
+        for name, module in list(self.named_modules()):
+            if fp8_converted(name):
+                assert isinstance(module, nn.Linear) and module.bias is None
+                parent, _, attr = name.rpartition(".")
+                setattr(self.get_submodule(parent), attr, Fp8Linear(quantize_fp8(module.weight)))
+                done += 1
+        return done
 
     @torch.no_grad()
     def fuse(self) -> None:

@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import cast
 
 import torch
-import torch.nn.functional as F
-
 from ignis.backends.dflash2.model import DrafterModel, Layer, Norm
+
+from ignis.model.ops import linear
 
 Rings = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # per layer (K, V, positions held), as ContextCache.rings
 
@@ -36,7 +36,7 @@ def write(
     for layer, (k, v, held) in zip(model.layers, rings):
         att = cast(Layer, layer).self_attn
         assert att.qkv_proj is not None
-        kv = F.linear(c, att.qkv_proj[att.num_heads * att.head_dim :])
+        kv = linear(c, att.qkv_proj[att.num_heads * att.head_dim :], False)
         drafter_triton.ring_write(kv, att.k_norm.weight, att.k_norm.eps, cos, sin, lane_ix, positions, k, v, held)
 
 
@@ -64,7 +64,7 @@ def block(
         dyn = None
         if layer.attention_conv is not None:
             a, dyn = layer.attention_conv.prepare(a.view(n, rows, hidden))
-        qkv = F.linear(a.reshape(n * rows, hidden), att.qkv_proj)
+        qkv = linear(a.reshape(n * rows, hidden), att.qkv_proj, False)
         window = c.sliding_window if c.layer_types[i] == "sliding_attention" else None
         o = att.o_proj(drafter_triton.ring_attention(
             qkv, att.q_norm.weight, att.k_norm.weight, att.q_norm.eps, cos, sin, k, v, held, lanes, q_pos, span,
