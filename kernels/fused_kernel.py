@@ -216,16 +216,20 @@ def make_kernels(half: bool, head_threads: int, per: int = 1, norm_threads: int 
             if t < hd:
                 vc[pg, slot, hh - nh - nkv, t] = qkv[row, src + t]
             return
+        sc, cs, sn = np.float32(0.0), np.float32(0.0), np.float32(0.0)
+        if t < hd:  # every load before the first barrier: one memory latency a block
+            sc = qscale[t] if hh < nh else kscale[t]
+            if t < rd:
+                cs, sn = load(cos[row, t]), load(sin[row, t])
         r = np.float32(1.0) / math.sqrt(block_sum(part, t, v * v, ht) / np.float32(hd) + np.float32(eps))
         if t < hd:
-            sc = qscale[t] if hh < nh else kscale[t]
             nrm[t] = load(store(v * r * sc))
         cuda.syncthreads()
         if t < hd:
             e = nrm[t]
             if t < rd:
                 turned = -nrm[t + half_rd] if t < half_rd else nrm[t - half_rd]
-                e = load(store(load(store(e * load(cos[row, t]))) + load(store(turned * load(sin[row, t])))))
+                e = load(store(load(store(e * cs)) + load(store(turned * sn))))
             if hh < nh:
                 group = nh // nkv
                 qh[b, hh // group, (hh % group) * cols + c, t] = store(e)
