@@ -67,3 +67,15 @@ def test_products_for_leaves_the_cpu_and_few_rows_alone(monkeypatch: pytest.Monk
     with ops.products_for(ops.LT_MIN_ROWS, torch.device("cuda")):
         pass
     assert calls == [(), ("cublaslt",), (None,)]  # read, set, put back what was read
+
+
+def test_the_streamed_products_are_the_measured_shapes() -> None:
+    # Qwen3.5-27B: mlp down (5,120 x 17,408) and the output head (248,320 x 5,120) at decode and 1 x 8 verify rows
+    for rows in (1, 8, ops.STREAM_ROWS):
+        assert ops.stream_shape(rows, 5120, 17408) and ops.stream_shape(rows, 248320, 5120)
+        for nout, ncols in ((34816, 5120), (5120, 6144), (16480, 5120), (14336, 5120)):  # gate_up, o_proj, in_proj, qkv
+            assert not ops.stream_shape(rows, nout, ncols), (nout, ncols)
+    assert not ops.stream_shape(ops.STREAM_ROWS + 1, 5120, 17408)  # a verify of 8 lanes keeps cuBLAS(Lt)
+    assert not ops.stream_shape(1, 100, 17400)  # input not whole steps of 128 columns
+    x = torch.randn(2, 17408, dtype=torch.bfloat16)
+    assert not ops.streamed(x, torch.randn(5120, 17408, dtype=torch.bfloat16))  # the CPU never streams

@@ -13,7 +13,8 @@ The drafter is not in the floor: "x floor" of a drafting round is against the ta
     python -m tools.bench_round --json round.json --md round.md
     python -m tools.bench_round --models 27b --cases verify --lanes 8 --conv-blocks 1024,8192 --blas cublas,cublaslt
 
-Kernel variants (`--conv-blocks`, `--blas`: comma lists) run as every combination on each model, built once.
+Kernel variants (`--conv-blocks`, `--blas`, `--stream`: comma lists) run as every combination on each model, built
+once.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from ignis.engine.sampling import make_generator
 from ignis.engine.scheduler import Decode
 from ignis.model.cache import LaneCache
 from ignis.model.loader import load_model
+from ignis.model import ops
 from ignis.model.model import HybridModel
 from ignis.kernels import attention, fused
 from ignis.model.random import random_model
@@ -280,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conv-blocks", default=str(fused.CONV_BLOCKS),
                     help="comma list: the GDN conv's block target (ignis.kernels.fused.conv_tile); raised, a verify's "
                          "columns spread over more blocks")
+    ap.add_argument("--stream", default="on" if ops.STREAMING else "off",
+                    help="comma list of off, on: whether the products ignis.model.ops.stream_shape picks run the "
+                         "Triton weight-streaming kernel (ops.STREAMING)")
     ap.add_argument("--blas", default="cublas",
                     help="comma list of torch's preferred BLAS library for the products (cublas, cublaslt: "
                          "torch.backends.cuda.preferred_blas_library); a round of ignis.model.ops.LT_MIN_ROWS rows or "
@@ -290,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda")
     attention.use(args.attention)
     # every (conv blocks, BLAS) pair, each model built once; with more than one, a row's model names its variant
-    variants = [(int(blocks), blas) for blocks in args.conv_blocks.split(",") for blas in args.blas.split(",")]
+    variants = [(int(blocks), blas, stream) for blocks in args.conv_blocks.split(",") for blas in args.blas.split(",")
+                for stream in args.stream.split(",")]
     bw = copy_bandwidth(device)
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     rows: list[dict[str, Any]] = []
@@ -301,11 +307,12 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 model = random_model(QWEN35_27B, seed=0, mtp=True, device=device, dtype=torch.bfloat16)
                 path = Path(tmp)
-            for blocks, blas in variants:
+            for blocks, blas, stream in variants:
                 fused.CONV_BLOCKS = blocks
                 torch.backends.cuda.preferred_blas_library(blas)
-                name = label if len(variants) == 1 else f"{label} conv={blocks} blas={blas}"
-                rows += [{**r, "conv_blocks": blocks, "blas": blas}
+                ops.STREAMING = stream == "on"
+                name = label if len(variants) == 1 else f"{label} conv={blocks} blas={blas} stream={stream}"
+                rows += [{**r, "conv_blocks": blocks, "blas": blas, "stream": stream}
                          for r in bench_model(name, model, path, bw, args, device)]
             del model
             torch.cuda.empty_cache()

@@ -13,6 +13,7 @@ kernels use the vector path everywhere. Elementwise arithmetic and last-dim redu
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,6 +31,10 @@ from ignis.quant.linear import PackedWeight, QuantLinear, fuse_packed, packed_li
 
 EXACT_MIN_ROWS = 16
 LT_MIN_ROWS = 17  # a CUDA round of at least this many rows runs its dense products through cuBLASLt (`products_for`)
+STREAM_ROWS = 16  # the most rows of a dense product `streamed` may send to the Triton weight-streaming kernel
+# Whether `linear` sends the products `streamed` picks to that kernel: off until a whole round measures it faster
+# (tools.bench_round --stream off,on); set once, before the engine captures its graphs.
+STREAMING = False
 # a projection's weight: dense, 4-bit packed (the format's order or the mma kernel's) or fp8 (ignis.quant)
 Weight: TypeAlias = torch.Tensor | PackedWeight | MmaCodes | Fp8Weight
 
@@ -46,6 +51,10 @@ def linear(x: torch.Tensor, weight: Weight, exact: bool) -> torch.Tensor:
             return linear(x, weight.dequantize(x.dtype), True)
         return fp8_linear(x, weight)
     if not exact:
+        if STREAMING and streamed(x, weight):
+            from ignis.kernels.gemv_triton import dense_gemv
+
+            return dense_gemv(x, weight)
         return F.linear(x, weight)
     lead = x.shape[:-1]
     rows = x.reshape(-1, x.shape[-1])
@@ -55,6 +64,30 @@ def linear(x: torch.Tensor, weight: Weight, exact: bool) -> torch.Tensor:
     else:
         rows = rows.contiguous()
     return F.linear(rows, weight)[:m].reshape(*lead, weight.shape[0])
+
+
+def stream_shape(rows: int, nout: int, ncols: int) -> bool:
+    """The dense products that ran faster through ignis.kernels.gemv_triton.dense_gemv than through cuBLAS on the H200
+    (tools.bench_gemv, the 27B shapes at 1 and 8 rows, the kernel's own launch): at most STREAM_ROWS rows of a weight
+    whose input is at least three times its output (the MLP's down projection, 17,408 -> 5,120: 47.3 against 49.6 µs
+    at one row, 49.3 against 51.9 at eight) or of at least 65,536 output rows (an output head, 248,320 x 5,120: 573
+    against 616 µs, 578 against 622). The others ran as fast or faster through cuBLAS (o_proj 20.3 against 17.8 µs,
+    in_proj 45.6 against 40.9)."""
+    return rows <= STREAM_ROWS and ncols % 128 == 0 and (ncols >= 3 * nout or nout >= 65536)
+
+
+@functools.cache
+def _sm90(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) == (9, 0)
+
+
+def streamed(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether x @ weight^T is one of `stream_shape`'s products, in bf16 on an sm_90 GPU (where it was measured) with
+    Triton installed."""
+    ncols = x.shape[-1]
+    return (x.is_cuda and x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16
+            and stream_shape(x.numel() // max(ncols, 1), weight.shape[0], ncols) and triton_installed()
+            and _sm90(x.device.index if x.device.index is not None else torch.cuda.current_device()))
 
 
 @contextmanager
