@@ -1,6 +1,7 @@
 """The Gated DeltaNet recurrence over C columns of B lanes in one launch, and the commit that replays kept columns.
 
-Owns: `columns` and `replay` (numba-cuda kernels on CUDA tensors, launched on torch's current stream, so a CUDA graph
+Owns: `columns` and `replay` (numba-cuda kernels on CUDA tensors; a decode's or verify's columns optionally through
+ignis.kernels.gdn_cuda's CUDA C++ kernel, `CUDA_COLUMNS`; launched on torch's current stream, so a CUDA graph
 captures them), their torch references `columns_reference` / `replay_reference` (what runs on the CPU, and what the
 kernels are tested against) and `record_width`. Does not own: the projections, conv and gates around the recurrence
 (ignis.model.gdn) or where the state lives (ignis.model.cache). docs/adr/0004-gdn-kernel.md has the why.
@@ -116,6 +117,10 @@ def window_reference(conv: torch.Tensor, inputs: torch.Tensor, lanes: torch.Tens
 _lock = threading.Lock()
 _kernels: dict[tuple[int, int, int], Any] = {}
 VERIFY_TILE = 8  # the staging tile of a verify (at most 8 columns: spec.draft_tokens + 1) and of a short prefill piece
+# Whether a decode's or a verify's columns (up to 8) run the CUDA C++ kernel of ignis.kernels.gdn_cuda instead of the
+# numba one: off until a round measures it faster (tools.bench_gdn --kernels, tools.bench_round --gdn); set once,
+# before the engine captures its graphs.
+CUDA_COLUMNS = False
 
 
 def _compiled(dk: int, dv: int, cols: int) -> Any:
@@ -170,6 +175,13 @@ def columns(
         mixed = normalise_qk(mixed, key_heads, dk)
     mixed, ba = mixed.contiguous(), ba.contiguous()
     out = torch.empty((b, c, hv, dv), dtype=torch.float32, device=mixed.device)
+    if CUDA_COLUMNS:
+        from ignis.kernels import gdn_cuda
+
+        if gdn_cuda.fits(state, c) and (record is None or record.is_contiguous()) and state.is_contiguous():
+            gdn_cuda.columns(state, lanes, mixed, ba, dt_bias, rate, out, record, key_heads=key_heads,
+                             write_state=write_state)
+            return out
     rec = record if record is not None else out  # a placeholder of the right type when nothing is recorded
     kernels = _compiled(dk, dv, _tile(dk, dv, c))
     args = (state, lanes, mixed, ba, dt_bias, rate, out, rec, hv // key_heads, key_heads * dk)

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from ignis.kernels.gdn import columns_reference, gates, record_width, replay_reference
@@ -141,3 +142,15 @@ def test_kernels_equal_the_references_in_the_simulator() -> None:
     out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=600,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout[-3000:] + out.stderr[-3000:]
+
+
+@pytest.mark.parametrize("dk,dv", [(128, 128), (16, 16), (64, 128)])
+def test_the_cuda_recurrence_compiles_for_sm90_in_its_launch_bound_without_spills(dk: int, dv: int) -> None:
+    # 4 blocks of 128 threads an SM leave 128 registers a thread (sm_90: 64 K registers an SM).
+    pytest.importorskip("cuda.bindings")
+    from ignis.kernels.gdn_cuda import defines
+    from ignis.kernels.gdn_cuda_kernel import SOURCE
+    from ignis.kernels.nvrtc import compile_cubin
+
+    cubin = compile_cubin(SOURCE, "gdn_columns", "sm_90", defines(dk, dv))
+    assert cubin.spills == 0 and 0 < cubin.registers <= 128, (cubin.registers, cubin.spills)

@@ -122,9 +122,17 @@ def test_cuda_graph_replay(rows: int, k: int, dtype: torch.dtype) -> None:
     assert _counters_zero()
 
 
+@pytest.mark.parametrize("kernel", ["numba", "cuda"])
 @pytest.mark.parametrize("shape", [(1, 1, 16, 48, 128, 128), (8, 8, 16, 48, 128, 128), (3, 4, 2, 4, 16, 16)])
-def test_gdn_kernels_equal_their_references(shape: tuple[int, ...]) -> None:
+def test_gdn_kernels_equal_their_references(shape: tuple[int, ...], kernel: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from ignis.kernels import gdn, gdn_cuda
     from ignis.kernels.gdn import columns, columns_reference, record_width, replay, replay_reference
+
+    monkeypatch.setattr(gdn, "CUDA_COLUMNS", kernel == "cuda")
+    launched: list[int] = []
+    cuda_columns = gdn_cuda.columns
+    monkeypatch.setattr(gdn_cuda, "columns", lambda *a, **k: launched.append(1) or cuda_columns(*a, **k))
 
     b, c, hk, hv, dk, dv = shape
     lanes = b + 2
@@ -152,6 +160,31 @@ def test_gdn_kernels_equal_their_references(shape: tuple[int, ...]) -> None:
             replay(st, ids, rec, last)
             replay_reference(ref_st, ids, ref_rec, last)
             torch.testing.assert_close(st, ref_st, rtol=1e-4, atol=1e-4)
+    assert len(launched) == (2 if kernel == "cuda" else 0)  # the switch chose the kernel under test
+
+
+def test_the_cuda_recurrence_replays_in_a_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ignis.kernels import gdn
+    from ignis.kernels.gdn import columns, columns_reference
+
+    monkeypatch.setattr(gdn, "CUDA_COLUMNS", True)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    b, c, hk, hv, dk, dv = 8, 8, 16, 48, 128, 128
+    state = torch.randn(b + 1, hv, dk, dv, device="cuda", generator=g) * 0.1
+    ids = torch.arange(1, b + 1, device="cuda")
+    mixed = torch.randn(b, c, 2 * hk * dk + hv * dv, device="cuda", generator=g)
+    ba = torch.randn(b, c, 2 * hv, device="cuda", generator=g)
+    dt_bias, rate = torch.randn(hv, device="cuda", generator=g), -torch.rand(hv, device="cuda", generator=g)
+    columns(state, ids, mixed, ba, dt_bias, rate, None, key_heads=hk, write_state=False)  # compile and load first
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = columns(state, ids, mixed, ba, dt_bias, rate, None, key_heads=hk, write_state=False)
+    mixed.copy_(torch.randn(mixed.shape, device="cuda", generator=g))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = columns_reference(state.clone(), ids, mixed, ba, dt_bias, rate, None, key_heads=hk, write_state=False)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
 def _fused_inputs(b: int, c: int) -> dict[str, object]:

@@ -7,8 +7,8 @@ CUDA graph of calls cycling over enough lanes that no state is read from L2, and
 (state, inputs, outputs and records) at the copy bandwidth measured in the same run. `--once` runs each case once
 after a warm-up instead, for a profiler (ncu) to attach to.
 
-    python -m tools.bench_gdn --out gdn.json
-    ncu --clock-control none -k regex:columns python -m tools.bench_gdn --once --cases verify
+    python -m tools.bench_gdn --out gdn.json --kernels numba,cuda
+    ncu --clock-control none -k regex:columns python -m tools.bench_gdn --once --cases verify --kernels cuda
 """
 
 from __future__ import annotations
@@ -99,20 +99,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lanes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--once", action="store_true", help="each case once after a warm-up (for a profiler)")
+    ap.add_argument("--kernels", default="numba",
+                    help="comma list of numba, cuda: the decode's and verify's recurrence kernel "
+                         "(ignis.kernels.gdn.CUDA_COLUMNS), each timed in turn; the replay is numba's")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     cases = args.cases.split(",")
     bw = 0.0 if args.once else copy_bandwidth(torch.device("cuda"))
     rows = []
-    for b in args.lanes:
-        for kind in ("decode", "verify"):
-            if kind in cases:
-                rows.append(recurrence_case(kind, b, bw, args.reps, args.once))
-        if "replay" in cases:
-            rows.append(replay_case(b, bw, args.reps, args.once))
+    for kernel in args.kernels.split(","):
+        gdn.CUDA_COLUMNS = kernel == "cuda"
+        for b in args.lanes:
+            for kind in ("decode", "verify"):
+                if kind in cases:
+                    rows.append({**recurrence_case(kind, b, bw, args.reps, args.once), "kernel": kernel})
+            if "replay" in cases and kernel == args.kernels.split(",")[0]:
+                rows.append({**replay_case(b, bw, args.reps, args.once), "kernel": "numba"})
     for r in rows:
         if "us" in r:
-            print(f"{r['case']:7s} {r['lanes']}x{r['cols']}  "
+            print(f"{r['kernel']:5s} {r['case']:7s} {r['lanes']}x{r['cols']}  "
                   f"{r['us']:8.1f} µs  floor {r['floor_us']:7.1f} µs  x{r['x_floor']:5.2f}", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "copy_tb_s": bw / 1e12,

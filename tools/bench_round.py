@@ -13,8 +13,8 @@ The drafter is not in the floor: "x floor" of a drafting round is against the ta
     python -m tools.bench_round --json round.json --md round.md
     python -m tools.bench_round --models 27b --cases verify --lanes 8 --conv-blocks 1024,8192 --blas cublas,cublaslt
 
-Kernel variants (`--conv-blocks`, `--blas`, `--stream`: comma lists) run as every combination on each model, built
-once.
+Kernel variants (`--conv-blocks`, `--blas`, `--stream`, `--gdn`: comma lists) run as every combination on each
+model, built once.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from ignis.model.cache import LaneCache
 from ignis.model.loader import load_model
 from ignis.model import ops
 from ignis.model.model import HybridModel
-from ignis.kernels import attention, fused
+from ignis.kernels import attention, fused, gdn
 from ignis.model.random import random_model
 from ignis.train.shortlist import build as build_shortlist
 from ignis.params import SamplingParams
@@ -285,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stream", default="on" if ops.STREAMING else "off",
                     help="comma list of off, on: whether the products ignis.model.ops.stream_shape picks run the "
                          "Triton weight-streaming kernel (ops.STREAMING)")
+    ap.add_argument("--gdn", default="cuda" if gdn.CUDA_COLUMNS else "numba",
+                    help="comma list of numba, cuda: the recurrence kernel of decodes and verifies "
+                         "(ignis.kernels.gdn.CUDA_COLUMNS)")
     ap.add_argument("--blas", default="cublas",
                     help="comma list of torch's preferred BLAS library for the products (cublas, cublaslt: "
                          "torch.backends.cuda.preferred_blas_library); a round of ignis.model.ops.LT_MIN_ROWS rows or "
@@ -295,8 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda")
     attention.use(args.attention)
     # every (conv blocks, BLAS) pair, each model built once; with more than one, a row's model names its variant
-    variants = [(int(blocks), blas, stream) for blocks in args.conv_blocks.split(",") for blas in args.blas.split(",")
-                for stream in args.stream.split(",")]
+    variants = [(int(blocks), blas, stream, kernel) for blocks in args.conv_blocks.split(",")
+                for blas in args.blas.split(",") for stream in args.stream.split(",") for kernel in args.gdn.split(",")]
     bw = copy_bandwidth(device)
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     rows: list[dict[str, Any]] = []
@@ -307,12 +310,13 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 model = random_model(QWEN35_27B, seed=0, mtp=True, device=device, dtype=torch.bfloat16)
                 path = Path(tmp)
-            for blocks, blas, stream in variants:
+            for blocks, blas, stream, kernel in variants:
                 fused.CONV_BLOCKS = blocks
                 torch.backends.cuda.preferred_blas_library(blas)
                 ops.STREAMING = stream == "on"
-                name = label if len(variants) == 1 else f"{label} conv={blocks} blas={blas} stream={stream}"
-                rows += [{**r, "conv_blocks": blocks, "blas": blas, "stream": stream}
+                gdn.CUDA_COLUMNS = kernel == "cuda"
+                name = label if len(variants) == 1 else f"{label} conv={blocks} blas={blas} stream={stream} gdn={kernel}"
+                rows += [{**r, "conv_blocks": blocks, "blas": blas, "stream": stream, "gdn": kernel}
                          for r in bench_model(name, model, path, bw, args, device)]
             del model
             torch.cuda.empty_cache()

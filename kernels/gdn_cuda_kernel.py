@@ -1,0 +1,145 @@
+"""The CUDA C++ source of the Gated DeltaNet recurrence over the columns of a decode or a verify (compiled by
+ignis.kernels.nvrtc, launched from ignis.kernels.gdn_cuda).
+
+Owns: `SOURCE` and its compile-time sizes (DK, DV: the head's key and value widths; CMAX: the most columns a launch
+takes). Does not own: the launch, its checks or when it runs (ignis.kernels.gdn_cuda, ignis.kernels.gdn).
+
+The same work, in the same order of operations, as the numba kernel `columns` of ignis.kernels.gdn_kernel (its
+docstring has the layout): a block is one value head of one lane and TV = 32 columns of its [dk, dv] state; thread
+(c, s) keeps rows s, s + 4, s + 8, .. of column c in registers, and a sum over a column meets the four threads' parts
+by two warp shuffles. A staged column of k or q is stored so that a thread reads its rows as float4 (rows 4i + s for
+i = 4m .. 4m + 3 side by side at 16 (m) + 4 s), which the four threads of a column read from four distinct banks.
+What it changes against the numba kernel is the code around the arithmetic: 32-bit indices inside a head, a
+compile-time column bound for the staging, float4 shared loads that need no 64-bit address arithmetic each, and no
+wrap-around selects.
+"""
+
+from __future__ import annotations
+
+CMAX = 8  # the most columns a launch takes: a verify of up to 7 drafts, or a decode's one
+
+SOURCE = r"""
+#define RS 4
+#define TV 32
+#define THREADS (TV * RS)
+#define ROWS (DK / RS)
+#define RW (DK + DV + 2)
+#define FULL 0xffffffffu
+
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(FULL, x, 1);
+    return x + __shfl_xor_sync(FULL, x, 2);
+}
+
+// Row r of a staged k or q column (r = 4 i + s, thread s's i-th row) sits at 16 (i / 4) + 4 s + i % 4.
+__device__ __forceinline__ int slot(int r) {
+    const int i = r / RS, s = r % RS;
+    return (i / 4) * (RS * 4) + s * 4 + (i % 4);
+}
+
+// state [L, Hv, DK, DV] f32; lanes [B] i64; mixed [B, C, width] f32: q | k | v, q and k l2-normalised (q scaled);
+// ba [B, C, 2 Hv] f32: the raw beta and decay projections; dt_bias, rate [Hv] f32; out [B, C, Hv, DV] f32;
+// record [L, rec_cols, Hv, RW] f32: each column's k, delta, g and beta. grid (ceil(DV / TV), Hv, B), THREADS threads.
+extern "C" __global__ void __launch_bounds__(THREADS, 4)
+gdn_columns(float* __restrict__ state, const long long* __restrict__ lanes, const float* __restrict__ mixed,
+            const float* __restrict__ ba, const float* __restrict__ dt_bias, const float* __restrict__ rate,
+            float* __restrict__ out, float* __restrict__ record, int ncols, int hv, int width, int key_dim,
+            int ratio, int rec_cols, int write_state, int do_record) {
+    __shared__ __align__(16) float sk[CMAX][DK];
+    __shared__ __align__(16) float sq[CMAX][DK];
+    __shared__ float sv[CMAX][TV];
+    __shared__ float ds[CMAX];
+    __shared__ float bs[CMAX];
+    const int t = threadIdx.x, cl = t / RS, s = t % RS;
+    const int c = blockIdx.x * TV + cl;
+    const int h = blockIdx.y, b = blockIdx.z;
+    const long long lane = lanes[b];
+    const int hk = h / ratio;
+    const bool live = c < DV;
+    const bool keeper = do_record && blockIdx.x == 0;  // one block of a head records its k and gates
+    float* st_at = state + ((size_t)lane * hv + h) * (DK * DV);
+    const float* mb = mixed + (size_t)b * ncols * width;
+    float* rec = record + (size_t)lane * rec_cols * hv * RW + (size_t)h * RW;  // column j: + j * hv * RW
+
+    float st[ROWS];
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) st[i] = live ? st_at[(i * RS + s) * DV + c] : 0.f;
+
+    // Stage every column's q and k (a thread a channel), the block's v and the gates: loads before stores.
+    for (int e = t; e < DK; e += THREADS) {
+        float qv[CMAX], kv[CMAX];
+#pragma unroll
+        for (int j = 0; j < CMAX; ++j) {
+            if (j < ncols) {
+                qv[j] = mb[j * width + hk * DK + e];
+                kv[j] = mb[j * width + key_dim + hk * DK + e];
+            }
+        }
+        const int p = slot(e);
+#pragma unroll
+        for (int j = 0; j < CMAX; ++j) {
+            if (j < ncols) {
+                sq[j][p] = qv[j];
+                sk[j][p] = kv[j];
+                if (keeper) rec[(size_t)j * hv * RW + e] = kv[j];
+            }
+        }
+    }
+    for (int j = s; j < ncols; j += RS) sv[j][cl] = live ? mb[j * width + 2 * key_dim + h * DV + c] : 0.f;
+    if (t < ncols) {
+        const float* r = ba + ((size_t)b * ncols + t) * 2 * hv;
+        const float beta = 1.f / (1.f + expf(-r[h]));
+        const float a = r[hv + h] + dt_bias[h];
+        const float g = rate[h] * (a > 20.f ? a : log1pf(expf(a)));
+        ds[t] = expf(g);
+        bs[t] = beta;
+        if (keeper) {
+            rec[(size_t)t * hv * RW + DK + DV] = g;
+            rec[(size_t)t * hv * RW + DK + DV + 1] = beta;
+        }
+    }
+    __syncthreads();
+
+    for (int j = 0; j < ncols; ++j) {
+        const float decay = ds[j];
+        const float4* k4 = reinterpret_cast<const float4*>(&sk[j][0]);
+        const float4* q4 = reinterpret_cast<const float4*>(&sq[j][0]);
+        float kr[ROWS];
+        float m0 = 0.f, m1 = 0.f;  // two running sums: half the dependent chain
+#pragma unroll
+        for (int m = 0; m < ROWS / 4; ++m) {
+            const float4 k = k4[m * RS + s];
+            kr[4 * m] = k.x; kr[4 * m + 1] = k.y; kr[4 * m + 2] = k.z; kr[4 * m + 3] = k.w;
+#pragma unroll
+            for (int u = 0; u < 4; u += 2) {
+                st[4 * m + u] *= decay;
+                st[4 * m + u + 1] *= decay;
+                m0 += kr[4 * m + u] * st[4 * m + u];
+                m1 += kr[4 * m + u + 1] * st[4 * m + u + 1];
+            }
+        }
+        const float mem = quad_sum(m0 + m1);
+        const float delta = live ? bs[j] * (sv[j][cl] - mem) : 0.f;
+        if (do_record && s == 1 && live) rec[(size_t)j * hv * RW + DK + c] = delta;
+        float o0 = 0.f, o1 = 0.f;
+#pragma unroll
+        for (int m = 0; m < ROWS / 4; ++m) {
+            const float4 q = q4[m * RS + s];
+            const float qr[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int u = 0; u < 4; u += 2) {
+                st[4 * m + u] += kr[4 * m + u] * delta;
+                st[4 * m + u + 1] += kr[4 * m + u + 1] * delta;
+                o0 += qr[u] * st[4 * m + u];
+                o1 += qr[u + 1] * st[4 * m + u + 1];
+            }
+        }
+        const float o = quad_sum(o0 + o1);
+        if (s == 0 && live) out[(((size_t)b * ncols + j) * hv + h) * DV + c] = o;
+    }
+    if (write_state && live) {
+#pragma unroll
+        for (int i = 0; i < ROWS; ++i) st_at[(i * RS + s) * DV + c] = st[i];
+    }
+}
+"""
