@@ -25,6 +25,10 @@ from ignis.model.ops import apply_rope
 
 CONV_TILE = 8  # conv: the most columns a block takes (a prefill piece's columns spread over blocks)
 CONV_BLOCKS = 1024  # conv: the fewest blocks worth fewer columns a block (each column's norms wait on a block sync)
+# Whether a decode's or a verify's conv (up to 8 columns) runs the CUDA C++ kernel of ignis.kernels.conv_cuda instead
+# of the numba one: off until a round measures it faster (tools.bench_round --conv numba,cuda); set once, before the
+# engine captures its graphs.
+CUDA_CONV = False
 
 # --- references -------------------------------------------------------------------------------------------------
 
@@ -157,6 +161,11 @@ def conv(
     if not raw.is_cuda:
         return conv_reference(window, lanes, raw, weight, ba, record, key_heads, dk)
     b, c, dim = raw.shape
+    if CUDA_CONV:
+        from ignis.kernels import conv_cuda
+
+        if conv_cuda.fits(raw, window, record, dk) and ba.stride(-1) == 1 and weight.is_contiguous():
+            return conv_cuda.conv(window, lanes, raw, weight, ba, record, key_heads=key_heads, dk=dk)
     mixed = torch.empty((b, c, dim), dtype=torch.float32, device=raw.device)
     ba_out = torch.empty(ba.shape, dtype=torch.float32, device=raw.device)
     if weight.shape[1] != window.shape[1] + 1:

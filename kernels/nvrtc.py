@@ -94,10 +94,12 @@ class Function:
             _check(err, f"cuModuleGetFunction({name})")
         self.device = device
 
-    def __call__(self, grid: tuple[int, int, int], threads: int, args: tuple[torch.Tensor | int, ...]) -> None:
-        """Launches on torch's current stream of the device: tensors go in as their data pointers, ints as int32."""
+    def __call__(self, grid: tuple[int, int, int], threads: int, args: tuple[torch.Tensor | int | float, ...]) -> None:
+        """Launches on torch's current stream of the device: tensors go in as their data pointers, ints as int32,
+        floats as float32."""
         values = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
-        types = tuple(ctypes.c_void_p if isinstance(a, torch.Tensor) else ctypes.c_int for a in args)
+        types = tuple(ctypes.c_void_p if isinstance(a, torch.Tensor) else ctypes.c_float if isinstance(a, float)
+                      else ctypes.c_int for a in args)
         stream = self._driver.CUstream(torch.cuda.current_stream(self.device).cuda_stream)
         _check(self._driver.cuLaunchKernel(self._function, *grid, threads, 1, 1, 0, stream, (values, types), 0),
                "cuLaunchKernel")

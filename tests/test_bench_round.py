@@ -3,8 +3,10 @@ itself needs a GPU: BENCHMARKS.md)."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
+import pytest
 import torch
 from tiny import TINY
 
@@ -27,3 +29,23 @@ def test_a_random_shortlist_holds_the_heads_rows_of_distinct_sorted_ids(tmp_path
     steps = rows.reshape(40, -1, 32).abs().amax(-1, keepdim=True) / 7
     err = (head.weight - rows).reshape(40, -1, 32).abs()
     assert (err <= steps * 0.51 + 1e-6).all()
+
+
+def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ignis.kernels import fused, gdn
+    from ignis.model import ops
+    from tools import bench_round
+
+    args = argparse.Namespace(conv_blocks="256,1024", blas="cublas", stream="off,on", gdn="numba,cuda", conv="cuda")
+    variants = bench_round.combinations(args)
+    assert len(variants) == 8 and len({tuple(v.values()) for v in variants}) == 8
+    assert variants[0] == {"conv_blocks": "256", "blas": "cublas", "stream": "off", "gdn": "numba", "conv": "cuda"}
+    libraries: list[str] = []
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", libraries.append)
+    for name in ("CONV_BLOCKS", "CUDA_CONV"):
+        monkeypatch.setattr(fused, name, getattr(fused, name))
+    monkeypatch.setattr(gdn, "CUDA_COLUMNS", gdn.CUDA_COLUMNS)
+    monkeypatch.setattr(ops, "STREAMING", ops.STREAMING)
+    bench_round.apply_variant(variants[-1])
+    assert (fused.CONV_BLOCKS, libraries, ops.STREAMING, gdn.CUDA_COLUMNS, fused.CUDA_CONV) == (
+        1024, ["cublas"], True, True, True)

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 import torch.nn.functional as F
 from ignis.kernels import fused
@@ -274,3 +275,15 @@ def test_references_are_the_layers_torch_ops() -> None:
     # a decode moves the window on by the round's columns
     lane = int(x["lanes"][0])
     torch.testing.assert_close(ref["window"][lane], torch.cat([x["window"][lane], x["raw"][0]])[-3:])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dk", [128, 8])
+def test_the_cuda_conv_compiles_for_sm90_without_spills(dtype: torch.dtype, dk: int) -> None:
+    pytest.importorskip("cuda.bindings")
+    from ignis.kernels.conv_cuda import defines
+    from ignis.kernels.conv_cuda_kernel import SOURCE
+    from ignis.kernels.nvrtc import compile_cubin
+
+    cubin = compile_cubin(SOURCE, "gdn_conv", "sm_90", defines(dtype, dk, 4))
+    assert cubin.spills == 0 and 0 < cubin.registers <= 64, (cubin.registers, cubin.spills)

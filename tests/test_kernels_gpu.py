@@ -265,20 +265,38 @@ def _fused_kernels(x: dict, eps: float = 1e-6) -> dict[str, torch.Tensor]:
     return out
 
 
+def _conv_kernel(kernel: str, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Route fused.conv's decodes and verifies to `kernel` (numba or cuda); the list counts the CUDA launches."""
+    from ignis.kernels import conv_cuda, fused
+
+    monkeypatch.setattr(fused, "CUDA_CONV", kernel == "cuda")
+    launched: list[int] = []
+    cuda_conv = conv_cuda.conv
+    monkeypatch.setattr(conv_cuda, "conv", lambda *a, **k: launched.append(1) or cuda_conv(*a, **k))
+    return launched
+
+
+@pytest.mark.parametrize("conv", ["numba", "cuda"])
 @pytest.mark.parametrize("b,c", [(1, 1), (1, 8), (8, 8), (3, 2)])
-def test_fused_kernels_match_references_at_the_27b_shape(b: int, c: int) -> None:
+def test_fused_kernels_match_references_at_the_27b_shape(b: int, c: int, conv: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.test_kernels_fused import close, references
 
+    launched = _conv_kernel(conv, monkeypatch)
     x = _fused_inputs(b, c)
     with torch.inference_mode():
         got = _fused_kernels(x)
     want = references(x, group=16)
     for name in want:
         close(got[name], want[name], name, bits=0.0 if name.startswith("attn") else 0.97)
+    assert len(launched) == (3 if conv == "cuda" else 0)  # a decode, a verify and seven columns
 
 
-def test_fused_kernels_replay_in_a_graph() -> None:
+@pytest.mark.parametrize("conv", ["numba", "cuda"])
+def test_fused_kernels_replay_in_a_graph(conv: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.test_kernels_fused import close, references
+
+    _conv_kernel(conv, monkeypatch)
 
     x = _fused_inputs(2, 4)
     with torch.inference_mode():

@@ -13,13 +13,14 @@ The drafter is not in the floor: "x floor" of a drafting round is against the ta
     python -m tools.bench_round --json round.json --md round.md
     python -m tools.bench_round --models 27b --cases verify --lanes 8 --conv-blocks 1024,8192 --blas cublas,cublaslt
 
-Kernel variants (`--conv-blocks`, `--blas`, `--stream`, `--gdn`: comma lists) run as every combination on each
-model, built once.
+Kernel variants (`--conv-blocks`, `--blas`, `--stream`, `--gdn`, `--conv`: comma lists) run as every combination on
+each model, built once.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -264,6 +265,24 @@ def bench_case(label: str, case: Case, model: HybridModel, path: Path, bw: float
             "x_floor": graph / floor, "capture_s": capture_s, "top_kernels": top}
 
 
+VARIANTS = ("conv_blocks", "blas", "stream", "gdn", "conv")  # the options `apply_variant` sets, comma lists each
+
+
+def combinations(args: argparse.Namespace) -> list[dict[str, str]]:
+    """Every combination of the variant options' comma lists, in the order the options list them."""
+    return [dict(zip(VARIANTS, values)) for values in itertools.product(
+        *(getattr(args, name).split(",") for name in VARIANTS))]
+
+
+def apply_variant(variant: dict[str, str]) -> None:
+    """Set the kernels' module switches for one combination of the variant options."""
+    fused.CONV_BLOCKS = int(variant["conv_blocks"])
+    torch.backends.cuda.preferred_blas_library(variant["blas"])
+    ops.STREAMING = variant["stream"] == "on"
+    gdn.CUDA_COLUMNS = variant["gdn"] == "cuda"
+    fused.CUDA_CONV = variant["conv"] == "cuda"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.bench_round")
     ap.add_argument("--models", default="builtin,27b", help="comma list of builtin, 27b")
@@ -285,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stream", default="on" if ops.STREAMING else "off",
                     help="comma list of off, on: whether the products ignis.model.ops.stream_shape picks run the "
                          "Triton weight-streaming kernel (ops.STREAMING)")
+    ap.add_argument("--conv", default="cuda" if fused.CUDA_CONV else "numba",
+                    help="comma list of numba, cuda: the GDN conv kernel of decodes and verifies "
+                         "(ignis.kernels.fused.CUDA_CONV)")
     ap.add_argument("--gdn", default="cuda" if gdn.CUDA_COLUMNS else "numba",
                     help="comma list of numba, cuda: the recurrence kernel of decodes and verifies "
                          "(ignis.kernels.gdn.CUDA_COLUMNS)")
@@ -297,9 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     device = torch.device("cuda")
     attention.use(args.attention)
-    # every (conv blocks, BLAS) pair, each model built once; with more than one, a row's model names its variant
-    variants = [(int(blocks), blas, stream, kernel) for blocks in args.conv_blocks.split(",")
-                for blas in args.blas.split(",") for stream in args.stream.split(",") for kernel in args.gdn.split(",")]
+    # every combination of the variant options, each model built once; with more than one, a row's model names it
+    variants = combinations(args)
     bw = copy_bandwidth(device)
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     rows: list[dict[str, Any]] = []
@@ -310,14 +331,10 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 model = random_model(QWEN35_27B, seed=0, mtp=True, device=device, dtype=torch.bfloat16)
                 path = Path(tmp)
-            for blocks, blas, stream, kernel in variants:
-                fused.CONV_BLOCKS = blocks
-                torch.backends.cuda.preferred_blas_library(blas)
-                ops.STREAMING = stream == "on"
-                gdn.CUDA_COLUMNS = kernel == "cuda"
-                name = label if len(variants) == 1 else f"{label} conv={blocks} blas={blas} stream={stream} gdn={kernel}"
-                rows += [{**r, "conv_blocks": blocks, "blas": blas, "stream": stream, "gdn": kernel}
-                         for r in bench_model(name, model, path, bw, args, device)]
+            for variant in variants:
+                apply_variant(variant)
+                name = label if len(variants) == 1 else " ".join([label, *(f"{k}={v}" for k, v in variant.items())])
+                rows += [{**r, **variant} for r in bench_model(name, model, path, bw, args, device)]
             del model
             torch.cuda.empty_cache()
     timed = [r for r in rows if "error" not in r]
