@@ -165,7 +165,7 @@ class Mlp(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up is not None:
-            return self.down_proj(fused.swiglu(linear(x, self.gate_up, False)))
+            return linear(fused.swiglu(linear(x, self.gate_up, False)), self.down_proj.weight, False)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 

@@ -66,9 +66,9 @@ def block(
             a, dyn = layer.attention_conv.prepare(a.view(n, rows, hidden))
         qkv = linear(a.reshape(n * rows, hidden), att.qkv_proj, False)
         window = c.sliding_window if c.layer_types[i] == "sliding_attention" else None
-        o = att.o_proj(drafter_triton.ring_attention(
+        o = linear(drafter_triton.ring_attention(
             qkv, att.q_norm.weight, att.k_norm.weight, att.q_norm.eps, cos, sin, k, v, held, lanes, q_pos, span,
-            window, c.causal[i], att.num_heads))
+            window, c.causal[i], att.num_heads), att.o_proj.weight, False)
         if layer.attention_conv is not None:
             assert dyn is not None
             o = layer.attention_conv.finish(o.view(n, rows, hidden), dyn)
