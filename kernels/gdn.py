@@ -1,7 +1,7 @@
 """The Gated DeltaNet recurrence over C columns of B lanes in one launch, and the commit that replays kept columns.
 
-Owns: `columns` and `replay` (numba-cuda kernels on CUDA tensors; a decode's or verify's columns optionally through
-ignis.kernels.gdn_cuda's CUDA C++ kernel, `CUDA_COLUMNS`; launched on torch's current stream, so a CUDA graph
+Owns: `columns`, `columns_normed` (with the gated output norm after) and `replay` (numba-cuda kernels on CUDA
+tensors; a decode's or verify's columns optionally through ignis.kernels.gdn_cuda's CUDA C++ kernel, `CUDA_COLUMNS`; launched on torch's current stream, so a CUDA graph
 captures them), their torch references `columns_reference` / `replay_reference` (what runs on the CPU, and what the
 kernels are tested against) and `record_width`. Does not own: the projections, conv and gates around the recurrence
 (ignis.model.gdn) or where the state lives (ignis.model.cache). docs/adr/0004-gdn-kernel.md has the why.
@@ -187,6 +187,37 @@ def columns(
     args = (state, lanes, mixed, ba, dt_bias, rate, out, rec, hv // key_heads, key_heads * dk)
     _launch(kernels.columns, dv, hv, b, dk, (*args, write_state, record is not None), mixed.device)
     return out
+
+
+def columns_normed(
+    state: torch.Tensor, lanes: torch.Tensor, mixed: torch.Tensor, ba: torch.Tensor, dt_bias: torch.Tensor,
+    rate: torch.Tensor, record: torch.Tensor | None,  # as `columns`
+    z: torch.Tensor,  # [B C, Hv dv] model dtype: the output gate
+    weight: torch.Tensor,  # [dv] model dtype: the output norm's weight
+    eps: float,
+    *,
+    key_heads: int,
+    write_state: bool,
+    normalised: bool = False,
+) -> torch.Tensor:
+    """`columns`, then the gated output norm of its outputs (ignis.kernels.fused.gated_norm): y [B C, Hv dv] in z's
+    dtype. One launch where CUDA_COLUMNS routes a decode or a verify to ignis.kernels.gdn_cuda, whose blocks then hold
+    a whole head; `columns` and `gated_norm` elsewhere (the CPU among it)."""
+    from ignis.kernels import fused
+
+    b, c = mixed.shape[:2]
+    hv, dk, dv = state.shape[1], state.shape[2], state.shape[3]
+    if CUDA_COLUMNS and state.is_cuda:
+        from ignis.kernels import gdn_cuda
+
+        if gdn_cuda.fits_normed(state, c, z) and (record is None or record.is_contiguous()):
+            if not normalised:
+                mixed = normalise_qk(mixed, key_heads, dk)
+            return gdn_cuda.columns_normed(state, lanes, mixed.contiguous(), ba.contiguous(), dt_bias, rate, record,
+                                           z, weight, eps, key_heads=key_heads, write_state=write_state)
+    out = columns(state, lanes, mixed, ba, dt_bias, rate, record, key_heads=key_heads, write_state=write_state,
+                  normalised=normalised)
+    return fused.gated_norm(out.view(b * c, hv, dv), z, weight, eps)
 
 
 def replay(state: torch.Tensor, lanes: torch.Tensor, record: torch.Tensor, last: torch.Tensor) -> None:

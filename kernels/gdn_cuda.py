@@ -1,9 +1,12 @@
-"""The Gated DeltaNet recurrence of a decode or a verify as a CUDA C++ kernel (NVRTC): `columns`, `fits`.
+"""The Gated DeltaNet recurrence of a decode or a verify as a CUDA C++ kernel (NVRTC): `columns`, `columns_normed`,
+`fits`, `fits_normed`.
 
-Owns: the launch of ignis.kernels.gdn_cuda_kernel's `gdn_columns` on torch's current stream (capturable), its
-argument checks, and which calls it takes (`fits`). Does not own: the source (ignis.kernels.gdn_cuda_kernel), the
-numba kernel it stands beside or the torch reference both are tested against (ignis.kernels.gdn), or the switch that
-routes to it (`ignis.kernels.gdn.CUDA_COLUMNS`).
+Owns: the launches of ignis.kernels.gdn_cuda_kernel's `gdn_columns` on torch's current stream (capturable): the
+recurrence alone (blocks of 32 state columns), or with the gated output norm applied in the same launch (a block a
+whole head); their argument checks and which calls they take. Does not own: the source
+(ignis.kernels.gdn_cuda_kernel), the numba kernel it stands beside or the torch references all are tested against
+(ignis.kernels.gdn, ignis.kernels.fused.gated_norm), or the switch that routes to it
+(`ignis.kernels.gdn.CUDA_COLUMNS`).
 """
 
 from __future__ import annotations
@@ -15,33 +18,67 @@ import torch
 from ignis.kernels.gdn_cuda_kernel import CMAX, SOURCE
 from ignis.kernels.launch import nvrtc_installed
 
-TV, THREADS = 32, 128  # state columns a block, threads a block (the source's)
+TV = 32  # state columns a block of the recurrence alone (128 threads)
+RS = 4  # threads a state column
 
 _lock = threading.Lock()
-_functions: dict[tuple[int, int, torch.device], object] = {}
+_functions: dict[tuple[tuple[tuple[str, int], ...], torch.device], object] = {}
 
 
-def defines(dk: int, dv: int) -> tuple[tuple[str, int], ...]:
-    return (("DK", dk), ("DV", dv), ("CMAX", CMAX))
+def defines(dk: int, dv: int, normed: bool = False, dtype: torch.dtype = torch.float32) -> tuple[tuple[str, int], ...]:
+    """The source's sizes: a block of TV state columns, or the whole head (DV) where it applies the norm too."""
+    return (("DK", dk), ("DV", dv), ("CMAX", CMAX), ("TV", dv if normed else TV), ("NORMED", int(normed)),
+            ("BF16", int(dtype == torch.bfloat16)))
 
 
 def fits(state: torch.Tensor, cols: int) -> bool:
-    """The calls the kernel takes: CUDA fp32 states of key heads of a multiple of 16 channels, at most THREADS wide,
-    and 1..CMAX columns, with NVRTC installed."""
+    """The calls the kernel takes: contiguous CUDA fp32 states of key heads of a multiple of 16 channels, at most 128
+    wide, and 1..CMAX columns, with NVRTC installed."""
     dk = state.shape[-2]
-    return (state.is_cuda and state.dtype == torch.float32 and 1 <= cols <= CMAX and dk % 16 == 0 and dk <= THREADS
-            and nvrtc_installed())
+    return (state.is_cuda and state.dtype == torch.float32 and state.is_contiguous() and 1 <= cols <= CMAX
+            and dk % 16 == 0 and dk <= 128 and nvrtc_installed())
 
 
-def _function(dk: int, dv: int, device: torch.device) -> object:
+def fits_normed(state: torch.Tensor, cols: int, z: torch.Tensor) -> bool:
+    """`fits`, with value heads of a multiple of 8, at most 128 wide (a block of 4 threads a state column holds the
+    head), and a bf16 or fp32 gate whose last dimension is contiguous."""
+    dv = state.shape[-1]
+    return (fits(state, cols) and dv % 8 == 0 and dv <= 128 and z.dtype in (torch.bfloat16, torch.float32)
+            and z.stride(-1) == 1)
+
+
+def _function(key: tuple[tuple[str, int], ...], device: torch.device) -> object:
     from ignis.kernels.nvrtc import Function, arch_of, compile_cubin
 
-    key = (dk, dv, device)
     with _lock:
-        if key not in _functions:
-            cubin = compile_cubin(SOURCE, "gdn_columns", arch_of(device), defines(dk, dv))
-            _functions[key] = Function(cubin, "gdn_columns", device)
-        return _functions[key]
+        if (key, device) not in _functions:
+            cubin = compile_cubin(SOURCE, "gdn_columns", arch_of(device), key)
+            _functions[key, device] = Function(cubin, "gdn_columns", device)
+        return _functions[key, device]
+
+
+def _launch(state: torch.Tensor, lanes: torch.Tensor, mixed: torch.Tensor, ba: torch.Tensor, dt_bias: torch.Tensor,
+            rate: torch.Tensor, out: torch.Tensor, record: torch.Tensor | None, key_heads: int, write_state: bool,
+            normed: tuple[torch.Tensor, torch.Tensor, torch.Tensor, float] | None) -> None:
+    b, c, width = mixed.shape
+    hv, dk, dv = state.shape[1:]
+    if not (mixed.is_contiguous() and ba.is_contiguous()) or mixed.dtype != torch.float32:
+        raise ValueError(f"gdn_cuda takes contiguous fp32 mixed and ba; got mixed {tuple(mixed.shape)} {mixed.dtype}")
+    if record is not None and (record.shape[1] < c or not record.is_contiguous()):
+        raise ValueError(f"the record holds {record.shape[1]} columns, fewer than {c}, or is not contiguous")
+    rec = record if record is not None else out  # a placeholder of the right type when nothing is recorded
+    if normed is None:
+        z = weight = y = out  # placeholders: not read
+        z_row, eps, tv = 0, 0.0, TV
+        key = defines(dk, dv)
+    else:
+        z, weight, y, eps = normed
+        z_row, tv = z.stride(0), dv
+        key = defines(dk, dv, True, z.dtype)
+    kernel = _function(key, state.device)
+    kernel(((dv + tv - 1) // tv, hv, b), tv * RS,  # type: ignore[operator]
+           (state, lanes, mixed, ba, dt_bias, rate, out, rec, z, weight, y, c, hv, width, key_heads * dk,
+            hv // key_heads, rec.shape[1], int(write_state), int(record is not None), z_row, float(eps)))
 
 
 def columns(
@@ -58,16 +95,31 @@ def columns(
     write_state: bool,
 ) -> None:
     """ignis.kernels.gdn.columns' work for `fits`'s calls, writing `out` (and the state or the record)."""
-    b, c, width = mixed.shape
-    hv, dk, dv = state.shape[1:]
-    if not fits(state, c) or not (mixed.is_contiguous() and ba.is_contiguous() and state.is_contiguous()):
-        raise ValueError(f"gdn_cuda.columns takes contiguous CUDA fp32 tensors, 1..{CMAX} columns and key heads of a "
-                         f"multiple of 16 up to {THREADS} channels; got state {tuple(state.shape)} {state.dtype}, "
-                         f"mixed {tuple(mixed.shape)}")
-    if record is not None and (record.shape[1] < c or not record.is_contiguous()):
-        raise ValueError(f"the record holds {record.shape[1]} columns, fewer than {c}, or is not contiguous")
-    rec = record if record is not None else out
-    kernel = _function(dk, dv, state.device)
-    kernel(((dv + TV - 1) // TV, hv, b), THREADS,  # type: ignore[operator]
-           (state, lanes, mixed, ba, dt_bias, rate, out, rec, c, hv, width, key_heads * dk, hv // key_heads,
-            rec.shape[1], int(write_state), int(record is not None)))
+    if not fits(state, mixed.shape[1]):
+        raise ValueError(f"gdn_cuda.columns takes contiguous CUDA fp32 states, 1..{CMAX} columns and key heads of a "
+                         f"multiple of 16 up to 128 channels; got state {tuple(state.shape)} {state.dtype}, mixed "
+                         f"{tuple(mixed.shape)}")
+    _launch(state, lanes, mixed, ba, dt_bias, rate, out, record, key_heads, write_state, None)
+
+
+def columns_normed(
+    state: torch.Tensor, lanes: torch.Tensor, mixed: torch.Tensor, ba: torch.Tensor, dt_bias: torch.Tensor,
+    rate: torch.Tensor, record: torch.Tensor | None,  # as `columns`
+    z: torch.Tensor,  # [B C, Hv dv] bf16 or fp32, last dim contiguous: the gate
+    weight: torch.Tensor,  # [dv], z's dtype: the norm's weight
+    eps: float,
+    *,
+    key_heads: int,
+    write_state: bool,
+) -> torch.Tensor:
+    """`columns` and then ignis.kernels.fused.gated_norm of its output, in one launch: y [B C, Hv dv] in z's dtype."""
+    b, c = mixed.shape[:2]
+    hv, dv = state.shape[1], state.shape[3]
+    if not fits_normed(state, c, z) or weight.dtype != z.dtype or z.shape != (b * c, hv * dv):
+        raise ValueError(f"gdn_cuda.columns_normed takes `fits`'s calls with value heads of a multiple of 8 up to 128 "
+                         f"and a gate [B C, Hv dv] of the weight's dtype; got state {tuple(state.shape)}, z "
+                         f"{tuple(z.shape)} {z.dtype}, weight {weight.dtype}")
+    y = torch.empty((b * c, hv * dv), dtype=z.dtype, device=z.device)
+    _launch(state, lanes, mixed, ba, dt_bias, rate, y, record, key_heads, write_state,
+            (z, weight.contiguous(), y, eps))
+    return y

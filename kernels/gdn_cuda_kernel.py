@@ -2,7 +2,9 @@
 ignis.kernels.nvrtc, launched from ignis.kernels.gdn_cuda).
 
 Owns: `SOURCE` and its compile-time sizes (DK, DV: the head's key and value widths; CMAX: the most columns a launch
-takes). Does not own: the launch, its checks or when it runs (ignis.kernels.gdn_cuda, ignis.kernels.gdn).
+takes; TV: state columns a block; NORMED: whether the block, then holding the whole head, also applies the gated
+output norm and writes its result; BF16: the element type of the gate, the norm's weight and that result). Does not
+own: the launch, its checks or when it runs (ignis.kernels.gdn_cuda, ignis.kernels.gdn).
 
 The same work, in the same order of operations, as the numba kernel `columns` of ignis.kernels.gdn_kernel (its
 docstring has the layout): a block is one value head of one lane and TV = 32 columns of its [dk, dv] state; thread
@@ -20,11 +22,26 @@ CMAX = 8  # the most columns a launch takes: a verify of up to 7 drafts, or a de
 
 SOURCE = r"""
 #define RS 4
-#define TV 32
 #define THREADS (TV * RS)
+#define MINB (512 / THREADS)
+#define WARPS (THREADS / 32)
 #define ROWS (DK / RS)
 #define RW (DK + DV + 2)
 #define FULL 0xffffffffu
+
+#if BF16
+typedef unsigned short elem;
+__device__ __forceinline__ float load(elem h) { return __uint_as_float(((unsigned)h) << 16); }
+__device__ __forceinline__ elem store(float f) {  // to nearest even, as torch rounds
+    const unsigned u = __float_as_uint(f);
+    return (elem)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+#else
+typedef float elem;
+__device__ __forceinline__ float load(elem h) { return h; }
+__device__ __forceinline__ elem store(float f) { return f; }
+#endif
+__device__ __forceinline__ float rounded(float f) { return load(store(f)); }
 
 __device__ __forceinline__ float quad_sum(float x) {
     x += __shfl_xor_sync(FULL, x, 1);
@@ -38,18 +55,25 @@ __device__ __forceinline__ int slot(int r) {
 }
 
 // state [L, Hv, DK, DV] f32; lanes [B] i64; mixed [B, C, width] f32: q | k | v, q and k l2-normalised (q scaled);
-// ba [B, C, 2 Hv] f32: the raw beta and decay projections; dt_bias, rate [Hv] f32; out [B, C, Hv, DV] f32;
-// record [L, rec_cols, Hv, RW] f32: each column's k, delta, g and beta. grid (ceil(DV / TV), Hv, B), THREADS threads.
-extern "C" __global__ void __launch_bounds__(THREADS, 4)
+// ba [B, C, 2 Hv] f32: the raw beta and decay projections; dt_bias, rate [Hv] f32; record [L, rec_cols, Hv, RW] f32:
+// each column's k, delta, g and beta. Without NORMED: out [B, C, Hv, DV] f32, every column's output. With NORMED
+// (TV = DV: a block holds the whole head): z [B C, Hv DV] elements (row stride z_row), the gate; norm [DV] elements;
+// y [B C, Hv DV] elements = norm * rms_norm(out) * silu(z), rounded where ignis.kernels.fused's gated_norm rounds.
+// grid (ceil(DV / TV), Hv, B), THREADS threads.
+extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 gdn_columns(float* __restrict__ state, const long long* __restrict__ lanes, const float* __restrict__ mixed,
             const float* __restrict__ ba, const float* __restrict__ dt_bias, const float* __restrict__ rate,
-            float* __restrict__ out, float* __restrict__ record, int ncols, int hv, int width, int key_dim,
-            int ratio, int rec_cols, int write_state, int do_record) {
+            float* __restrict__ out, float* __restrict__ record, const elem* __restrict__ z,
+            const elem* __restrict__ norm, elem* __restrict__ y, int ncols, int hv, int width, int key_dim,
+            int ratio, int rec_cols, int write_state, int do_record, int z_row, float eps) {
     __shared__ __align__(16) float sk[CMAX][DK];
     __shared__ __align__(16) float sq[CMAX][DK];
     __shared__ float sv[CMAX][TV];
     __shared__ float ds[CMAX];
     __shared__ float bs[CMAX];
+#if NORMED
+    __shared__ float npart[CMAX][WARPS];
+#endif
     const int t = threadIdx.x, cl = t / RS, s = t % RS;
     const int c = blockIdx.x * TV + cl;
     const int h = blockIdx.y, b = blockIdx.z;
@@ -64,6 +88,13 @@ gdn_columns(float* __restrict__ state, const long long* __restrict__ lanes, cons
     float st[ROWS];
 #pragma unroll
     for (int i = 0; i < ROWS; ++i) st[i] = live ? st_at[(i * RS + s) * DV + c] : 0.f;
+#if NORMED
+    float zr[CMAX];  // the gate of this thread's state column at each column (thread s = 0 writes y)
+    const float wn = live ? load(norm[c]) : 0.f;
+#pragma unroll
+    for (int j = 0; j < CMAX; ++j)
+        zr[j] = (j < ncols && live && s == 0) ? load(z[((size_t)b * ncols + j) * z_row + h * DV + c]) : 0.f;
+#endif
 
     // Stage every column's q and k (a thread a channel), the block's v and the gates: loads before stores.
     for (int e = t; e < DK; e += THREADS) {
@@ -100,6 +131,7 @@ gdn_columns(float* __restrict__ state, const long long* __restrict__ lanes, cons
     }
     __syncthreads();
 
+#pragma unroll 1
     for (int j = 0; j < ncols; ++j) {
         const float decay = ds[j];
         const float4* k4 = reinterpret_cast<const float4*>(&sk[j][0]);
@@ -135,7 +167,29 @@ gdn_columns(float* __restrict__ state, const long long* __restrict__ lanes, cons
             }
         }
         const float o = quad_sum(o0 + o1);
+#if NORMED
+        // The gated output norm over the head's DV outputs: the output rounded, its sum of squares over the block.
+        const float ob = (s == 0 && live) ? rounded(o) : 0.f;
+        float v = ob * ob;
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(FULL, v, off);
+        if (t % 32 == 0) npart[j][t / 32] = v;
+        __syncthreads();
+        if (s == 0 && live) {
+            float total = 0.f;
+#pragma unroll
+            for (int u = 0; u < WARPS; ++u) total += npart[j][u];
+            const float r = 1.f / sqrtf(total / (float)DV + eps);
+            const float wh = rounded(wn * rounded(ob * r));
+            float g = 0.f;
+#pragma unroll
+            for (int n = 0; n < CMAX; ++n)
+                if (n == j) g = zr[n];
+            y[((size_t)b * ncols + j) * hv * DV + h * DV + c] = store(wh * (g / (1.f + expf(-g))));
+        }
+#else
         if (s == 0 && live) out[(((size_t)b * ncols + j) * hv + h) * DV + c] = o;
+#endif
     }
     if (write_state && live) {
 #pragma unroll

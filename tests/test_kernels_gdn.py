@@ -144,13 +144,16 @@ def test_kernels_equal_the_references_in_the_simulator() -> None:
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout[-3000:] + out.stderr[-3000:]
 
 
+@pytest.mark.parametrize("normed", [None, torch.bfloat16, torch.float32], ids=["alone", "normed bf16", "normed fp32"])
 @pytest.mark.parametrize("dk,dv", [(128, 128), (16, 16), (64, 128)])
-def test_the_cuda_recurrence_compiles_for_sm90_in_its_launch_bound_without_spills(dk: int, dv: int) -> None:
-    # 4 blocks of 128 threads an SM leave 128 registers a thread (sm_90: 64 K registers an SM).
+def test_the_cuda_recurrence_compiles_for_sm90_in_its_launch_bound_without_spills(dk: int, dv: int,
+                                                                                  normed: torch.dtype | None) -> None:
+    # 4 blocks of 128 threads (or one of 512, a whole head) an SM leave 128 registers a thread (sm_90: 64 K an SM).
     pytest.importorskip("cuda.bindings")
     from ignis.kernels.gdn_cuda import defines
     from ignis.kernels.gdn_cuda_kernel import SOURCE
     from ignis.kernels.nvrtc import compile_cubin
 
-    cubin = compile_cubin(SOURCE, "gdn_columns", "sm_90", defines(dk, dv))
+    args = (dk, dv) if normed is None else (dk, dv, True, normed)
+    cubin = compile_cubin(SOURCE, "gdn_columns", "sm_90", defines(*args))
     assert cubin.spills == 0 and 0 < cubin.registers <= 128, (cubin.registers, cubin.spills)

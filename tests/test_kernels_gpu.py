@@ -163,6 +163,44 @@ def test_gdn_kernels_equal_their_references(shape: tuple[int, ...], kernel: str,
     assert len(launched) == (2 if kernel == "cuda" else 0)  # the switch chose the kernel under test
 
 
+@pytest.mark.parametrize("shape", [(1, 1, 16, 48, 128, 128), (8, 8, 16, 48, 128, 128), (3, 4, 2, 4, 16, 16)])
+def test_the_cuda_recurrence_with_the_gated_norm_equals_its_references(shape: tuple[int, ...],
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from ignis.kernels import fused, gdn, gdn_cuda
+    from ignis.kernels.gdn import columns_normed, columns_reference, record_width
+    from tests.test_kernels_fused import close
+
+    monkeypatch.setattr(gdn, "CUDA_COLUMNS", True)
+    launched: list[int] = []
+    normed = gdn_cuda.columns_normed
+    monkeypatch.setattr(gdn_cuda, "columns_normed", lambda *a, **k: launched.append(1) or normed(*a, **k))
+    b, c, hk, hv, dk, dv = shape
+    lanes = b + 2
+    g = torch.Generator(device="cuda").manual_seed(sum(shape) + 1)
+    state = torch.randn(lanes, hv, dk, dv, device="cuda", generator=g) * 0.1
+    ids = torch.randperm(lanes, device="cuda", generator=g)[:b]
+    mixed = torch.randn(b, c, 2 * hk * dk + hv * dv, device="cuda", generator=g)
+    ba = torch.randn(b, c, 2 * hv, device="cuda", generator=g) * 2
+    dt_bias = torch.randn(hv, device="cuda", generator=g)
+    rate = -torch.rand(hv, device="cuda", generator=g) * 2
+    # the gate as the layer has it: a column slice of a wider projection (rows strided), and the norm's weight
+    z = (torch.randn(b * c, hv * dv + 32, device="cuda", generator=g) * 2).to(torch.bfloat16)[:, 16 : 16 + hv * dv]
+    weight = (torch.rand(dv, device="cuda", generator=g) + 0.5).to(torch.bfloat16)
+    for write_state, record in ((True, False), (False, True)):
+        st, ref_st = state.clone(), state.clone()
+        rec = torch.full((lanes, c, hv, record_width(dk, dv)), float("nan"), device="cuda")
+        ref_rec = torch.zeros_like(rec)
+        y = columns_normed(st, ids, mixed, ba, dt_bias, rate, rec if record else None, z, weight, 1e-6,
+                           key_heads=hk, write_state=write_state)
+        out = columns_reference(ref_st, ids, mixed, ba, dt_bias, rate, ref_rec if record else None, key_heads=hk,
+                                write_state=write_state)
+        close(y, fused.gated_norm_reference(out.view(b * c, hv, dv), z, weight, 1e-6), "gated norm")
+        torch.testing.assert_close(st, ref_st, rtol=1e-4, atol=1e-4)
+        if record:
+            torch.testing.assert_close(rec[ids], ref_rec[ids], rtol=1e-4, atol=1e-4)
+    assert len(launched) == 2
+
+
 def test_the_cuda_recurrence_replays_in_a_graph(monkeypatch: pytest.MonkeyPatch) -> None:
     from ignis.kernels import gdn
     from ignis.kernels.gdn import columns, columns_reference
