@@ -10,8 +10,8 @@ depthwise conv over [window | this round's inputs], q and k l2-normalised per he
 raw beta and decay projections widened to float32, and either each column's input recorded (a verify) or the window
 moved on (a decode). A block is one head of channels of one lane and takes all of its columns: every input its
 columns' taps read (KC - 1 + C of its channel) and its KC weights are loaded before anything is computed, and the
-norms of all its columns meet at one barrier, so a block waits out about one memory latency; the window moves from
-the registers that hold it. bf16 elements widen exactly and round to nearest even, as torch does.
+norms of all its columns meet at one barrier, so a block waits out about one memory latency; the window moves
+after, from lines its loads left in L1. bf16 elements widen exactly, and the recorded inputs are their own bits.
 """
 
 from __future__ import annotations
@@ -103,14 +103,12 @@ gdn_conv(elem* __restrict__ window, const long long* __restrict__ lanes, const e
             if (do_record) record[lane * rec_l + j * rec_c + ch] = widened(xs[KC1 + j]);
         }
     }
-    if (!do_record) {  // the window after the round: slot i takes input cols + i, from the registers
+    if (!do_record) {  // the window after the round: slot i takes input cols + i (never a slot < i + 1), L1-hot
 #pragma unroll
         for (int i = 0; i < KC1; ++i) {
-            float v = 0.f;
-#pragma unroll
-            for (int n = 0; n < SEQ; ++n)
-                if (n == cols + i) v = xs[n];
-            window[lane * win_l + i * win_t + ch] = widened(v);
+            const int src = cols + i;
+            window[lane * win_l + i * win_t + ch] = src < KC1 ? window[lane * win_l + src * win_t + ch]
+                                                              : raw[(long long)b * raw_b + (src - KC1) * raw_c + ch];
         }
     }
 }
