@@ -32,6 +32,7 @@ class Cubin:
     image: bytes  # the cubin NVRTC built
     registers: int  # per thread, from ptxas
     spills: int  # bytes of spill stores and loads, from ptxas
+    stack: int = 0  # bytes of stack frame (local arrays among them), from ptxas
 
 
 def _check(result: Any, what: str) -> None:
@@ -63,7 +64,8 @@ def compile_cubin(source: str, name: str, arch: str, defines: tuple[tuple[str, i
     nvrtc.nvrtcDestroyProgram(prog)
     registers = max((int(n) for n in re.findall(r"Used (\d+) registers", text)), default=0)
     spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill", text))
-    return Cubin(image, registers, spills)
+    stack = max((int(n) for n in re.findall(r"(\d+) bytes stack frame", text)), default=0)
+    return Cubin(image, registers, spills, stack)
 
 
 def arch_of(device: torch.device) -> str:

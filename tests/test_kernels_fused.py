@@ -286,4 +286,4 @@ def test_the_cuda_conv_compiles_for_sm90_without_spills(dtype: torch.dtype, dk: 
     from ignis.kernels.nvrtc import compile_cubin
 
     cubin = compile_cubin(SOURCE, "gdn_conv", "sm_90", defines(dtype, dk, 4))
-    assert cubin.spills == 0 and 0 < cubin.registers <= 64, (cubin.registers, cubin.spills)
+    assert cubin.spills == cubin.stack == 0 and 0 < cubin.registers <= 64, (cubin.registers, cubin.spills, cubin.stack)
