@@ -28,13 +28,14 @@ def defines(dtype: torch.dtype, dk: int, taps: int) -> tuple[tuple[str, int], ..
     return (("DKT", threads(dk)), ("KC", taps), ("CMAX", CMAX), ("BF16", int(dtype == torch.bfloat16)))
 
 
-def fits(raw: torch.Tensor, window: torch.Tensor, record: torch.Tensor | None, dk: int) -> bool:
-    """The calls the kernel takes: CUDA bf16 or fp32 inputs of 1..CMAX columns whose last dimensions are contiguous,
-    key heads of at most 1,024 channels, with NVRTC installed."""
+def fits(raw: torch.Tensor, window: torch.Tensor, record: torch.Tensor | None, ba: torch.Tensor, weight: torch.Tensor,
+         dk: int) -> bool:
+    """The calls the kernel takes: CUDA bf16 or fp32 inputs of 1..CMAX columns whose last dimensions are contiguous
+    (the weight wholly), key heads of at most 1,024 channels, with NVRTC installed."""
     c = raw.shape[1]
     return (raw.is_cuda and raw.dtype in (torch.bfloat16, torch.float32) and 1 <= c <= CMAX and dk <= 1024
-            and raw.stride(-1) == 1 and window.stride(-1) == 1 and (record is None or record.stride(-1) == 1)
-            and nvrtc_installed())
+            and all(t.stride(-1) == 1 for t in (raw, window, ba) + ((record,) if record is not None else ()))
+            and weight.is_contiguous() and nvrtc_installed())
 
 
 def _function(dtype: torch.dtype, dk: int, taps: int, device: torch.device) -> object:
@@ -60,7 +61,7 @@ def conv(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """ignis.kernels.fused.conv's result for `fits`'s calls: (mixed [B, C, D] float32, ba [B, C, 2 Hv] float32)."""
     b, c, dim = raw.shape
-    if not fits(raw, window, record, dk) or ba.stride(-1) != 1 or not weight.is_contiguous():
+    if not fits(raw, window, record, ba, weight, dk):
         raise ValueError(f"conv_cuda.conv takes CUDA bf16 or fp32 inputs of 1..{CMAX} columns with contiguous last "
                          f"dimensions; got raw {tuple(raw.shape)} {raw.dtype} strides {raw.stride()}")
     mixed = torch.empty((b, c, dim), dtype=torch.float32, device=raw.device)

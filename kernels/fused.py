@@ -164,7 +164,7 @@ def conv(
     if CUDA_CONV:
         from ignis.kernels import conv_cuda
 
-        if conv_cuda.fits(raw, window, record, dk) and ba.stride(-1) == 1 and weight.is_contiguous():
+        if conv_cuda.fits(raw, window, record, ba, weight, dk):
             return conv_cuda.conv(window, lanes, raw, weight, ba, record, key_heads=key_heads, dk=dk)
     mixed = torch.empty((b, c, dim), dtype=torch.float32, device=raw.device)
     ba_out = torch.empty(ba.shape, dtype=torch.float32, device=raw.device)

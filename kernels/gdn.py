@@ -178,7 +178,7 @@ def columns(
     if CUDA_COLUMNS:
         from ignis.kernels import gdn_cuda
 
-        if gdn_cuda.fits(state, c) and (record is None or record.is_contiguous()) and state.is_contiguous():
+        if gdn_cuda.fits(state, c, record):
             gdn_cuda.columns(state, lanes, mixed, ba, dt_bias, rate, out, record, key_heads=key_heads,
                              write_state=write_state)
             return out
@@ -210,7 +210,7 @@ def columns_normed(
     if CUDA_COLUMNS and state.is_cuda:
         from ignis.kernels import gdn_cuda
 
-        if gdn_cuda.fits_normed(state, c, z) and (record is None or record.is_contiguous()):
+        if gdn_cuda.fits_normed(state, c, record, z):
             if not normalised:
                 mixed = normalise_qk(mixed, key_heads, dk)
             return gdn_cuda.columns_normed(state, lanes, mixed.contiguous(), ba.contiguous(), dt_bias, rate, record,

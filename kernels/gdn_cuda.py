@@ -31,19 +31,19 @@ def defines(dk: int, dv: int, normed: bool = False, dtype: torch.dtype = torch.f
             ("BF16", int(dtype == torch.bfloat16)))
 
 
-def fits(state: torch.Tensor, cols: int) -> bool:
+def fits(state: torch.Tensor, cols: int, record: torch.Tensor | None) -> bool:
     """The calls the kernel takes: contiguous CUDA fp32 states of key heads of a multiple of 16 channels, at most 128
-    wide, and 1..CMAX columns, with NVRTC installed."""
+    wide, 1..CMAX columns and a contiguous record (or none), with NVRTC installed."""
     dk = state.shape[-2]
     return (state.is_cuda and state.dtype == torch.float32 and state.is_contiguous() and 1 <= cols <= CMAX
-            and dk % 16 == 0 and dk <= 128 and nvrtc_installed())
+            and dk % 16 == 0 and dk <= 128 and (record is None or record.is_contiguous()) and nvrtc_installed())
 
 
-def fits_normed(state: torch.Tensor, cols: int, z: torch.Tensor) -> bool:
+def fits_normed(state: torch.Tensor, cols: int, record: torch.Tensor | None, z: torch.Tensor) -> bool:
     """`fits`, with value heads of a multiple of 8, at most 128 wide (a block of 4 threads a state column holds the
     head), and a bf16 or fp32 gate whose last dimension is contiguous."""
     dv = state.shape[-1]
-    return (fits(state, cols) and dv % 8 == 0 and dv <= 128 and z.dtype in (torch.bfloat16, torch.float32)
+    return (fits(state, cols, record) and dv % 8 == 0 and dv <= 128 and z.dtype in (torch.bfloat16, torch.float32)
             and z.stride(-1) == 1)
 
 
@@ -64,8 +64,8 @@ def _launch(state: torch.Tensor, lanes: torch.Tensor, mixed: torch.Tensor, ba: t
     hv, dk, dv = state.shape[1:]
     if not (mixed.is_contiguous() and ba.is_contiguous()) or mixed.dtype != torch.float32:
         raise ValueError(f"gdn_cuda takes contiguous fp32 mixed and ba; got mixed {tuple(mixed.shape)} {mixed.dtype}")
-    if record is not None and (record.shape[1] < c or not record.is_contiguous()):
-        raise ValueError(f"the record holds {record.shape[1]} columns, fewer than {c}, or is not contiguous")
+    if record is not None and record.shape[1] < c:
+        raise ValueError(f"the record holds {record.shape[1]} columns, fewer than {c}")
     rec = record if record is not None else out  # a placeholder of the right type when nothing is recorded
     if normed is None:
         z = weight = y = out  # placeholders: not read
@@ -95,7 +95,7 @@ def columns(
     write_state: bool,
 ) -> None:
     """ignis.kernels.gdn.columns' work for `fits`'s calls, writing `out` (and the state or the record)."""
-    if not fits(state, mixed.shape[1]):
+    if not fits(state, mixed.shape[1], record):
         raise ValueError(f"gdn_cuda.columns takes contiguous CUDA fp32 states, 1..{CMAX} columns and key heads of a "
                          f"multiple of 16 up to 128 channels; got state {tuple(state.shape)} {state.dtype}, mixed "
                          f"{tuple(mixed.shape)}")
@@ -115,7 +115,7 @@ def columns_normed(
     """`columns` and then ignis.kernels.fused.gated_norm of its output, in one launch: y [B C, Hv dv] in z's dtype."""
     b, c = mixed.shape[:2]
     hv, dv = state.shape[1], state.shape[3]
-    if not fits_normed(state, c, z) or weight.dtype != z.dtype or z.shape != (b * c, hv * dv):
+    if not fits_normed(state, c, record, z) or weight.dtype != z.dtype or z.shape != (b * c, hv * dv):
         raise ValueError(f"gdn_cuda.columns_normed takes `fits`'s calls with value heads of a multiple of 8 up to 128 "
                          f"and a gate [B C, Hv dv] of the weight's dtype; got state {tuple(state.shape)}, z "
                          f"{tuple(z.shape)} {z.dtype}, weight {weight.dtype}")

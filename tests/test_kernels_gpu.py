@@ -122,6 +122,27 @@ def test_cuda_graph_replay(rows: int, k: int, dtype: torch.dtype) -> None:
     assert _counters_zero()
 
 
+def _counted(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> list[int]:
+    """Wrap module.name so that each call appends to the returned list (which kernel a switch chose)."""
+    calls: list[int] = []
+    fn = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **k: calls.append(1) or fn(*a, **k))
+    return calls
+
+
+def _gdn_inputs(shape: tuple[int, ...], seed: int) -> dict[str, torch.Tensor]:
+    """A recurrence's inputs on the GPU for (lanes B, columns C, key heads, value heads, dk, dv): states of B + 2 lanes,
+    B of them taken out of order."""
+    b, c, hk, hv, dk, dv = shape
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return {"state": torch.randn(b + 2, hv, dk, dv, device="cuda", generator=g) * 0.1,
+            "ids": torch.randperm(b + 2, device="cuda", generator=g)[:b],
+            "mixed": torch.randn(b, c, 2 * hk * dk + hv * dv, device="cuda", generator=g),
+            "ba": torch.randn(b, c, 2 * hv, device="cuda", generator=g) * 2,
+            "dt_bias": torch.randn(hv, device="cuda", generator=g),
+            "rate": -torch.rand(hv, device="cuda", generator=g) * 2}
+
+
 @pytest.mark.parametrize("kernel", ["numba", "cuda"])
 @pytest.mark.parametrize("shape", [(1, 1, 16, 48, 128, 128), (8, 8, 16, 48, 128, 128), (3, 4, 2, 4, 16, 16)])
 def test_gdn_kernels_equal_their_references(shape: tuple[int, ...], kernel: str,
@@ -130,19 +151,12 @@ def test_gdn_kernels_equal_their_references(shape: tuple[int, ...], kernel: str,
     from ignis.kernels.gdn import columns, columns_reference, record_width, replay, replay_reference
 
     monkeypatch.setattr(gdn, "CUDA_COLUMNS", kernel == "cuda")
-    launched: list[int] = []
-    cuda_columns = gdn_cuda.columns
-    monkeypatch.setattr(gdn_cuda, "columns", lambda *a, **k: launched.append(1) or cuda_columns(*a, **k))
-
+    launched = _counted(monkeypatch, gdn_cuda, "columns")
     b, c, hk, hv, dk, dv = shape
     lanes = b + 2
-    g = torch.Generator(device="cuda").manual_seed(sum(shape))
-    state = torch.randn(lanes, hv, dk, dv, device="cuda", generator=g) * 0.1
-    ids = torch.randperm(lanes, device="cuda", generator=g)[:b]
-    mixed = torch.randn(b, c, 2 * hk * dk + hv * dv, device="cuda", generator=g)
-    ba = torch.randn(b, c, 2 * hv, device="cuda", generator=g) * 2
-    dt_bias = torch.randn(hv, device="cuda", generator=g)
-    rate = -torch.rand(hv, device="cuda", generator=g) * 2
+    x = _gdn_inputs(shape, sum(shape))
+    state, ids, mixed, ba, dt_bias, rate = (x[n] for n in ("state", "ids", "mixed", "ba", "dt_bias", "rate"))
+    g = torch.Generator(device="cuda").manual_seed(sum(shape) + 100)  # the kept columns
     for write_state, record in ((True, False), (False, True)):
         st, ref_st = state.clone(), state.clone()
         rec = torch.full((lanes, c, hv, record_width(dk, dv)), float("nan"), device="cuda")
@@ -171,18 +185,12 @@ def test_the_cuda_recurrence_with_the_gated_norm_equals_its_references(shape: tu
     from tests.test_kernels_fused import close
 
     monkeypatch.setattr(gdn, "CUDA_COLUMNS", True)
-    launched: list[int] = []
-    normed = gdn_cuda.columns_normed
-    monkeypatch.setattr(gdn_cuda, "columns_normed", lambda *a, **k: launched.append(1) or normed(*a, **k))
+    launched = _counted(monkeypatch, gdn_cuda, "columns_normed")
     b, c, hk, hv, dk, dv = shape
     lanes = b + 2
-    g = torch.Generator(device="cuda").manual_seed(sum(shape) + 1)
-    state = torch.randn(lanes, hv, dk, dv, device="cuda", generator=g) * 0.1
-    ids = torch.randperm(lanes, device="cuda", generator=g)[:b]
-    mixed = torch.randn(b, c, 2 * hk * dk + hv * dv, device="cuda", generator=g)
-    ba = torch.randn(b, c, 2 * hv, device="cuda", generator=g) * 2
-    dt_bias = torch.randn(hv, device="cuda", generator=g)
-    rate = -torch.rand(hv, device="cuda", generator=g) * 2
+    x = _gdn_inputs(shape, sum(shape) + 1)
+    state, ids, mixed, ba, dt_bias, rate = (x[n] for n in ("state", "ids", "mixed", "ba", "dt_bias", "rate"))
+    g = torch.Generator(device="cuda").manual_seed(sum(shape) + 101)  # the gate and the norm's weight
     # the gate as the layer has it: a column slice of a wider projection (rows strided), and the norm's weight
     z = (torch.randn(b * c, hv * dv + 32, device="cuda", generator=g) * 2).to(torch.bfloat16)[:, 16 : 16 + hv * dv]
     weight = (torch.rand(dv, device="cuda", generator=g) + 0.5).to(torch.bfloat16)
@@ -308,10 +316,7 @@ def _conv_kernel(kernel: str, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     from ignis.kernels import conv_cuda, fused
 
     monkeypatch.setattr(fused, "CUDA_CONV", kernel == "cuda")
-    launched: list[int] = []
-    cuda_conv = conv_cuda.conv
-    monkeypatch.setattr(conv_cuda, "conv", lambda *a, **k: launched.append(1) or cuda_conv(*a, **k))
-    return launched
+    return _counted(monkeypatch, conv_cuda, "conv")
 
 
 @pytest.mark.parametrize("conv", ["numba", "cuda"])

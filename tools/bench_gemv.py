@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ignis.kernels.gemv_triton import Config, dense_gemv, fits, fp8_gemv, plan
+from ignis.model.ops import blas_library
 from ignis.quant.fp8 import quantize_fp8
 from tools.quant_products import C, SHAPES, graph_ms, weight_copies
 from tools.bench_round import copy_bandwidth
@@ -63,12 +64,8 @@ def launches(nout: int, ncols: int, sms: int, rows: int) -> list[Config]:
 def blas(form: str) -> Iterator[None]:
     """The BLAS setting a form is timed under: cuBLASLt preferred, TunableOp tuning each new shape, or torch's default."""
     if form == "bf16 cublaslt":
-        before = torch.backends.cuda.preferred_blas_library()
-        torch.backends.cuda.preferred_blas_library("cublaslt")
-        try:
+        with blas_library("cublaslt"):
             yield
-        finally:
-            torch.backends.cuda.preferred_blas_library(before)
     elif form == "bf16 tunableop":
         tunable = torch.cuda.tunable
         if hasattr(tunable, "write_file_on_exit"):  # gone from newer torch, which writes only when asked

@@ -100,8 +100,15 @@ def products_for(rows: int, device: torch.device) -> Iterator[None]:
     if device.type != "cuda" or rows < LT_MIN_ROWS:
         yield
         return
+    with blas_library("cublaslt"):
+        yield
+
+
+@contextmanager
+def blas_library(name: str) -> Iterator[None]:
+    """torch's preferred BLAS library set to `name` ("cublas", "cublaslt") inside the block, and put back after."""
     before = torch.backends.cuda.preferred_blas_library()
-    torch.backends.cuda.preferred_blas_library("cublaslt")
+    torch.backends.cuda.preferred_blas_library(name)
     try:
         yield
     finally:
