@@ -332,7 +332,8 @@ def test_fused_kernels_match_references_at_the_27b_shape(b: int, c: int, conv: s
     want = references(x, group=16)
     for name in want:
         close(got[name], want[name], name, bits=0.0 if name.startswith("attn") else 0.97)
-    assert len(launched) == (3 if conv == "cuda" else 0)  # a decode, a verify and seven columns
+    # the plain call and the recording one; the prefill piece of 21 columns is past the CUDA kernel's 8
+    assert len(launched) == (2 if conv == "cuda" else 0)
 
 
 @pytest.mark.parametrize("conv", ["numba", "cuda"])
