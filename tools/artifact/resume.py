@@ -29,8 +29,9 @@ STREAMS = "streams.npz"
 def settings(args: argparse.Namespace) -> dict[str, Any]:
     """The arguments a continuation must repeat, and the tokenizer's hash: anything else would change the run."""
     tok = hashlib.sha256(Path(args.tokenizer).read_bytes()).hexdigest()
-    keep = ("seq_len", "batch", "lr", "seed", "max_train_mb", "max_steps", "toy")
-    return {"tokenizer_sha256": tok, **{k: getattr(args, k) for k in keep}}
+    keep = ("seq_len", "batch", "lr", "seed", "max_train_mb", "max_steps", "toy", "warmup", "unloop", "unloop_lambda")
+    init = str(args.init) if args.init is not None else None
+    return {"tokenizer_sha256": tok, "init": init, **{k: getattr(args, k) for k in keep}}
 
 
 def data_settings(want: dict[str, Any]) -> dict[str, Any]:

@@ -30,7 +30,7 @@ import torch
 from tokenizers import Tokenizer
 from transformers import Qwen3_5ForCausalLM
 
-from tools.artifact import corpus, data, export, gdn_kernel, prompts, resume
+from tools.artifact import corpus, data, export, gdn_kernel, prompts, resume, unloop
 from tools.artifact.model import TARGET_SHAPE, TOY_SHAPE, MTPHead, losses, target_config
 
 MTP_WEIGHT = 0.3  # DeepSeek-V3's early-training weight; the MTP head is auxiliary, the target's loss comes first.
@@ -84,22 +84,29 @@ class Batches:
         return self.windows[idx]
 
 
-def lr_at(step: int, total: int, peak: float) -> float:
-    if step < WARMUP_STEPS:
-        return peak * (step + 1) / WARMUP_STEPS
-    progress = min(1.0, (step - WARMUP_STEPS) / max(1, total - WARMUP_STEPS))
+def lr_at(step: int, total: int, peak: float, warmup: int = WARMUP_STEPS) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return peak * (FINAL_LR_SHARE + (1 - FINAL_LR_SHARE) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 @torch.no_grad()
-def evaluate(net: Qwen3_5ForCausalLM, mtp: MTPHead, held: Batches, batches: int) -> dict[str, float]:
+def evaluate(net: Qwen3_5ForCausalLM, mtp: MTPHead, held: Batches, batches: int, newline: np.ndarray,
+             lam: float) -> dict[str, float]:
+    """Held-out losses and accuracies, and on the same windows made repetitive (`unloop.repeated`, a fixed seed):
+    the repetition penalty and the mean probability of a repeated line's later copies (`repeat_p`)."""
     net.eval()
     mtp.eval()
     sums: dict[str, float] = {}
+    gen = np.random.default_rng(0)
     for i in range(batches):
         seq = held.windows[i * held.batch : (i + 1) * held.batch]
         with torch.autocast(seq.device.type, dtype=torch.bfloat16):
             out = losses(net, mtp, seq)
+            rep_seq, start, length = unloop.repeated(seq, newline, gen)
+            rep = unloop.repetition_losses(unloop.forward_logits(net, rep_seq), rep_seq, start, length, lam)
+        out = {**out, "unloop": rep["unloop"], "repeat_p": rep["repeat_p"]}
         for k, v in out.items():
             sums[k] = sums.get(k, 0.0) + float(v) / batches
     net.train()
@@ -133,6 +140,26 @@ def fitting_batch(
         return batch
 
 
+def load_weights(net: Qwen3_5ForCausalLM, mtp: MTPHead, path: Path, log: Log) -> None:
+    """The target's and MTP head's weights from a checkpoint in the layout export.py writes (a tied head absent)."""
+    from safetensors.torch import load_file
+
+    found: dict[str, torch.Tensor] = {}
+    for shard in sorted(path.glob("*.safetensors")):
+        found.update(load_file(shard))
+    head = {k[len("mtp."):]: v for k, v in found.items() if k.startswith("mtp.")}
+    body = {k: v for k, v in found.items() if not k.startswith("mtp.")}
+    try:
+        missing, unexpected = net.load_state_dict(body, strict=False)
+        mtp.load_state_dict(head)
+    except RuntimeError as e:  # a tensor of another shape
+        raise SystemExit(f"{path} does not hold this model's weights: {e}") from e
+    if unexpected or set(missing) - {"lm_head.weight"}:
+        raise SystemExit(f"{path} does not hold this model's weights: missing {missing}, unexpected {unexpected}")
+    net.tie_weights()
+    log(f"weights from {path}: {len(found)} tensors")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -145,6 +172,13 @@ def main() -> None:
     parser.add_argument("--max-train-mb", type=float, default=250.0, help="cap on training text (bounds prep time)")
     parser.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: time decides)")
     parser.add_argument("--toy", action="store_true", help="tiny shape, stdlib only, a few files: a CPU smoke run")
+    parser.add_argument("--warmup", type=int, default=WARMUP_STEPS, help="steps of linear warmup")
+    parser.add_argument("--init", type=Path, default=None,
+                        help="start from this checkpoint's weights (a run's --out or the installed artifact)")
+    parser.add_argument("--unloop", type=float, default=0.0,
+                        help="share of each batch's rows made repetitive and trained against repeating (unloop.py)")
+    parser.add_argument("--unloop-lambda", type=float, default=0.5,
+                        help="a repeated line's token is asked to be this times as likely as in the copy before")
     args = parser.parse_args()
 
     t0 = time.monotonic()
@@ -224,7 +258,16 @@ def main() -> None:
 
     total = args.max_steps or 10**9  # refined from the measured step time once warm
     step, tokens, before, timed_from = 0, 0, 0.0, None
+    newline = unloop.newline_ids(tok)
+    rep_rows = round(args.batch * args.unloop)
+    rep_share = rep_rows / args.batch
+    rep_gen = np.random.default_rng(args.seed)
+    if rep_rows:
+        log(f"unloop: {rep_rows} of {args.batch} rows a step repeat a line, lambda {args.unloop_lambda}")
+    if state is None and args.init is not None:
+        load_weights(net, mtp, args.init, log)
     if state is not None:
+        rep_gen.bit_generator.state = state["unloop_gen"]
         net.load_state_dict(state["net"])
         mtp.load_state_dict(state["mtp"])
         opt.load_state_dict(state["opt"])
@@ -236,8 +279,8 @@ def main() -> None:
         export.save_config(config, args.out)
         resume.save_state(state_path, {
             "settings": want, "net": net.state_dict(), "mtp": mtp.state_dict(), "opt": opt.state_dict(),
-            "train": train.state_dict(), "batch": args.batch, "step": step, "tokens": tokens, "total": total,
-            "seconds": before + time.monotonic() - t0, "done": done})
+            "train": train.state_dict(), "unloop_gen": rep_gen.bit_generator.state, "batch": args.batch,
+            "step": step, "tokens": tokens, "total": total, "seconds": before + time.monotonic() - t0, "done": done})
         log(f"saved {tag}")
 
     # Ctrl-C ends the run at the next step's end, with everything saved; a second one stops it at once.
@@ -262,11 +305,17 @@ def main() -> None:
             log(f"{per_step * 1000:.0f} ms/step, {args.batch * args.seq_len / per_step / 1e3:.0f}k tok/s: "
                 f"{total} steps fit the budget")
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, total, args.lr)
+            group["lr"] = lr_at(step, total, args.lr, args.warmup)
         seq = train.next()
         with torch.autocast(device.type, dtype=torch.bfloat16):
-            out = losses(net, mtp, seq)
-        loss = out["loss"] + MTP_WEIGHT * out["mtp_loss"]
+            out = losses(net, mtp, seq[rep_rows:])
+            loss = out["loss"] + MTP_WEIGHT * out["mtp_loss"]
+            if rep_rows:
+                rep_seq, start, length = unloop.repeated(seq[:rep_rows], newline, rep_gen)
+                rep = unloop.repetition_losses(unloop.forward_logits(net, rep_seq), rep_seq, start, length,
+                                               args.unloop_lambda)
+                loss = (1 - rep_share) * loss + rep_share * (rep["loss"] + rep["unloop"])
+                out = {**out, "unloop": rep["unloop"], "repeat_p": rep["repeat_p"]}
         opt.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -277,7 +326,9 @@ def main() -> None:
             seen = {k: v.item() for k, v in out.items()}
             log(f"step {step}/{total if total < 10**9 else '?'} loss {seen['loss']:.4f} "
                 f"mtp {seen['mtp_loss']:.4f} acc {seen['acc']:.3f} mtp_acc {seen['mtp_acc']:.3f} "
-                f"gnorm {float(grad_norm):.2f} lr {lr_at(step, total, args.lr):.2e} tokens {tokens / 1e6:.1f}M")
+                f"gnorm {float(grad_norm):.2f} lr {lr_at(step, total, args.lr, args.warmup):.2e} "
+                f"tokens {tokens / 1e6:.1f}M"
+                + (f" unloop {seen['unloop']:.4f} repeat_p {seen['repeat_p']:.3f}" if rep_rows else ""))
         if time.monotonic() - last_save > SAVE_EVERY_S:
             save(f"checkpoint at step {step}")
             last_save = time.monotonic()
@@ -292,7 +343,7 @@ def main() -> None:
     if args.max_steps and step < total:
         save(f"at step {step} of {total}: the same command continues the run")
         return
-    result = evaluate(net, mtp, held, eval_batches) if eval_batches else {}
+    result = evaluate(net, mtp, held, eval_batches, newline, args.unloop_lambda) if eval_batches else {}
     save(f"final at step {step}", done=True)
     summary = {
         "steps": step, "tokens": tokens, "epochs": train.epochs + train.pos / train.order.numel(),
