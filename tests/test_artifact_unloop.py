@@ -45,6 +45,8 @@ def test_a_repetitive_window_keeps_its_prefix_then_repeats_one_whole_line() -> N
             assert line[-1] == NL and windows[r, s - 1] == NL and not (line[:-1] == NL).any()
         else:
             assert (s, m) == (unloop.MIN_PREFIX, unloop.MAX_LINE // 2)
+    with pytest.raises(ValueError, match="too short to repeat a line"):
+        unloop.repeated(windows[:, : unloop.MIN_PREFIX + unloop.MAX_LINE - 1], _newline(), gen)
 
 
 def test_the_repetition_penalty_follows_its_formula_and_holds_the_earlier_copy_fixed() -> None:
@@ -109,6 +111,10 @@ def test_a_fine_tune_starts_from_its_checkpoint_and_trains_against_repeating(
     log = (tuned / "train.log").read_text()
     assert "unloop: 2 of 4 rows a step repeat a line" in log and " repeat_p " in log
     assert any(not torch.equal(before[k], w) for k, w in _weights(tuned).items())
+
+    # every row repetitive would leave no ordinary rows to train on
+    with pytest.raises(SystemExit):
+        _run(tmp_path / "all", "--unloop", "1", "--max-steps", "1", monkeypatch=monkeypatch)
 
     # a checkpoint of another shape is refused before any step
     from safetensors.torch import save_file

@@ -180,6 +180,8 @@ def main() -> None:
     parser.add_argument("--unloop-lambda", type=float, default=0.5,
                         help="a repeated line's token is asked to be this times as likely as in the copy before")
     args = parser.parse_args()
+    if not 0.0 <= args.unloop < 1.0:
+        parser.error(f"--unloop is a share of each batch's rows, at least 0 and below 1; got {args.unloop}")
 
     t0 = time.monotonic()
     deadline = t0 + args.time_budget

@@ -8,7 +8,7 @@ penalty on every later copy). Does not own: the training loop that mixes these r
 
 Why: a small model decoding greedily falls into a cycle ("if len(sizes) == 0: return False" again and again) because
 each copy of a line makes the next copy more likely; the loss asks the probability of a token in copy n to be
-lambda times (at most) its probability at the same place in copy n - 1, whose value is held fixed:
+lambda times its probability at the same place in copy n - 1, whose value is held fixed:
     -log(1 - |p_n(x) - lambda * p_{n-1}(x)|).
 A line of code is the unit that repeats in the built-in model's loops, so lines are what these windows repeat.
 """
@@ -44,6 +44,8 @@ def repeated(
     line repeats its first MAX_LINE // 2 tokens after MIN_PREFIX."""
     host = windows.cpu().numpy()
     b, w = host.shape
+    if w < MIN_PREFIX + MAX_LINE:
+        raise ValueError(f"windows of {w} tokens are too short to repeat a line: at least {MIN_PREFIX + MAX_LINE}")
     seq = np.empty_like(host)
     starts = np.empty(b, dtype=np.int64)
     lengths = np.empty(b, dtype=np.int64)
