@@ -3,15 +3,15 @@ its formula, and train_target's fine-tune from a checkpoint (--init) with repeti
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
 
-from tools.artifact import train_target, unloop
+from tests.test_artifact_resume import run as _run
+from tests.test_artifact_resume import weights as _weights
+from tools.artifact import unloop
 
 NL = 9  # the newline token of the windows below
 
@@ -79,21 +79,6 @@ def test_the_repetition_penalty_follows_its_formula_and_holds_the_earlier_copy_f
     for r in range(b):
         s, m = int(start[r]), int(length[r])
         assert torch.all(grad[r, : s + m - 1] == 0) and grad[r, s + m - 1 :].abs().sum() > 0
-
-
-TOY = ["--toy", "--batch", "4", "--seq-len", "128", "--time-budget", "600"]
-
-
-def _run(out: Path, *extra: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys, "argv", ["train_target", "--out", str(out), *TOY, *extra])
-    train_target.main()
-
-
-def _weights(out: Path) -> dict[str, torch.Tensor]:
-    found: dict[str, torch.Tensor] = {}
-    for shard in sorted(out.glob("*.safetensors")):
-        found.update(load_file(shard))
-    return found
 
 
 def test_a_fine_tune_starts_from_its_checkpoint_and_trains_against_repeating(
