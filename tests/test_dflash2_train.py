@@ -21,7 +21,8 @@ from ignis.model.ops import RMSNorm
 from ignis.train.generate import Sequences
 from ignis.train.loop import Loop, Recipe
 from ignis.train.memory import micro_batch_for
-from ignis.train.recipe import Teacher, anchors_for, losses
+from ignis.engine.accept import accept_sampled
+from ignis.train.recipe import Teacher, _rejected, anchors_for, losses
 from ignis.train.taps import Tapper, tap_features
 from tiny import tiny_checkpoint, tiny_config
 
@@ -150,6 +151,44 @@ def test_distillation_off_leaves_the_hard_loss_and_its_gradients_exactly() -> No
         assert torch.equal(a, b)
 
 
+def test_the_total_variation_is_the_chance_the_verifier_rejects_a_draft_from_q() -> None:
+    """`_rejected(p, q)` = 1 - sum min(p, q) is what the engine's rejection sampling turns down, drawn from q."""
+    g = torch.Generator().manual_seed(11)
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0, 0.0])
+    q = torch.tensor([0.1, 0.4, 0.1, 0.0, 0.3, 0.1])
+    assert abs(float(_rejected(p, q)) - 0.5) < 1e-6  # 1 - (0.1 + 0.3 + 0.1)
+    n = 20000
+    drafts = torch.multinomial(q, n, replacement=True, generator=g).tolist()
+    rejected = sum(accept_sampled([d], torch.stack([p, p]), q[None], g).accepted == 0 for d in drafts)
+    assert abs(rejected / n - 0.5) < 0.015  # binomial spread 0.0035
+
+
+def test_total_variation_terms_join_the_loss_with_their_weight_alone() -> None:
+    taps, tokens, mask = _data()
+    anchors = anchors_for(mask, 8, torch.Generator().manual_seed(2))
+    last = torch.randn(3, SEQ, 64, generator=torch.Generator().manual_seed(6))
+    model, embed = _drafter()
+    norm = RMSNorm(64, 1e-6)
+    base = losses(model, embed, embed, taps, tokens, mask, anchors, GAMMA, teacher=Teacher(last, norm, 1.0))
+    assert base["tv_unary"] == 0 and 0 < base["tv_selector"] < 1  # reported, not trained
+    with_tv = losses(model, embed, embed, taps, tokens, mask, anchors, GAMMA, teacher=Teacher(last, norm, 1.0, 0.5))
+    assert 0 < with_tv["tv_unary"] < 1 and torch.equal(with_tv["tv_selector"], base["tv_selector"])
+    torch.testing.assert_close(with_tv["loss"], base["loss"] + 0.5 * (with_tv["tv_unary"] + with_tv["tv_selector"]),
+                               rtol=1e-6, atol=0)
+    assert any(not torch.equal(a, b) for a, b in zip(_grads(model, base), _grads(model, with_tv), strict=True))
+
+    def one_hot_on_labels() -> Teacher:  # p one-hot on each slot's label: 1 - sum min(p, q) = 1 - q(label)
+        onehot = torch.zeros(3, SEQ, 64)
+        onehot[:, : SEQ - 1] = embed[tokens[:, 1:]]
+        return Teacher(onehot, lambda h: 1000.0 * h, 0.0, 1.0)
+
+    with torch.no_grad():
+        got = losses(model, embed, embed, taps, tokens, mask, anchors, GAMMA, teacher=one_hot_on_labels())
+    # Per slot 1 - q(label) = 1 - exp(-ce), a concave function of ce: the weighted mean lies below it at the mean ce.
+    assert 0 < got["tv_unary"] <= 1 - torch.exp(-got["unary"]) + 1e-6
+    assert 0 < got["tv_selector"] <= 1 - torch.exp(-got["selector"]) + 1e-6
+
+
 def test_the_teacher_of_slot_k_is_the_targets_distribution_after_position_a_plus_k_minus_1() -> None:
     """A teacher one-hot on each position's next token makes every soft term its hard twin; one row later it is not."""
     taps, tokens, mask = _data()
@@ -182,8 +221,8 @@ def _sequences(seed: int = 4) -> Sequences:
     return Sequences(tokens, starts, torch.tensor(prompts).numpy(), torch.ones(len(lengths), dtype=torch.bool).numpy())
 
 
-@pytest.mark.parametrize("distill", [0.0, 0.5])
-def test_micro_batches_give_the_step_of_the_whole_batch(distill: float) -> None:
+@pytest.mark.parametrize(("distill", "tv"), [(0.0, 0.0), (0.5, 0.0), (0.0, 0.5)])
+def test_micro_batches_give_the_step_of_the_whole_batch(distill: float, tv: float) -> None:
     data = _sequences()
     gen = torch.Generator().manual_seed(5)
     taps, last = torch.randn(6, 40, 2 * 64, generator=gen), torch.randn(6, 40, 64, generator=gen)
@@ -197,7 +236,7 @@ def test_micro_batches_give_the_step_of_the_whole_batch(distill: float) -> None:
     grads = []
     for micro in (6, 4, 1):
         model, embed = _drafter(seed=3)
-        loop = Loop(model, embed, embed, features, data, list(range(6)), Recipe(6, 4, 1e-3, 1, GAMMA, 7, distill),
+        loop = Loop(model, embed, embed, features, data, list(range(6)), Recipe(6, 4, 1e-3, 1, GAMMA, 7, distill, tv),
                     torch.device("cpu"), final_norm)
         loop.micro = micro
         loop.step(0.0)  # the generator moves on as for the whole batch, whatever the split
@@ -207,9 +246,11 @@ def test_micro_batches_give_the_step_of_the_whole_batch(distill: float) -> None:
     for g, seen in grads[1:]:
         torch.testing.assert_close(g, grads[0][0], rtol=1e-4, atol=1e-7)
         assert seen["blocks"] == grads[0][1]["blocks"] and seen["blocks"] > 0
-        for key in ("loss", "soft_unary", "soft_selector"):
+        for key in ("loss", "soft_unary", "soft_selector", "tv_unary", "tv_selector"):
             assert abs(seen[key] - grads[0][1][key]) < 1e-5, key
-    assert (grads[0][1]["soft_unary"] > 0) == (distill > 0)
+    seen = grads[0][1]  # any teacher reports the soft terms and the selector's total variation; tv_unary costs more
+    assert (seen["soft_unary"] > 0) == (seen["tv_selector"] > 0) == (distill > 0 or tv > 0)
+    assert (seen["tv_unary"] > 0) == (tv > 0)
 
 
 def test_micro_batch_fits_what_is_left() -> None:

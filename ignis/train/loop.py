@@ -53,6 +53,12 @@ class Recipe:
     gamma: float
     seed: int
     distill: float = 0.0  # weight of the soft (distillation) terms; 0: hard labels only
+    distill_tv: float = 0.0  # weight of the total-variation terms (recipe.Teacher.tv)
+
+    @property
+    def teacher(self) -> bool:
+        """Whether a step needs the target's own distribution."""
+        return self.distill > 0 or self.distill_tv > 0
 
     def lr_at(self, step: int, progress: float) -> float:
         return self.lr * min(1.0, (step + 1) / self.warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
@@ -72,7 +78,7 @@ class Loop:
         self.drafter = drafter
         self.embed = embed  # [V, H] the target's input embedding
         self.head = head  # [V, H] the target's output head
-        self.final_norm = final_norm  # the target's final norm: the teacher's, when recipe.distill > 0
+        self.final_norm = final_norm  # the target's final norm: the teacher's, when recipe.teacher
         self.features = features
         self.data = data
         self.rows = torch.tensor(rows, dtype=torch.long)  # training sequences
@@ -125,10 +131,10 @@ class Loop:
         tokens, mask = tokens[:, :seq].to(self.device), mask[:, :seq].to(self.device)
         taps, last = self.features(picks, tokens, lengths)
         teacher = None
-        if self.recipe.distill > 0:
+        if self.recipe.teacher:
             if last is None or self.final_norm is None:
                 raise ValueError("distillation needs the target's last layer among the features and its final norm")
-            teacher = Teacher(last, self.final_norm, self.recipe.distill)
+            teacher = Teacher(last, self.final_norm, self.recipe.distill, self.recipe.distill_tv)
         cuda = self.device.type == "cuda"
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cuda):
             out = losses(self.drafter, self.embed, self.head, taps, tokens, mask, anchors.to(self.device),
@@ -151,6 +157,9 @@ class Loop:
                 if c.step <= 3 or c.step % 100 == 0:
                     soft = (f" soft_unary {seen['soft_unary']:.4f} soft_selector {seen['soft_selector']:.4f}"
                             if self.recipe.distill else "")
+                    if self.recipe.teacher:
+                        soft += (f" tv_unary {seen['tv_unary']:.4f}" if self.recipe.distill_tv else "") + \
+                            f" tv_selector {seen['tv_selector']:.4f}"
                     log(f"step {c.step} loss {seen['loss']:.4f} unary {seen['unary']:.4f} selector "
                         f"{seen['selector']:.4f}{soft} tau {seen['tau']:.2f} gnorm {seen['gnorm']:.2f} "
                         f"lr {seen['lr']:.2e}")

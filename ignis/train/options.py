@@ -48,6 +48,7 @@ class Options:
     lr: float = 8e-4
     warmup: int = 100
     distill: float = 1.0  # weight of the soft terms against the target's distribution; 0: hard labels only
+    distill_tv: float = 0.0  # weight of the total-variation terms against it (ignis.train.recipe)
     seed: int = 0
     steps: int = 0
     train_tokens: int = 0
@@ -108,6 +109,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--distill", type=float, default=1.0, metavar="W",
                    help="weight of the distillation terms, cross-entropies against the target's own next-token "
                         "distribution beside the hard labels' (default 1.0; 0: hard labels only)")
+    r.add_argument("--distill-tv", type=float, default=0.0, metavar="W",
+                   help="weight of the total-variation terms, 1 - sum min(p, q) against the target's distribution p: "
+                        "the chance a sampled draft is rejected (default 0: reported for the selector, not trained)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--checkpoint-every", type=float, default=300.0, help="seconds of training between checkpoints")
     r.add_argument("--tap-cache", choices=("auto", "on", "off"), default="auto",
@@ -123,7 +127,7 @@ def from_args(args: argparse.Namespace) -> Options:
         intermediate_size=args.intermediate_size, taps=_ids(args.taps), block_size=args.block_size,
         sliding_window=args.sliding_window, selector_rank=args.selector_rank, selector_top_k=args.selector_top_k,
         mask_token_id=args.mask_token_id, init=args.init, shortlist=args.shortlist, batch=args.batch, anchors=args.anchors,
-        lr=args.lr, warmup=args.warmup, distill=args.distill, seed=args.seed, steps=args.steps,
+        lr=args.lr, warmup=args.warmup, distill=args.distill, distill_tv=args.distill_tv, seed=args.seed, steps=args.steps,
         train_tokens=parse_count(args.train_tokens, "--train-tokens"),
         time_budget=parse_seconds(args.time_budget, "--time-budget"), gen_share=args.gen_share,
         checkpoint_every=args.checkpoint_every, tap_cache=args.tap_cache, restart=args.restart,
@@ -154,6 +158,8 @@ def check(o: Options) -> None:
         raise InputError("--lr", f"must be positive, got {o.lr}")
     if not 0.0 <= o.distill < float("inf"):
         raise InputError("--distill", f"must be 0 (off) or a positive weight, got {o.distill}")
+    if not 0.0 <= o.distill_tv < float("inf"):
+        raise InputError("--distill-tv", f"must be 0 (off) or a positive weight, got {o.distill_tv}")
     if not 0.0 < o.gen_share < 1.0:
         raise InputError("--gen-share", f"must be between 0 and 1, got {o.gen_share}")
     if not (o.steps or o.train_tokens or o.time_budget):

@@ -14,7 +14,10 @@ put in place of the K-th candidate when it is missing.
 Distillation: sampled lanes verify by rejection sampling, which accepts a draft from q with probability
 sum_x min(p(x), q(x)); the hard labels are only samples of the target's p. So each hard term gets a soft twin, the
 cross-entropy against p itself (temperature 1), which the target's last decoder layer gives for the price of the
-output head on the label rows: slot k's label x_{a+k} was drawn from p at position a+k-1.
+output head on the label rows: slot k's label x_{a+k} was drawn from p at position a+k-1. The cross-entropy is a
+proxy for that acceptance; the total variation 1 - sum_x min(p(x), q(x)) is its complement itself (DistillSpec, Zhou
+et al. 2023, found it the better objective for sampled drafts), so it can be trained too (`Teacher.tv`), and the
+selector's is always reported: the chance a sampled draft at temperature 1 is rejected, teacher-forced.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ class Teacher:
     last: torch.Tensor  # [b, S, H] model dtype: the last decoder layer's outputs (a tap: before the final norm)
     final_norm: Callable[[torch.Tensor], torch.Tensor]  # the target's own final RMSNorm, as it serves
     weight: float  # of each soft term beside its hard one (--distill)
+    tv: float = 0.0  # of each total-variation term (--distill-tv); 0: the selector's is reported, not trained
 
     def probs(
         self,
@@ -95,13 +99,16 @@ def losses(
     norm: torch.Tensor | None = None,  # [] the slot-weight sum to divide by; None: these blocks' own
     teacher: Teacher | None = None,  # None: hard labels only
 ) -> dict[str, torch.Tensor]:
-    """The losses ("loss", "unary", "selector", "soft_unary", "soft_selector") and teacher-forced counts
-    ("accepted_unary", "accepted_selector", "blocks": blocks whose every slot has a label); 1 + accepted / blocks is
-    tokens a round on greedy data.
+    """The losses ("loss", "unary", "selector", "soft_unary", "soft_selector", "tv_unary", "tv_selector") and
+    teacher-forced counts ("accepted_unary", "accepted_selector", "blocks": blocks whose every slot has a label);
+    1 + accepted / blocks is tokens a round on greedy data.
 
-    loss = unary + w * soft_unary + SELECTOR_WEIGHT * (selector + w * soft_selector), w = teacher.weight: the hard
-    terms are cross-entropies against the labels, the soft ones against the teacher's p (the selector's over its K
-    candidates, p not renormalized: mass outside them carries no gradient); without a teacher the soft terms are 0.
+    loss = unary + w * soft_unary + SELECTOR_WEIGHT * (selector + w * soft_selector)
+           + t * (tv_unary + SELECTOR_WEIGHT * tv_selector), w = teacher.weight, t = teacher.tv: the hard terms are
+    cross-entropies against the labels, the soft ones against the teacher's p (the selector's over its K candidates,
+    p not renormalized: mass outside them carries no gradient), the tv ones 1 - sum min(p, q) with q the unary softmax
+    or the selector's softmax over its candidates (p's mass outside them counts as rejected). Without a teacher the
+    soft and tv terms are 0; tv_unary, a vocabulary-sized product, is computed only when t > 0.
     Each is a slot-weighted sum divided by `norm`: a step split into micro-batches passes the whole batch's
     `slot_weights(...).sum()`, so the parts' losses and gradients add up to the whole's exactly."""
     cfg = model.config
@@ -131,6 +138,8 @@ def losses(
     # Slot k's label x_{a+k} is what the target drew from its distribution after position a+k-1.
     p = None if teacher is None else teacher.probs(head, owner, q_pos[:, :-1].clamp(max=seq - 1))  # [n, k, V]
     out["soft_unary"] = zero if p is None else _weighted(-(p * logp).sum(-1), weight, norm)
+    tv = 0.0 if teacher is None else teacher.tv
+    out["tv_unary"] = zero if p is None or tv == 0 else _weighted(_rejected(p, logp.exp()), weight, norm)
     unary_pick = logits.argmax(-1)
     if model.candidate_selector is not None:
         sel = model.candidate_selector
@@ -145,19 +154,27 @@ def losses(
         slogp = scores.log_softmax(-1)  # [n, k, K]
         out["selector"] = _weighted(-slogp.gather(-1, target[..., None])[..., 0], weight, norm)
         out["soft_selector"] = zero if p is None else _weighted(-(p.gather(-1, cand) * slogp).sum(-1), weight, norm)
+        out["tv_selector"] = zero if p is None else _weighted(_rejected(p.gather(-1, cand), slogp.exp()), weight, norm)
         chosen = cand.gather(-1, scores.argmax(-1, keepdim=True))[..., 0]
     else:
-        out["selector"] = out["soft_selector"] = zero
+        out["selector"] = out["soft_selector"] = out["tv_selector"] = zero
         chosen = unary_pick
     out["loss"] = out["unary"] + SELECTOR_WEIGHT * out["selector"]
     if teacher is not None:
         out["loss"] = out["loss"] + teacher.weight * (out["soft_unary"] + SELECTOR_WEIGHT * out["soft_selector"])
+        if tv:
+            out["loss"] = out["loss"] + tv * (out["tv_unary"] + SELECTOR_WEIGHT * out["tv_selector"])
     full = valid.all(-1)  # blocks whose every slot has a label: their accepted length is defined
     for name, pick in (("unary", unary_pick), ("selector", chosen)):
         run = torch.cumprod((pick == labels).int(), dim=1).sum(-1)
         out[f"accepted_{name}"] = (run * full).sum().float()
     out["blocks"] = full.sum().float()
     return out
+
+
+def _rejected(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """[..., V] -> [...]: 1 - sum min(p, q), the chance rejection sampling turns down a draft drawn from q."""
+    return 1.0 - torch.minimum(p, q).sum(-1)
 
 
 def _weighted(per_slot: torch.Tensor, weight: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
