@@ -55,9 +55,15 @@ def timed(row: dict[str, Any], calls: list[Callable[[], object]], reps: int, nby
 def recurrence_case(kind: str, b: int, bw: float, reps: int, once: bool) -> dict[str, Any]:
     """A decode (kind "decode": 1 column, state written) or a verify (8 columns, recorded) of one layer."""
     c, write = (1, True) if kind == "decode" else (8, False)
+    return columns_case(kind, b, c, write, not write, bw, reps, once)
+
+
+def columns_case(kind: str, b: int, c: int, write: bool, recorded: bool, bw: float, reps: int,
+                 once: bool) -> dict[str, Any]:
+    """One layer's recurrence over c columns of b lanes, the state written or not, each column recorded or not."""
     dev = torch.device("cuda")
     state = torch.randn(POOL, HV, DK, DV, device=dev) * 0.1
-    record = None if write else torch.zeros(POOL, c, HV, gdn.record_width(DK, DV), device=dev)
+    record = torch.zeros(POOL, c, HV, gdn.record_width(DK, DV), device=dev) if recorded else None
     x = inputs(b, c, seed=b * 10 + c)
     sets = [torch.arange(i * b, (i + 1) * b, device=dev) for i in range(POOL // b)]
     calls = [lambda lanes=lanes: gdn.columns(state, lanes, x["mixed"], x["ba"], x["dt_bias"], x["rate"], record,
@@ -75,27 +81,46 @@ def recurrence_case(kind: str, b: int, bw: float, reps: int, once: bool) -> dict
     return timed({"case": kind, "lanes": b, "cols": c}, calls, reps, nbytes, bw)
 
 
-def replay_case(b: int, bw: float, reps: int, once: bool) -> dict[str, Any]:
-    """The commit of every layer's kept columns (all 8 of them: the most a round keeps) in one launch."""
+def replay_case(b: int, bw: float, reps: int, once: bool, kept: int = 8) -> dict[str, Any]:
+    """The commit of every layer's kept columns (by default all 8 of them: the most a round keeps) in one launch."""
     dev = torch.device("cuda")
     lanes_pool = 16  # 48 layers x 16 lanes of state: 2.4 GB
     state = torch.randn(LAYERS, lanes_pool, HV, DK, DV, device=dev) * 0.1
     record = torch.randn(LAYERS, lanes_pool, 8, HV, gdn.record_width(DK, DV), device=dev) * 0.1
     record[..., DK + DV] = -0.1  # g: a mild decay
-    last = torch.full((b,), 7, dtype=torch.int64, device=dev)
+    last = torch.full((b,), kept - 1, dtype=torch.int64, device=dev)
     sets = [torch.arange(i * b, (i + 1) * b, device=dev) for i in range(lanes_pool // b)]
     calls = [lambda lanes=lanes: gdn.replay(state, lanes, record, last) for lanes in sets]
     if once:
         calls[0]()
         torch.cuda.synchronize()
-        return {"case": "replay", "lanes": b, "cols": 8}
-    nbytes = LAYERS * b * (2 * HV * DK * DV * 4 + 8 * HV * record.shape[-1] * 4)
-    return timed({"case": "replay", "lanes": b, "cols": 8}, calls, reps, nbytes, bw)
+        return {"case": "replay", "lanes": b, "cols": kept}
+    nbytes = LAYERS * b * (2 * HV * DK * DV * 4 + kept * HV * record.shape[-1] * 4)
+    return timed({"case": "replay", "lanes": b, "cols": kept}, calls, reps, nbytes, bw)
+
+
+def defer_cases(b: int, kept: int, bw: float, reps: int) -> list[dict[str, Any]]:
+    """What deferring the commit's replay into the next round's recurrence could save a round, bounded by kernels that
+    exist: the next verify would apply `kept` recorded columns (decay and update only) before its own 8, and write
+    the state. At most it costs a verify of 8 + kept columns with the state written (`upper`: every pending column a
+    whole column), at least one of 8 with the state written (`lower`: pending columns free); today's cost is the
+    verify of 8 plus the 48-layer replay's share of a layer."""
+    verify = columns_case("verify", b, 8, False, True, bw, reps, False)
+    replay = replay_case(b, bw, reps, False, kept)
+    upper = columns_case("defer-upper", b, 8 + kept, True, True, bw, reps, False)
+    lower = columns_case("defer-lower", b, 8, True, True, bw, reps, False)
+    now = verify["us"] + replay["us"] / LAYERS
+    bounds = {"case": "defer-saving", "lanes": b, "cols": kept,
+              "saving_ms_round_min": LAYERS * (now - upper["us"]) / 1e3,
+              "saving_ms_round_max": LAYERS * (now - lower["us"]) / 1e3}
+    return [verify, replay, upper, lower, bounds]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.bench_gdn")
-    ap.add_argument("--cases", default="decode,verify,replay", help="comma list of decode, verify, replay")
+    ap.add_argument("--cases", default="decode,verify,replay",
+                    help="comma list of decode, verify, replay, defer (bounds on deferring the replay; numba only)")
+    ap.add_argument("--kept", type=int, default=5, help="columns a round keeps, for the defer case")
     ap.add_argument("--lanes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--once", action="store_true", help="each case once after a warm-up (for a profiler)")
@@ -115,8 +140,13 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append({**recurrence_case(kind, b, bw, args.reps, args.once), "kernel": kernel})
             if "replay" in cases and kernel == args.kernels.split(",")[0]:
                 rows.append({**replay_case(b, bw, args.reps, args.once), "kernel": "numba"})
+            if "defer" in cases and kernel == "numba" and not args.once:
+                rows += [{**r, "kernel": "numba"} for r in defer_cases(b, args.kept, bw, args.reps)]
     for r in rows:
-        if "us" in r:
+        if r["case"] == "defer-saving":
+            print(f"numba defer   {r['lanes']}x{r['cols']}  a round would save {r['saving_ms_round_min']:.3f} to "
+                  f"{r['saving_ms_round_max']:.3f} ms", flush=True)
+        elif "us" in r:
             print(f"{r['kernel']:5s} {r['case']:7s} {r['lanes']}x{r['cols']}  "
                   f"{r['us']:8.1f} µs  floor {r['floor_us']:7.1f} µs  x{r['x_floor']:5.2f}", flush=True)
     if args.out:
