@@ -20,8 +20,10 @@ rounding (`fp8_linear_reference`, the CPU's, rounds each dequantized weight to x
 BLOCK_K and the split come from the weight's shape alone, and row tiles are 16 rows on mma.sync, so a row's result
 does not depend on how many rows share the call. A launch of wider row tiles (`Config.block_m`: 32 or 64, for a
 verify's 64 rows, where 16-row tiles read each weight tile four times) is for benchmarks to weigh: its sums are
-ordered differently, so its rows do depend on the batch. Importing this module imports triton; its callers import it
-only when a product takes this path. Without a GPU, TRITON_INTERPRET=1 runs the kernel on CPU tensors.
+ordered differently, so its rows do depend on the batch. With ignis.kernels.launch.PDL on a Hopper GPU a launch may
+start while the kernel before it finishes: it loads its first weight tile, waits for that kernel, then reads x, and
+lets the next kernel launch before its epilogue (the sums are the same). Importing this module imports triton; its
+callers import it only when a product takes this path. Without a GPU, TRITON_INTERPRET=1 runs the kernel on CPU tensors.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ignis.kernels.launch import SPLIT_COUNTERS, sm_count, split_counters
+from ignis.kernels.launch import SPLIT_COUNTERS, pdl, sm_count, split_counters
 from ignis.kernels.split_k_triton import store_split
 
 BLOCK_M = 16  # rows a program by default: mma.sync's tile (a 64-row wgmma tile adds a product's terms differently)
@@ -87,7 +89,7 @@ def _gemv_kernel(
     out_ptr, ws_ptr, cnt_ptr,  # [M, N] x's dtype; [SPLIT_K, M, N] fp32; split counters int32
     M, N, stride_xm, stride_wn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STEPS: tl.constexpr,
-    SPLIT_K: tl.constexpr, SCALED: tl.constexpr, PRECISION: tl.constexpr,
+    SPLIT_K: tl.constexpr, SCALED: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)  # fastest: the row tiles of one output tile run together and share its codes in L2
     pid_n = tl.program_id(1)
@@ -101,12 +103,29 @@ def _gemv_kernel(
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + cols[None, :]
     xdt = x_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for _ in range(STEPS):
-        x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)  # [BLOCK_M, BLOCK_K]
-        w = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0)  # [BLOCK_N, BLOCK_K] e4m3 or x's dtype
+    if PDL:
+        # Launched ahead of the kernel before it (launch.PDL): the weight is not that kernel's output, so the first
+        # step's tile loads while it finishes; x only after the wait. The same steps in the same order as below.
+        w = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0)
+        tl.extra.cuda.gdc_wait()
+        x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
         acc = tl.dot(x, tl.trans(w.to(xdt)), acc, input_precision=PRECISION)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+        for _ in range(STEPS - 1):
+            x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
+            w = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0)
+            acc = tl.dot(x, tl.trans(w.to(xdt)), acc, input_precision=PRECISION)
+            x_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+        tl.extra.cuda.gdc_launch_dependents()  # the next kernel may launch; it waits for these stores to read them
+    else:
+        for _ in range(STEPS):
+            x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)  # [BLOCK_M, BLOCK_K]
+            w = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0)  # [BLOCK_N, BLOCK_K] e4m3 or x's dtype
+            acc = tl.dot(x, tl.trans(w.to(xdt)), acc, input_precision=PRECISION)
+            x_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
     if SCALED:
         acc = acc * tl.load(s_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
     offs = offs_m[:, None] * N + offs_n[None, :]
@@ -168,10 +187,11 @@ def _gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, con
         counters = split_counters(x.device)
     else:
         ws = counters = out  # not read: the unsplit variant has no workspace
+    early = {"PDL": True, "launch_pdl": True} if pdl(x.device) else {}
     _gemv_kernel[grid](
         rows, weight, weight if scale is None else scale, out, ws, counters, nrows, nout, rows.stride(0),
         weight.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STEPS=steps // cfg.split_k,
         SPLIT_K=cfg.split_k, SCALED=scale is not None, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=cfg.warps, num_stages=cfg.stages,
+        num_warps=cfg.warps, num_stages=cfg.stages, **early,
     )
     return out.reshape(*lead, nout)

@@ -4,7 +4,8 @@ Owns: `launch`, which every numba kernel module of ignis.kernels uses: bf16 tens
 exports no bf16 to numba; the kernels widen the bits), and the launch goes to the stream torch is on, read at every
 call, so a CUDA graph being captured records it. `triton_installed` and `nvrtc_installed`, which the paths that
 prefer a Triton or a CUDA C++ kernel (attention, the int4 product) ask. `split_counters` and `sm_count`, which the
-int4 kernels that meet their input splits through counters share. Importing this module imports neither numba,
+int4 kernels that meet their input splits through counters share. `PDL` and `pdl`, the switch of programmatic
+dependent launch for the Triton kernels that take it. Importing this module imports neither numba,
 triton nor CUDA.
 """
 
@@ -48,6 +49,20 @@ def nvrtc_installed() -> bool:
         return importlib.util.find_spec("cuda.bindings") is not None
     except ModuleNotFoundError:  # no `cuda` namespace at all
         return False
+
+
+# Programmatic dependent launch (Hopper and later): the Triton kernels that support it (ignis.kernels.gemv_triton,
+# norm_triton, swiglu_triton) launch so that they may start before the kernel ahead of them on the stream has finished,
+# and wait for it (griddepcontrol.wait) before they read what it wrote; the weight-streaming product loads its first
+# weight tile before that wait. A kernel launched so always waits before it ends, so the order of every kernel's
+# writes on the stream is kept. Off by default until a GPU run shows it pays (tools.bench_round --pdl).
+PDL = False
+
+
+def pdl(device: torch.device) -> bool:
+    """Whether kernels on `device` launch with programmatic dependent launch: PDL on, a CUDA device of compute
+    capability 9.0 or later (never the CPU's Triton interpreter)."""
+    return PDL and device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
 SPLIT_COUNTERS = 1 << 14  # counters a device holds for kernels whose input splits meet through them

@@ -10,6 +10,9 @@ scale are loaded together (three independent loads, one latency) as 16-byte vect
 over the program's warps, and the stores follow: one latency each way. The numba kernel it replaces read the scale
 only after its reduction, which serialised a third latency, and summed 32 warps' partials in every thread.
 
+With ignis.kernels.launch.PDL on a Hopper GPU it launches programmatic-dependent: the scale loads while the kernel
+before finishes, x and d after it.
+
 Arithmetic is the reference's, op for op: x + d in fp32 rounded to the model dtype (torch's bf16 add), the mean of
 squares of that in fp32, then value * (1 / sqrt(mean + eps)) * scale rounded once. Only the order of the fp32 sum of
 squares differs (a tree here), so results match the reference within one rounding of the output; a row's result
@@ -25,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ignis.kernels.launch import pdl
+
 MAX_WIDTH = 65536  # the widest row one program holds (a Qwen3.5 hidden size is at most a few thousand)
 
 
@@ -32,13 +37,18 @@ MAX_WIDTH = 65536  # the widest row one program holds (a Qwen3.5 hidden size is 
 def _add_rms_norm(
     x_ptr, d_ptr, scale_ptr, resid_ptr, normed_ptr,  # x, d, resid, normed [T, n] model dtype; scale [n]
     n, eps,
-    ADD: tl.constexpr, ROUND_FIRST: tl.constexpr, BLOCK: tl.constexpr,
+    ADD: tl.constexpr, ROUND_FIRST: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n
-    v = tl.load(x_ptr + row * n + offs, mask=mask, other=0.0).to(tl.float32)
-    scale = tl.load(scale_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if PDL:  # launched ahead of the kernel before (launch.PDL): the scale (a weight) now, x and d once it has finished
+        scale = tl.load(scale_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.extra.cuda.gdc_wait()
+        v = tl.load(x_ptr + row * n + offs, mask=mask, other=0.0).to(tl.float32)
+    else:
+        v = tl.load(x_ptr + row * n + offs, mask=mask, other=0.0).to(tl.float32)
+        scale = tl.load(scale_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if ADD:
         d = tl.load(d_ptr + row * n + offs, mask=mask, other=0.0).to(tl.float32)
         r = (v + d).to(resid_ptr.dtype.element_ty)  # the residual in the model dtype, as torch's add rounds it
@@ -77,6 +87,7 @@ def add_rms_norm(
     resid = x if d is None else torch.empty_like(x)
     normed = torch.empty_like(x)
     if t:
+        early = {"PDL": True, "launch_pdl": True} if pdl(x.device) else {}
         _add_rms_norm[(t,)](x, x if d is None else d, scale, resid, normed, n, float(eps), ADD=d is not None,
-                            ROUND_FIRST=round_first, BLOCK=triton.next_power_of_2(n), num_warps=warps(n))
+                            ROUND_FIRST=round_first, BLOCK=triton.next_power_of_2(n), num_warps=warps(n), **early)
     return resid, normed

@@ -7,7 +7,8 @@ replaces where Triton is installed (ignis.kernels.fused_kernel), or when it runs
 Why: a verify round's MLP rows are a few thousand values wide and up to 64 deep; the numba kernel moves one value a
 thread, so a launch is many small loads in flight per byte. Here a program moves BLOCK values of a row as 16-byte
 vectors. Arithmetic is the reference's: silu of the gate in fp32 rounded to the model dtype (torch's silu on a bf16
-tensor), then its product with up rounded.
+tensor), then its product with up rounded. With ignis.kernels.launch.PDL on a Hopper GPU it launches programmatic-
+dependent and lets the next kernel launch at once (ignis.kernels.gemv_triton loads its weight meanwhile).
 
 Importing this module imports triton. Without a GPU, TRITON_INTERPRET=1 runs the kernel in Triton's interpreter on CPU
 tensors.
@@ -19,12 +20,17 @@ import torch
 import triton
 import triton.language as tl
 
+from ignis.kernels.launch import pdl
+
 BLOCK = 1024  # values of a row a program: 8 a thread over 4 warps (16-byte bf16 vectors)
 
 
 @triton.jit
-def _swiglu(gu, y, inner, BLOCK: tl.constexpr):
+def _swiglu(gu, y, inner, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     # gu [T, 2 inner] model dtype contiguous: gate | up; y [T, inner] model dtype contiguous
+    if PDL:  # the next kernel (the down projection, streaming its weight) may launch now; gu only after the wait
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     part, row = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i = part * BLOCK + tl.arange(0, BLOCK)
     ok = i < inner
@@ -43,5 +49,6 @@ def swiglu(gu: torch.Tensor) -> torch.Tensor:
     inner = width // 2
     y = torch.empty((t, inner), dtype=gu.dtype, device=gu.device)
     if t and inner:
-        _swiglu[(triton.cdiv(inner, BLOCK), t)](gu, y, inner, BLOCK=BLOCK, num_warps=4)
+        early = {"PDL": True, "launch_pdl": True} if pdl(gu.device) else {}
+        _swiglu[(triton.cdiv(inner, BLOCK), t)](gu, y, inner, BLOCK=BLOCK, num_warps=4, **early)
     return y

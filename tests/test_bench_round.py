@@ -32,20 +32,23 @@ def test_a_random_shortlist_holds_the_heads_rows_of_distinct_sorted_ids(tmp_path
 
 
 def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ignis.kernels import fused, gdn
+    from ignis.kernels import fused, gdn, launch
     from ignis.model import ops
     from tools import bench_round
 
-    args = argparse.Namespace(conv_blocks="256,1024", blas="cublas", stream="off,on", gdn="numba,cuda", conv="cuda")
+    args = argparse.Namespace(conv_blocks="256,1024", blas="cublas", stream="off,on", gdn="numba,cuda", conv="cuda",
+                              pdl="off,on")
     variants = bench_round.combinations(args)
-    assert len(variants) == 8 and len({tuple(v.values()) for v in variants}) == 8
-    assert variants[0] == {"conv_blocks": "256", "blas": "cublas", "stream": "off", "gdn": "numba", "conv": "cuda"}
+    assert len(variants) == 16 and len({tuple(v.values()) for v in variants}) == 16
+    assert variants[0] == {"conv_blocks": "256", "blas": "cublas", "stream": "off", "gdn": "numba", "conv": "cuda",
+                           "pdl": "off"}
     libraries: list[str] = []
     monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", libraries.append)
     for name in ("CONV_BLOCKS", "CUDA_CONV"):
         monkeypatch.setattr(fused, name, getattr(fused, name))
     monkeypatch.setattr(gdn, "CUDA_COLUMNS", gdn.CUDA_COLUMNS)
     monkeypatch.setattr(ops, "STREAMING", ops.STREAMING)
+    monkeypatch.setattr(launch, "PDL", launch.PDL)
     bench_round.apply_variant(variants[-1])
-    assert (fused.CONV_BLOCKS, libraries, ops.STREAMING, gdn.CUDA_COLUMNS, fused.CUDA_CONV) == (
-        1024, ["cublas"], True, True, True)
+    assert (fused.CONV_BLOCKS, libraries, ops.STREAMING, gdn.CUDA_COLUMNS, fused.CUDA_CONV, launch.PDL) == (
+        1024, ["cublas"], True, True, True, True)

@@ -109,7 +109,7 @@ for nout, ncols in ((34816, 5120), (5120, 17408)):
     types = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "out_ptr": "*bf16", "ws_ptr": "*fp32",
              "cnt_ptr": "*i32"}
     consts = {"BLOCK_M": 16, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k, "STEPS": ncols // c.block_k // c.split_k,
-              "SPLIT_K": c.split_k, "SCALED": True, "PRECISION": "tf32"}
+              "SPLIT_K": c.split_k, "SCALED": True, "PRECISION": "tf32", "PDL": False}
     kernel = build(_gemv_kernel, types, consts, ("stride_xm", "stride_wn"), c.warps, c.stages)
     ptx = kernel.asm["ptx"]
     assert ".target sm_90a" in ptx and "mma.sync" in ptx and spills(kernel) == 0, (nout, ncols)
@@ -119,12 +119,24 @@ for nout, ncols in ((34816, 5120), (5120, 17408)):
 c = plan(5120, 6144, 132, block_m=64)
 types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "s_ptr": "*bf16", "out_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
 consts = {"BLOCK_M": 64, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k, "STEPS": 6144 // c.block_k // c.split_k,
-          "SPLIT_K": c.split_k, "SCALED": False, "PRECISION": "tf32"}
+          "SPLIT_K": c.split_k, "SCALED": False, "PRECISION": "tf32", "PDL": False}
 kernel = build(_gemv_kernel, types, consts, ("stride_xm", "stride_wn"), c.warps, c.stages)
 assert "mma" in kernel.asm["ptx"] and spills(kernel) == 0
 print("ok", "block_m 64")
+
+# launched ahead of the kernel before (launch.PDL): mlp down's dense bf16 weight, its first tile loaded before the wait
+c = choose(5120, 17408, 132)
+consts = {"BLOCK_M": 16, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k, "STEPS": 17408 // c.block_k // c.split_k,
+          "SPLIT_K": c.split_k, "SCALED": False, "PRECISION": "tf32", "PDL": True}
+kernel = build(_gemv_kernel, types, consts, ("stride_xm", "stride_wn"), c.warps, c.stages)
+ptx = kernel.asm["ptx"]
+wait = ptx.index("griddepcontrol.wait")
+assert ptx.count("griddepcontrol.wait") == 1 and "griddepcontrol.launch_dependents" in ptx[wait:]
+assert "ld.global" in ptx[:wait] and "mma" in ptx[wait:] and spills(kernel) == 0
+print("ok", "pdl")
 """
 
 
 def test_kernel_compiles_for_sm90_on_tensor_cores_without_spills() -> None:
-    assert run_child(COMPILE).count("ok") == 3
+    """Also with programmatic dependent launch: one wait, the weight's first load ahead of it."""
+    assert run_child(COMPILE).count("ok") == 4

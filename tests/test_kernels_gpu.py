@@ -469,3 +469,52 @@ def test_streamed_dense_products_equal_cublas(rows: int, nout: int, ncols: int, 
     assert calls == ([rows] if rows <= ops.STREAM_ROWS else [])
     err = float((got.float() - want.float()).norm() / want.float().norm())
     assert err < 1e-2, err
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+def test_programmatic_dependent_launch_keeps_the_mlp_chain_bit_for_bit(rows: int,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """With launch.PDL on, swiglu, the streamed down projection and the residual norm launch ahead of the kernel before
+    them and wait for it: a graph of the 27B MLP chain (gate_up by cuBLAS, swiglu, down, add + norm) gives the bits it
+    gives with PDL off, eagerly and replayed on new inputs (a read before the wait would see the last replay's
+    values)."""
+    import torch.nn.functional as F
+
+    from ignis.kernels import launch
+    from ignis.kernels.gemv_triton import dense_gemv
+    from ignis.kernels.norm_triton import add_rms_norm
+    from ignis.kernels.swiglu_triton import swiglu
+
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    hidden, inner = 5120, 17408
+    w_gu = (torch.randn(2 * inner, hidden, device="cuda", generator=g) * hidden**-0.5).to(torch.bfloat16)
+    w_down = (torch.randn(hidden, inner, device="cuda", generator=g) * inner**-0.5).to(torch.bfloat16)
+    scale = 1 + 0.1 * torch.randn(hidden, device="cuda", generator=g)
+    x = torch.randn(rows, hidden, device="cuda", generator=g).to(torch.bfloat16)
+    inputs = [torch.randn(rows, hidden, device="cuda", generator=g).to(torch.bfloat16) for _ in range(3)]
+
+    def chain() -> tuple[torch.Tensor, torch.Tensor]:
+        return add_rms_norm(x, dense_gemv(swiglu(F.linear(x, w_gu)), w_down), scale, 1e-6)
+
+    want = []
+    with torch.inference_mode():
+        for new in inputs:
+            x.copy_(new)
+            want.append(tuple(t.clone() for t in chain()))
+        monkeypatch.setattr(launch, "PDL", True)
+        x.copy_(inputs[0])
+        eager = chain()
+        assert all(torch.equal(a, b) for a, b in zip(eager, want[0], strict=True))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            chain()  # warm-up on a side stream, as torch's graph capture asks
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            got = chain()
+        for new, expect in zip(inputs, want, strict=True):
+            x.copy_(new)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert all(torch.equal(a, b) for a, b in zip(got, expect, strict=True))

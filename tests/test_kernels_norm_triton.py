@@ -101,16 +101,20 @@ for elt, n in (("bf16", 5120), ("bf16", 384), ("fp32", 5120)):
     for add in (True, False):
         types = {"x_ptr": "*" + elt, "d_ptr": "*" + elt, "scale_ptr": "*fp32", "resid_ptr": "*" + elt,
                  "normed_ptr": "*" + elt, "eps": "fp32"}
-        kernel = build(_add_rms_norm, types, {"ADD": add, "ROUND_FIRST": False, "BLOCK": triton.next_power_of_2(n)},
-                       ("n",), warps(n), 3)
-        ptx = kernel.asm["ptx"]
-        assert ".target sm_90a" in ptx
-        if n == 5120:
-            assert "ld.global.v4" in ptx and "st.global.v4" in ptx, (elt, add)  # 16-byte accesses
-        assert spills(kernel) == 0, (elt, n, add)
-        print("ok", elt, n, add)
+        for pdl in (False, True):
+            consts = {"ADD": add, "ROUND_FIRST": False, "BLOCK": triton.next_power_of_2(n), "PDL": pdl}
+            kernel = build(_add_rms_norm, types, consts, ("n",), warps(n), 3)
+            ptx = kernel.asm["ptx"]
+            assert ".target sm_90a" in ptx
+            if n == 5120:
+                assert "ld.global.v4" in ptx and "st.global.v4" in ptx, (elt, add)  # 16-byte accesses
+            assert ("griddepcontrol.wait" in ptx) == pdl and spills(kernel) == 0, (elt, n, add, pdl)
+            if pdl:  # the scale ahead of the wait, the stores after it
+                wait = ptx.index("griddepcontrol.wait")
+                assert "ld.global" in ptx[:wait] and "st.global" not in ptx[:wait]
+            print("ok", elt, n, add, pdl)
 """
 
 
 def test_kernel_compiles_for_sm90_with_vector_accesses() -> None:
-    assert run_child(COMPILE).count("ok") == 6
+    assert run_child(COMPILE).count("ok") == 12

@@ -38,12 +38,18 @@ COMPILE = r"""
 from ignis.kernels.swiglu_triton import BLOCK, _swiglu
 from tests.sm90 import build, spills
 
-kernel = build(_swiglu, {"gu": "*bf16", "y": "*bf16"}, {"BLOCK": BLOCK}, ("inner",), 4, 3)
-ptx = kernel.asm["ptx"]
-assert "ld.global.v4" in ptx and "st.global.v4" in ptx and spills(kernel) == 0
-print("ok")
+for pdl in (False, True):
+    kernel = build(_swiglu, {"gu": "*bf16", "y": "*bf16"}, {"BLOCK": BLOCK, "PDL": pdl}, ("inner",), 4, 3)
+    ptx = kernel.asm["ptx"]
+    assert "ld.global.v4" in ptx and "st.global.v4" in ptx and spills(kernel) == 0
+    if pdl:  # the next kernel released first, then the wait, then every access
+        trigger, wait = ptx.index("griddepcontrol.launch_dependents"), ptx.index("griddepcontrol.wait")
+        assert trigger < wait < ptx.index("ld.global")
+    else:
+        assert "griddepcontrol" not in ptx
+    print("ok", pdl)
 """
 
 
 def test_kernel_compiles_for_sm90_with_vector_accesses() -> None:
-    assert run_child(COMPILE).count("ok") == 1
+    assert run_child(COMPILE).count("ok") == 2

@@ -13,8 +13,8 @@ The drafter is not in the floor: "x floor" of a drafting round is against the ta
     python -m tools.bench_round --json round.json --md round.md
     python -m tools.bench_round --models 27b --cases verify --lanes 8 --conv-blocks 1024,8192 --blas cublas,cublaslt
 
-Kernel variants (`--conv-blocks`, `--blas`, `--stream`, `--gdn`, `--conv`: comma lists) run as every combination on
-each model, built once.
+Kernel variants (`--conv-blocks`, `--blas`, `--stream`, `--gdn`, `--conv`, `--pdl`: comma lists) run as every
+combination on each model, built once.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from ignis.model.cache import LaneCache
 from ignis.model.loader import load_model
 from ignis.model import ops
 from ignis.model.model import HybridModel
-from ignis.kernels import attention, fused, gdn
+from ignis.kernels import attention, fused, gdn, launch
 from ignis.model.random import random_model
 from ignis.train.shortlist import build as build_shortlist
 from ignis.params import SamplingParams
@@ -265,7 +265,7 @@ def bench_case(label: str, case: Case, model: HybridModel, path: Path, bw: float
             "x_floor": graph / floor, "capture_s": capture_s, "top_kernels": top}
 
 
-VARIANTS = ("conv_blocks", "blas", "stream", "gdn", "conv")  # the options `apply_variant` sets, comma lists each
+VARIANTS = ("conv_blocks", "blas", "stream", "gdn", "conv", "pdl")  # the options `apply_variant` sets, comma lists
 
 
 def combinations(args: argparse.Namespace) -> list[dict[str, str]]:
@@ -281,6 +281,7 @@ def apply_variant(variant: dict[str, str]) -> None:
     ops.STREAMING = variant["stream"] == "on"
     gdn.CUDA_COLUMNS = variant["gdn"] == "cuda"
     fused.CUDA_CONV = variant["conv"] == "cuda"
+    launch.PDL = variant["pdl"] == "on"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -301,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conv-blocks", default=str(fused.CONV_BLOCKS),
                     help="comma list: the GDN conv's block target (ignis.kernels.fused.conv_tile); raised, a verify's "
                          "columns spread over more blocks")
+    ap.add_argument("--pdl", default="on" if launch.PDL else "off",
+                    help="comma list of off, on: programmatic dependent launch of the Triton kernels that take it "
+                         "(ignis.kernels.launch.PDL; with --stream on, the streamed products load weights early)")
     ap.add_argument("--stream", default="on" if ops.STREAMING else "off",
                     help="comma list of off, on: whether the products ignis.model.ops.stream_shape picks run the "
                          "Triton weight-streaming kernel (ops.STREAMING)")
