@@ -23,7 +23,7 @@ from functools import lru_cache
 
 import torch
 from ignis.kernels.int4_mma_kernel import SOURCE
-from ignis.kernels.launch import SPLIT_COUNTERS, sm_count, split_counters
+from ignis.kernels.launch import SPLIT_COUNTERS, pdl, sm_count, split_counters
 
 from ignis.quant.format import dequantize
 
@@ -161,20 +161,20 @@ def launch(base: Shape, nt: int) -> Shape:
 
 
 _lock = threading.Lock()
-_functions: dict[tuple[torch.device, int, Shape, int, torch.dtype, torch.dtype], object] = {}
+_functions: dict[tuple[torch.device, int, Shape, int, torch.dtype, torch.dtype, bool], object] = {}
 
 
 def _function(device: torch.device, nt: int, shape: Shape, gpc: int, dtype: torch.dtype,
-              scale_dtype: torch.dtype) -> object:
+              scale_dtype: torch.dtype, early: bool = False) -> object:
     from ignis.kernels.nvrtc import Function, arch_of, compile_cubin
 
-    key = (device, nt, shape, gpc, dtype, scale_dtype)
+    key = (device, nt, shape, gpc, dtype, scale_dtype, early)
     with _lock:
         if key not in _functions:
             defines = (("NT", nt), ("F", shape.f), ("U", shape.u), ("AHEAD", shape.ahead), ("KS", shape.ks),
                        ("KW", shape.kw), ("RB", shape.rb),
                        ("GPC", gpc), ("F16", int(dtype == torch.float16)),
-                       ("SBF16", int(scale_dtype == torch.bfloat16)))
+                       ("SBF16", int(scale_dtype == torch.bfloat16)), ("PDL", int(early)))
             _functions[key] = Function(compile_cubin(SOURCE, "int4_mma", arch_of(device), defines), "int4_mma", device)
         return _functions[key]
 
@@ -203,7 +203,8 @@ def int4_mma(x: torch.Tensor, w: MmaCodes, shape: Shape | None = None) -> torch.
         return out.reshape(*lead, nout)
     nt = row_tiles(nrows)
     s = shape if shape is not None else launch(choose(nout, ncols, w.group, sm_count(x.device)), nt)
-    fn = _function(x.device, nt, s, w.group // 64, w.dtype, w.scale_dtype)
+    early = pdl(x.device)  # programmatic dependent launch (launch.PDL): the codes load while the kernel before ends
+    fn = _function(x.device, nt, s, w.group // 64, w.dtype, w.scale_dtype, early)
     grid = (math.ceil(nout // 16 / (s.rb * s.f)), s.ks, 1)
     if s.ks > 1:
         if grid[0] > SPLIT_COUNTERS:
@@ -213,5 +214,5 @@ def int4_mma(x: torch.Tensor, w: MmaCodes, shape: Shape | None = None) -> torch.
     else:
         ws, cnt = out, out  # not read
     fn(grid, 32 * s.kw * s.rb,  # type: ignore[operator]
-       (w.codes, w.zs, rows, out, ws, cnt, nrows, nout, ncols, rows.stride(0), s.unit))
+       (w.codes, w.zs, rows, out, ws, cnt, nrows, nout, ncols, rows.stride(0), s.unit), early)
     return out.reshape(*lead, nout)

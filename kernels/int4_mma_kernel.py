@@ -26,10 +26,16 @@ block). The order of every sum depends on the weight's shape (KS, KW, unit) only
 the same whatever rows share the call and whatever launch the rows pick.
 
 Compile-time macros: NT, F, U, AHEAD (steps loaded ahead of the one computing), KS, KW, RB, GPC (64-column chunks a
-group), F16 (1: fp16 activations, 0: bf16), SBF16 (1: the scales are bf16 bits, 0: fp16).
+group), F16 (1: fp16 activations, 0: bf16), SBF16 (1: the scales are bf16 bits, 0: fp16), PDL (1: launched with
+programmatic dependent launch, ignis.kernels.launch.PDL: the AHEAD steps of codes and scales load before
+griddepcontrol.wait, x and every store after it, and the next kernel may launch once the loop is done; 0 by default).
 """
 
 SOURCE = r"""
+#ifndef PDL
+#define PDL 0
+#endif
+
 typedef unsigned int u32;
 typedef unsigned short u16;
 
@@ -162,6 +168,10 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
                 for (int q = 0; q < GS; ++q) zq[a][f][q] = load_scales(zp[f] + (d * GS + q) * 8);
             }
         }
+#if PDL
+        // the weight is not the previous kernel's output: it loaded above while that kernel finished; x is, so wait
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
         for (int s = s0; s < s1; ++s) {
             const int d = min(s + AHEAD, s1 - 1) - s;  // the last steps reload the last: no read past the weight
 #pragma unroll
@@ -224,6 +234,10 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
             xp += U * 64;
         }
     }
+#if PDL
+    asm volatile("griddepcontrol.wait;" ::: "memory");  // for warps without a run above; no stores before it
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 
 #if KW > 1
     __shared__ float red[(KW - 1) * RB * F * NT * 4 * 32];

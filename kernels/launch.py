@@ -5,7 +5,7 @@ exports no bf16 to numba; the kernels widen the bits), and the launch goes to th
 call, so a CUDA graph being captured records it. `triton_installed` and `nvrtc_installed`, which the paths that
 prefer a Triton or a CUDA C++ kernel (attention, the int4 product) ask. `split_counters` and `sm_count`, which the
 int4 kernels that meet their input splits through counters share. `PDL` and `pdl`, the switch of programmatic
-dependent launch for the Triton kernels that take it. Importing this module imports neither numba,
+dependent launch for the kernels that take it. Importing this module imports neither numba,
 triton nor CUDA.
 """
 
@@ -51,10 +51,10 @@ def nvrtc_installed() -> bool:
         return False
 
 
-# Programmatic dependent launch (Hopper and later): the Triton kernels that support it (ignis.kernels.gemv_triton,
-# norm_triton, swiglu_triton) launch so that they may start before the kernel ahead of them on the stream has finished,
-# and wait for it (griddepcontrol.wait) before they read what it wrote; the weight-streaming product loads its first
-# weight tile before that wait. A kernel launched so always waits before it ends, so the order of every kernel's
+# Programmatic dependent launch (Hopper and later): the kernels that support it (the Triton ones of
+# ignis.kernels.gemv_triton, norm_triton and swiglu_triton, and the 4-bit product of int4_mma) launch so that they may
+# start before the kernel ahead of them on the stream has finished, and wait for it (griddepcontrol.wait) before they
+# read what it wrote; the weight-streaming products load their first weight tiles before that wait. A kernel launched so always waits before it ends, so the order of every kernel's
 # writes on the stream is kept. Off by default until a GPU run shows it pays (tools.bench_round --pdl).
 PDL = False
 

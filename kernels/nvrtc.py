@@ -96,12 +96,28 @@ class Function:
             _check(err, f"cuModuleGetFunction({name})")
         self.device = device
 
-    def __call__(self, grid: tuple[int, int, int], threads: int, args: tuple[torch.Tensor | int | float, ...]) -> None:
+    def __call__(self, grid: tuple[int, int, int], threads: int, args: tuple[torch.Tensor | int | float, ...],
+                 pdl: bool = False) -> None:
         """Launches on torch's current stream of the device: tensors go in as their data pointers, ints as int32,
-        floats as float32."""
+        floats as float32. pdl: with programmatic dependent launch (the kernel may start before the one ahead of it on
+        the stream has finished, and must execute griddepcontrol.wait before it reads that kernel's output)."""
+        driver = self._driver
         values = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
         types = tuple(ctypes.c_void_p if isinstance(a, torch.Tensor) else ctypes.c_float if isinstance(a, float)
                       else ctypes.c_int for a in args)
-        stream = self._driver.CUstream(torch.cuda.current_stream(self.device).cuda_stream)
-        _check(self._driver.cuLaunchKernel(self._function, *grid, threads, 1, 1, 0, stream, (values, types), 0),
-               "cuLaunchKernel")
+        stream = driver.CUstream(torch.cuda.current_stream(self.device).cuda_stream)
+        if not pdl:
+            _check(driver.cuLaunchKernel(self._function, *grid, threads, 1, 1, 0, stream, (values, types), 0),
+                   "cuLaunchKernel")
+            return
+        config = driver.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
+        config.sharedMemBytes = 0
+        config.hStream = stream
+        early = driver.CUlaunchAttribute()
+        early.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        early.value.programmaticStreamSerializationAllowed = 1
+        config.attrs = [early]
+        config.numAttrs = 1
+        _check(driver.cuLaunchKernelEx(config, self._function, (values, types), 0), "cuLaunchKernelEx")

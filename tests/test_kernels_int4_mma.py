@@ -127,6 +127,33 @@ def test_every_launch_at_the_27b_and_builtin_shapes_compiles_for_sm90_without_sp
         assert cubin.spills <= (512 if spilt else 0) and 0 < cubin.registers <= 255, (dict(defines), cubin.spills)
 
 
+def test_launched_ahead_the_kernel_loads_its_codes_before_the_wait_and_x_after() -> None:
+    """PDL=1 (ignis.kernels.launch.PDL): in program order the AHEAD steps of codes load (none where AHEAD is 0),
+    then griddepcontrol.wait, then x and the stores; the variant compiles without spills like the default one."""
+    for s, nt in ((launch(choose(5120, 17408, 128, SMS), 1), 1), (launch(choose(34816, 5120, 128, SMS), 2), 2)):
+        plain = compile_cubin(SOURCE, "int4_mma", "sm_90", _defines(s, nt))
+        early = compile_cubin(SOURCE, "int4_mma", "sm_90", (*_defines(s, nt), ("PDL", 1)))
+        assert early.spills == plain.spills == 0 and early.registers <= 255
+        ptx = _ptx_of((*_defines(s, nt), ("PDL", 1)))
+        wait = ptx.index("griddepcontrol.wait")
+        assert ("ld.global.nc.L1::no_allocate.v4.u32" in ptx[:wait]) == (s.ahead > 0), s  # the codes ahead of it
+        assert "ld.global.nc.v4.u32" not in ptx[:wait] and "st.global" not in ptx[:wait]  # x and the stores after it
+        assert "griddepcontrol.launch_dependents" in ptx[wait:]
+        assert "griddepcontrol" not in _ptx_of(_defines(s, nt))
+
+
+def _ptx_of(defines: tuple[tuple[str, int], ...]) -> str:
+    from cuda.bindings import nvrtc
+
+    err, prog = nvrtc.nvrtcCreateProgram(SOURCE.encode(), b"int4_mma.cu", 0, [], [])
+    options = [b"--gpu-architecture=compute_90", b"--std=c++17"] + [f"-D{m}={v}".encode() for m, v in defines]
+    assert int(nvrtc.nvrtcCompileProgram(prog, len(options), options)[0]) == 0
+    _, size = nvrtc.nvrtcGetPTXSize(prog)
+    buf = b" " * size
+    nvrtc.nvrtcGetPTX(prog, buf)
+    return buf.decode()
+
+
 def test_a_source_nvrtc_refuses_names_its_error() -> None:
     with pytest.raises(CompileError, match="int4_mma"):
         compile_cubin(SOURCE, "int4_mma", "sm_90", (("NT", 1),))  # the other macros missing

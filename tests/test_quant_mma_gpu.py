@@ -74,6 +74,49 @@ def test_int4_mma_under_cuda_graph_replay_and_on_a_side_stream() -> None:
     assert all(not bool(c.any()) for c in _counters.values())  # every split call left its counters at zero
 
 
+@pytest.mark.parametrize("rows", [1, 8, 64])
+def test_programmatic_dependent_launch_keeps_the_4bit_chain_bit_for_bit(rows: int,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """With launch.PDL on, the 4-bit product (its codes loaded before griddepcontrol.wait) and the residual norm launch
+    ahead of the kernel before them: a graph of the 27B's 4-bit gate_up, swiglu, down (split over blocks through the
+    counters) and add + norm gives the bits it gives with PDL off, replayed on new inputs."""
+    from ignis.kernels import launch as launches
+    from ignis.kernels.norm_triton import add_rms_norm
+    from ignis.kernels.swiglu_triton import swiglu
+
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    w_gu = pack(*_int4_weight(34816, 5120, 128, seed=1), torch.bfloat16)
+    w_down = pack(*_int4_weight(5120, 17408, 128, seed=2), torch.bfloat16)
+    scale = 1 + 0.1 * torch.randn(5120, device="cuda", generator=g)
+    x = torch.randn(rows, 5120, device="cuda", generator=g).bfloat16()
+    inputs = [torch.randn(rows, 5120, device="cuda", generator=g).bfloat16() for _ in range(3)]
+
+    def chain() -> tuple[torch.Tensor, torch.Tensor]:
+        return add_rms_norm(x, int4_mma(swiglu(int4_mma(x, w_gu)), w_down), scale, 1e-6)
+
+    want = []
+    for new in inputs:
+        x.copy_(new)
+        want.append(tuple(t.clone() for t in chain()))
+    monkeypatch.setattr(launches, "PDL", True)
+    x.copy_(inputs[0])
+    assert all(torch.equal(a, b) for a, b in zip(chain(), want[0], strict=True))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        chain()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = chain()
+    for new, expect in zip(inputs, want, strict=True):
+        x.copy_(new)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(a, b) for a, b in zip(got, expect, strict=True))
+    assert bool((launches.split_counters(x.device) == 0).all())  # every split met and reset its counter
+
+
 def test_every_launch_the_engine_makes_fits_the_device() -> None:
     """The launches `launch` picks for 1 to 64 rows at the 27B shapes compile and run (registers and shared memory)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count

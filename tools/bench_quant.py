@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from ignis.artifact import BUILTIN
+from ignis.kernels import launch
 from ignis.model.model import HybridModel
 from ignis.quant.format import quantize, quantized_name
 from ignis.quant.fp8 import Fp8Linear, to_fp8
@@ -260,7 +261,10 @@ def main(argv: list[str] | None = None) -> int:
                          "best for the decode step")
     ap.add_argument("--int4-kernel", default="auto", choices=["auto", "mma", "numba", "triton"],
                     help="the kernel int4 products run with in the decode step and the quality runs")
+    ap.add_argument("--pdl", default="off", choices=["off", "on"],
+                    help="programmatic dependent launch of the kernels that take it (ignis.kernels.launch.PDL)")
     args = ap.parse_args(argv)
+    launch.PDL = args.pdl == "on"
     skip = set(filter(None, args.skip.split(",")))
     if not args.sweep_triton:
         skip.add("sweep_triton")
@@ -273,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     bw = copy_bandwidth(torch.device("cuda"))
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}", flush=True)
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                              "copy_tb_s": bw / 1e12, "group": GROUP, "int4_kernel": args.int4_kernel}
+                              "copy_tb_s": bw / 1e12, "group": GROUP, "int4_kernel": args.int4_kernel,
+                              "pdl": args.pdl}
     out = Path(args.out)
     steps = [("products", lambda: products(bw, args.reps)), ("tunings", lambda: tunings(bw, args.reps)),
              ("sweep_triton", lambda: sweep_triton(bw, args.reps)), ("policies", lambda: policies(bw, args.reps)),
