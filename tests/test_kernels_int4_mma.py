@@ -146,11 +146,13 @@ def _ptx_of(defines: tuple[tuple[str, int], ...]) -> str:
     from cuda.bindings import nvrtc
 
     err, prog = nvrtc.nvrtcCreateProgram(SOURCE.encode(), b"int4_mma.cu", 0, [], [])
+    assert int(err) == 0
     options = [b"--gpu-architecture=compute_90", b"--std=c++17"] + [f"-D{m}={v}".encode() for m, v in defines]
     assert int(nvrtc.nvrtcCompileProgram(prog, len(options), options)[0]) == 0
     _, size = nvrtc.nvrtcGetPTXSize(prog)
     buf = b" " * size
     nvrtc.nvrtcGetPTX(prog, buf)
+    nvrtc.nvrtcDestroyProgram(prog)
     return buf.decode()
 
 
