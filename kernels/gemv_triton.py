@@ -103,29 +103,25 @@ def _gemv_kernel(
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + cols[None, :]
     xdt = x_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    first = 0
     if PDL:
         # Launched ahead of the kernel before it (launch.PDL): the weight is not that kernel's output, so the first
-        # step's tile loads while it finishes; x only after the wait. The same steps in the same order as below.
+        # step's tile loads while it finishes; x only after the wait. The same steps in the same order as unlaunched.
         w = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0)
         tl.extra.cuda.gdc_wait()
         x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
         acc = tl.dot(x, tl.trans(w.to(xdt)), acc, input_precision=PRECISION)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-        for _ in range(STEPS - 1):
-            x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
-            w = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0)
-            acc = tl.dot(x, tl.trans(w.to(xdt)), acc, input_precision=PRECISION)
-            x_ptrs += BLOCK_K
-            w_ptrs += BLOCK_K
+        first = 1
+    for _ in range(first, STEPS):
+        x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)  # [BLOCK_M, BLOCK_K]
+        w = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0)  # [BLOCK_N, BLOCK_K] e4m3 or x's dtype
+        acc = tl.dot(x, tl.trans(w.to(xdt)), acc, input_precision=PRECISION)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    if PDL:
         tl.extra.cuda.gdc_launch_dependents()  # the next kernel may launch; it waits for these stores to read them
-    else:
-        for _ in range(STEPS):
-            x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)  # [BLOCK_M, BLOCK_K]
-            w = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0)  # [BLOCK_N, BLOCK_K] e4m3 or x's dtype
-            acc = tl.dot(x, tl.trans(w.to(xdt)), acc, input_precision=PRECISION)
-            x_ptrs += BLOCK_K
-            w_ptrs += BLOCK_K
     if SCALED:
         acc = acc * tl.load(s_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
     offs = offs_m[:, None] * N + offs_n[None, :]

@@ -480,10 +480,10 @@ def test_programmatic_dependent_launch_keeps_the_mlp_chain_bit_for_bit(rows: int
     values)."""
     import torch.nn.functional as F
 
-    from ignis.kernels import launch
     from ignis.kernels.gemv_triton import dense_gemv
     from ignis.kernels.norm_triton import add_rms_norm
     from ignis.kernels.swiglu_triton import swiglu
+    from tests.pdl import same_bits_with_pdl
 
     g = torch.Generator(device="cuda").manual_seed(rows)
     hidden, inner = 5120, 17408
@@ -496,25 +496,5 @@ def test_programmatic_dependent_launch_keeps_the_mlp_chain_bit_for_bit(rows: int
     def chain() -> tuple[torch.Tensor, torch.Tensor]:
         return add_rms_norm(x, dense_gemv(swiglu(F.linear(x, w_gu)), w_down), scale, 1e-6)
 
-    want = []
     with torch.inference_mode():
-        for new in inputs:
-            x.copy_(new)
-            want.append(tuple(t.clone() for t in chain()))
-        monkeypatch.setattr(launch, "PDL", True)
-        x.copy_(inputs[0])
-        eager = chain()
-        assert all(torch.equal(a, b) for a, b in zip(eager, want[0], strict=True))
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            chain()  # warm-up on a side stream, as torch's graph capture asks
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            got = chain()
-        for new, expect in zip(inputs, want, strict=True):
-            x.copy_(new)
-            graph.replay()
-            torch.cuda.synchronize()
-            assert all(torch.equal(a, b) for a, b in zip(got, expect, strict=True))
+        same_bits_with_pdl(chain, x, inputs, monkeypatch)

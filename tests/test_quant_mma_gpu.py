@@ -83,6 +83,7 @@ def test_programmatic_dependent_launch_keeps_the_4bit_chain_bit_for_bit(rows: in
     from ignis.kernels import launch as launches
     from ignis.kernels.norm_triton import add_rms_norm
     from ignis.kernels.swiglu_triton import swiglu
+    from tests.pdl import same_bits_with_pdl
 
     g = torch.Generator(device="cuda").manual_seed(rows)
     w_gu = pack(*_int4_weight(34816, 5120, 128, seed=1), torch.bfloat16)
@@ -94,26 +95,7 @@ def test_programmatic_dependent_launch_keeps_the_4bit_chain_bit_for_bit(rows: in
     def chain() -> tuple[torch.Tensor, torch.Tensor]:
         return add_rms_norm(x, int4_mma(swiglu(int4_mma(x, w_gu)), w_down), scale, 1e-6)
 
-    want = []
-    for new in inputs:
-        x.copy_(new)
-        want.append(tuple(t.clone() for t in chain()))
-    monkeypatch.setattr(launches, "PDL", True)
-    x.copy_(inputs[0])
-    assert all(torch.equal(a, b) for a, b in zip(chain(), want[0], strict=True))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        chain()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        got = chain()
-    for new, expect in zip(inputs, want, strict=True):
-        x.copy_(new)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert all(torch.equal(a, b) for a, b in zip(got, expect, strict=True))
+    same_bits_with_pdl(chain, x, inputs, monkeypatch)
     assert bool((launches.split_counters(x.device) == 0).all())  # every split met and reset its counter
 
 
