@@ -155,11 +155,10 @@ class Loop:
                 _sync(self.device)
                 c.seconds += time.monotonic() - t0
                 if c.step <= 3 or c.step % 100 == 0:
-                    soft = (f" soft_unary {seen['soft_unary']:.4f} soft_selector {seen['soft_selector']:.4f}"
-                            if self.recipe.distill else "")
-                    if self.recipe.teacher:
-                        soft += (f" tv_unary {seen['tv_unary']:.4f}" if self.recipe.distill_tv else "") + \
-                            f" tv_selector {seen['tv_selector']:.4f}"
+                    r = self.recipe
+                    terms = (["soft_unary", "soft_selector"] if r.distill else []) + (
+                        ["tv_unary"] if r.distill_tv else []) + (["tv_selector"] if r.teacher else [])
+                    soft = "".join(f" {k} {seen[k]:.4f}" for k in terms)
                     log(f"step {c.step} loss {seen['loss']:.4f} unary {seen['unary']:.4f} selector "
                         f"{seen['selector']:.4f}{soft} tau {seen['tau']:.2f} gnorm {seen['gnorm']:.2f} "
                         f"lr {seen['lr']:.2e}")
