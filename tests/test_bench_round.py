@@ -48,11 +48,7 @@ def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch:
         monkeypatch.setattr(fused, name, getattr(fused, name))
     monkeypatch.setattr(gdn, "CUDA_COLUMNS", gdn.CUDA_COLUMNS)
     monkeypatch.setattr(ops, "STREAMING", ops.STREAMING)
-    monkeypatch.setattr(ops, "STREAM_ALL", ops.STREAM_ALL)
     monkeypatch.setattr(launch, "PDL", launch.PDL)
     bench_round.apply_variant(variants[-1])
     assert (fused.CONV_BLOCKS, libraries, ops.STREAMING, gdn.CUDA_COLUMNS, fused.CUDA_CONV, launch.PDL) == (
         1024, ["cublas"], True, True, True, True)
-    assert not ops.STREAM_ALL
-    bench_round.apply_variant({**variants[-1], "stream": "all"})
-    assert ops.STREAMING and ops.STREAM_ALL

@@ -278,8 +278,7 @@ def apply_variant(variant: dict[str, str]) -> None:
     """Set the kernels' module switches for one combination of the variant options."""
     fused.CONV_BLOCKS = int(variant["conv_blocks"])
     torch.backends.cuda.preferred_blas_library(variant["blas"])
-    ops.STREAMING = variant["stream"] in ("on", "all")
-    ops.STREAM_ALL = variant["stream"] == "all"
+    ops.STREAMING = variant["stream"] == "on"
     gdn.CUDA_COLUMNS = variant["gdn"] == "cuda"
     fused.CUDA_CONV = variant["conv"] == "cuda"
     launch.PDL = variant["pdl"] == "on"
@@ -307,9 +306,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma list of off, on: programmatic dependent launch of the Triton kernels that take it "
                          "(ignis.kernels.launch.PDL; with --stream on, the streamed products load weights early)")
     ap.add_argument("--stream", default="on" if ops.STREAMING else "off",
-                    help="comma list of off, on, all: whether the products ignis.model.ops.stream_shape picks run "
-                         "the Triton weight-streaming kernel (ops.STREAMING), or every dense product of up to "
-                         "ops.STREAM_ROWS rows (ops.STREAM_ALL)")
+                    help="comma list of off, on: whether the products ignis.model.ops.stream_shape picks run the "
+                         "Triton weight-streaming kernel (ops.STREAMING)")
     ap.add_argument("--conv", default="cuda" if fused.CUDA_CONV else "numba",
                     help="comma list of numba, cuda: the GDN conv kernel of decodes and verifies "
                          "(ignis.kernels.fused.CUDA_CONV)")

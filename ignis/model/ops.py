@@ -35,9 +35,6 @@ STREAM_ROWS = 16  # the most rows of a dense product `streamed` may send to the 
 # Whether `linear` sends the products `streamed` picks to that kernel: off until a whole round measures it faster
 # (tools.bench_round --stream off,on); set once, before the engine captures its graphs.
 STREAMING = False
-# With STREAMING: every dense product of at most STREAM_ROWS rows goes to that kernel, not only `stream_shape`'s; for
-# benchmarks (tools.bench_round --stream all), where programmatic dependent launch may change which kernel is faster.
-STREAM_ALL = False
 # a projection's weight: dense, 4-bit packed (the format's order or the mma kernel's) or fp8 (ignis.quant)
 Weight: TypeAlias = torch.Tensor | PackedWeight | MmaCodes | Fp8Weight
 
@@ -69,14 +66,14 @@ def linear(x: torch.Tensor, weight: Weight, exact: bool) -> torch.Tensor:
     return F.linear(rows, weight)[:m].reshape(*lead, weight.shape[0])
 
 
-def stream_shape(rows: int, nout: int, ncols: int, every: bool = False) -> bool:
+def stream_shape(rows: int, nout: int, ncols: int) -> bool:
     """The dense products that ran faster through ignis.kernels.gemv_triton.dense_gemv than through cuBLAS on the H200
     (tools.bench_gemv, the 27B shapes at 1 and 8 rows, the kernel's own launch): at most STREAM_ROWS rows of a weight
     whose input is at least three times its output (the MLP's down projection, 17,408 -> 5,120: 47.3 against 49.6 µs
     at one row, 49.3 against 51.9 at eight) or of at least 65,536 output rows (an output head, 248,320 x 5,120: 573
     against 616 µs, 578 against 622). The others ran as fast or faster through cuBLAS (o_proj 20.3 against 17.8 µs,
-    in_proj 45.6 against 40.9). every: any weight of whole 128-column steps (STREAM_ALL)."""
-    return rows <= STREAM_ROWS and ncols % 128 == 0 and (every or ncols >= 3 * nout or nout >= 65536)
+    in_proj 45.6 against 40.9)."""
+    return rows <= STREAM_ROWS and ncols % 128 == 0 and (ncols >= 3 * nout or nout >= 65536)
 
 
 @functools.cache
@@ -89,7 +86,7 @@ def streamed(x: torch.Tensor, weight: torch.Tensor) -> bool:
     Triton installed."""
     ncols = x.shape[-1]
     return (x.is_cuda and x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16
-            and stream_shape(x.numel() // max(ncols, 1), weight.shape[0], ncols, STREAM_ALL) and triton_installed()
+            and stream_shape(x.numel() // max(ncols, 1), weight.shape[0], ncols) and triton_installed()
             and _sm90(x.device.index if x.device.index is not None else torch.cuda.current_device()))
 
 
