@@ -210,6 +210,17 @@ def test_generation_stops_at_its_deadline_but_not_before_a_first_completion(targ
     assert len(again) == len(data)  # the cut is final: a resumed run reads the same data
 
 
+def test_generation_gets_its_share_of_what_start_up_left() -> None:
+    from ignis.train.run import generation_deadline
+
+    # 465 s, 0.35: a 10 s start leaves 455 s, 159.25 of them to generate; a 130 s start (kernels compiled on a
+    # fresh GPU) 117.25, not the 33 that a share of the whole budget left it
+    assert generation_deadline(100.0, 110.0, 465.0, 0.35) == pytest.approx(110.0 + 0.35 * 455.0)
+    assert generation_deadline(100.0, 230.0, 465.0, 0.35) == pytest.approx(230.0 + 0.35 * 335.0)
+    assert generation_deadline(100.0, 700.0, 465.0, 0.35) == 700.0  # start-up took it all: the first completions only
+    assert generation_deadline(100.0, 110.0, 0.0, 0.35) == float("inf")  # steps or tokens, no clock
+
+
 def test_generation_streams_across_shards_and_its_data_do_not_depend_on_them(
         target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import numpy as np

@@ -82,7 +82,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-prompt-tokens", type=int, default=2048, help="longer prompts are skipped (default 2048)")
     g.add_argument("--max-prompts", type=int, default=0, help="use at most this many prompts (default all)")
     g.add_argument("--gen-tokens", type=int, default=256, help="tokens the target writes per prompt (default 256)")
-    g.add_argument("--gen-share", type=float, default=0.35, help="share of --time-budget generation may take")
+    g.add_argument("--gen-share", type=float, default=0.35,
+                   help="share of what --time-budget leaves once the engine has started that generation may take "
+                        "(default 0.35)")
     g.add_argument("--held-out", type=int, default=32, help="prompts kept out for the final evaluation (default 32)")
     g.add_argument("--eval-tokens", type=int, default=256, help="tokens per held-out prompt at evaluation")
     d = p.add_argument_group("drafter")
