@@ -123,5 +123,8 @@ def test_sampled_suites_run_once_a_seed_and_report_the_mean(ckpt: Path, tmp_path
                  "--max-tokens", "12", "--seed", "5", "--seeds", "3", "--json", str(out), "--profile", "cpu"]) == 0
     rows = json.loads(out.read_text())
     assert [r["suite"] for r in rows] == ["chat@5", "chat@6", "chat@7"]
-    mean = sum(r["tokens_per_round"] for r in rows) / 3
-    assert f"chat     mean of seeds 5-7: tokens/round={mean:.3f}" in capsys.readouterr().out
+    per_seed = [r["tokens_per_round"] for r in rows]
+    mean = sum(per_seed) / 3
+    error = (sum((x - mean) ** 2 for x in per_seed) / 2) ** 0.5 / 3 ** 0.5
+    assert (f"chat     mean of seeds 5-7: tokens/round={mean:.3f} +- {error:.3f} (standard error; seeds "
+            f"{min(per_seed):.3f}-{max(per_seed):.3f})") in capsys.readouterr().out

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -191,10 +193,19 @@ def main(argv: list[str] | None = None) -> int:
         for suite in dict.fromkeys(t.suite.partition("@")[0] for t in runs if "@" in t.suite):
             per_seed = [t.tokens_per_round for t in runs if t.suite.partition("@")[0] == suite]
             print(f"{name:8s} k={runs[0].k} {suite:8s} mean of seeds {args.seed}-{args.seed + args.seeds - 1}: "
-                  f"tokens/round={sum(per_seed) / len(per_seed):.3f}", flush=True)
+                  f"tokens/round={statistics.fmean(per_seed):.3f}{_spread(per_seed)}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps([t.as_dict() for t in results], indent=2))
     return 0
+
+
+def _spread(per_seed: list[float]) -> str:
+    """The seeds' standard error of the mean and range: two configurations whose means differ by less than about
+    twice the error are not told apart by these seeds."""
+    if len(per_seed) < 2:
+        return ""
+    error = statistics.stdev(per_seed) / math.sqrt(len(per_seed))
+    return f" +- {error:.3f} (standard error; seeds {min(per_seed):.3f}-{max(per_seed):.3f})"
 
 
 if __name__ == "__main__":
