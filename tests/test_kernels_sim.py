@@ -2,21 +2,20 @@
 
 The simulator has no warp intrinsics, so a shim adds ballot/shuffle through a per-warp barrier; it is valid for the
 full-mask, warp-uniform calls this kernel makes. NUMBA_ENABLE_CUDASIM must be set before numba.cuda is imported,
-so each case runs in a child interpreter (this file run as a script) and the rest of the suite keeps the real
-numba.cuda. Blocks of 64 threads (2 warps) keep the simulator fast; the warp fold, the cross-block merge and the
+so the cases run in two child interpreters side by side (tests/simulator.py) and the rest of the suite keeps the
+real numba.cuda. Blocks of 64 threads (2 warps) keep the simulator fast; the warp fold, the cross-block merge and the
 counter reset are the same code as with 256.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import threading
 from typing import Any
 
 import numpy as np
 import pytest
+import simulator
 import torch
 
 BLOCK = 64
@@ -108,8 +107,9 @@ def _install_warp_shim() -> None:
     kernelapi.FakeCUDAShared.array = shared_array  # type: ignore[method-assign]
 
 
-def _child(inp: str, outp: str) -> None:
-    """Child side: numpy and the simulator only (no torch), one launch per case, outputs and counters saved."""
+def _child(inp: str, outp: str, part: int, parts: int) -> None:
+    """Child side: the simulator, one launch per case (every parts-th from the part-th), outputs and counters
+    saved."""
     from numba import cuda
 
     from ignis.kernels.topk_kernel import make_kernel
@@ -118,7 +118,7 @@ def _child(inp: str, outp: str) -> None:
     _install_warp_shim()
     data = np.load(inp)
     out: dict[str, np.ndarray] = {}
-    for name in CASES:
+    for name in list(CASES)[part::parts]:
         half, rows, ncols, k, nblk, chunk, ws_row = (int(v) for v in data[name + ".args"])
         xw = data[name + ".x"]
         ws = np.zeros(max(1, rows * ws_row), np.int64)
@@ -134,9 +134,17 @@ def _child(inp: str, outp: str) -> None:
     savez(outp, **out)
 
 
+CHILD = """
+import sys
+sys.setswitchinterval(1e-3)  # measured fastest for lanes that meet at a barrier every few statements
+from test_kernels_sim import _child
+_child(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+"""
+
+
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[torch.Tensor, np.ndarray, int]]:
-    """Run every case in one simulator child; return each case's input, outputs and grid width."""
+    """Run the cases in two simulator children side by side; return each case's input, outputs and grid width."""
     from ignis.kernels.topk_launch import split, words
 
     tmp = tmp_path_factory.mktemp("sim")
@@ -154,13 +162,12 @@ def simulated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[torch
         cases[name] = (x, nblk)
     savez: Any = np.savez  # numpy's stubs take no **arrays
     savez(tmp / "in.npz", **inputs)
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    proc = subprocess.run(
-        [sys.executable, __file__, str(tmp / "in.npz"), str(tmp / "out.npz")],
-        env=env, capture_output=True, text=True, timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = np.load(tmp / "out.npz")
+    outs = [str(tmp / f"out{part}.npz") for part in range(2)]
+    results = simulator.run_parts(CHILD, [[str(tmp / "in.npz"), outp, str(part), "2"] for part, outp in
+                                          enumerate(outs)], timeout=900)
+    failed = simulator.failures(results, last_line="")
+    assert not failed, failed
+    out = {k: v for outp in outs for k, v in np.load(outp).items()}
     return {name: (x, out, nblk) for name, (x, nblk) in cases.items()}
 
 
@@ -178,8 +185,3 @@ def test_kernel_source_in_simulator_matches_reference(
     assert torch.equal(torch.from_numpy(out[name + ".ids"]).reshape(rows, k), ref_ids)
     assert torch.equal(torch.from_numpy(out[name + ".vals"]).reshape(rows, k), ref_vals.view(bits))
     assert (out[name + ".counters"] == 0).all(), "the last block of each row must leave its counter at zero"
-
-
-if __name__ == "__main__":
-    sys.setswitchinterval(1e-3)  # measured fastest for lanes that meet at a barrier every few statements
-    _child(sys.argv[1], sys.argv[2])
