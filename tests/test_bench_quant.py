@@ -109,3 +109,35 @@ def test_gemv_sweep_launches_and_summary() -> None:
     line, = summary(rows)
     assert line == ("mlp down rows 1: cuBLAS 50.0 us (x1.25); bf16 triton best 40.0 us (x1.00, 1.25x cuBLAS's speed) "
                     "at {'block_n': 32}, default 60.0 us")
+
+
+def test_mma_sweep_splits_and_summary() -> None:
+    """--sweep-mma times int4_mma's own launch first, then only splits of the input the kernel takes (every part at
+    least a unit, at most 1,024 threads, counters within the device's), each once; the summary names the fastest a
+    (shape, rows) beside the chosen one."""
+    import math
+    from dataclasses import asdict
+
+    from ignis.kernels.int4_mma import choose, launch, row_tiles
+    from ignis.kernels.launch import SPLIT_COUNTERS
+    from tools.bench_quant import summary
+    from tools.quant_products import SHAPES, mma_shapes
+
+    for _, nout, ncols in SHAPES:
+        for rows in (1, 8):
+            shapes = mma_shapes(nout, ncols, 128, 132, rows)
+            assert shapes[0] == launch(choose(nout, ncols, 128, 132), row_tiles(rows))
+            assert len(set(shapes)) == len(shapes) > 6
+            units = ncols // (64 * shapes[0].unit)
+            for s in shapes:
+                assert s.ks * s.kw <= units and 32 * s.kw * s.rb <= 1024 and s.unit == shapes[0].unit
+                assert s.ks == 1 or math.ceil(nout // 16 / (s.rb * s.f)) <= SPLIT_COUNTERS
+    o_proj = mma_shapes(5120, 6144, 128, 132, 1)
+    assert {s.ks for s in o_proj} == {1, 2, 3, 4}  # the product whose blocks leave a wave part-empty gets every split
+    s0, s1 = o_proj[:2]
+    sweep = [{"shape": "o_proj", "rows": 1, "chosen": True, **asdict(s0), "ms": 0.008, "x_floor": 2.0},
+             {"shape": "o_proj", "rows": 1, "chosen": False, **asdict(s1), "ms": 0.005, "x_floor": 1.25},
+             {"shape": "o_proj", "rows": 1, "chosen": False, **asdict(s1), "error": "out of resources"}]
+    line, = summary({"sweep_mma": sweep})
+    assert line == (f"mma sweep, o_proj,  1 rows: best x1.25 (ks {s1.ks} kw {s1.kw}), the chosen x2.00 (ks {s0.ks} kw "
+                    f"{s0.kw})")

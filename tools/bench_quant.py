@@ -13,7 +13,8 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
    kernel's launch shapes (ignis.kernels.int4_triton.Config) at the same three shapes for 1, 8 and 64 rows: the table
    (int4_triton.TABLE) is what this sweep picks. With --policies, whole launch
    policies of the Triton kernel (its 16-row tile and the split's target) over all five products at 1 and 8 rows,
-   summed as a decode step runs them; the best stays in force for the decode step below.
+   summed as a decode step runs them; the best stays in force for the decode step below. With --sweep-mma, the mma
+   kernel's splits of the input (blocks of threads and warps along it) at all five products, 1 and 8 rows.
 3. A decode step of one lane at a 512-token context (random weights built on the GPU, as tools.bench_round does)
    through DeviceRound with CUDA graphs, bf16 then the same weights packed to int4 (group 128, products through the
    kernel --int4-kernel names), then with the output head packed too (`ignis quantize --head`), then converted to
@@ -25,6 +26,7 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
     python -m tools.bench_quant --out quant.json
     python -m tools.bench_quant --out sweep.json --skip tunings,decode,quality --sweep-triton
     python -m tools.bench_quant --out policies.json --skip products,tunings,quality --policies --int4-kernel triton
+    python -m tools.bench_quant --out mma.json --skip products,tunings,decode,quality --sweep-mma
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from ignis.quant.format import quantize, quantized_name
 from ignis.quant.fp8 import Fp8Linear, to_fp8
 from ignis.quant.linear import QuantLinear, set_kernel, to_mma, uses_mma
 from tools.bench_round import POSITION, build_backend, copy_bandwidth, decodes, floor_bytes, time_rounds
-from tools.quant_products import C, GROUP, ROWS, layouts, policies, products, sweep_triton, tunings
+from tools.quant_products import C, GROUP, ROWS, layouts, policies, products, sweep_mma, sweep_triton, tunings
 
 def to_int4(model: nn.Module, group: int, head: bool = False) -> int:
     """Pack every projection `ignis quantize` would pack (with `head`, as `--head` does: the output head too), in place
@@ -219,6 +221,18 @@ def summary(result: dict[str, Any]) -> list[str]:
         lines.append(f"Triton sweep, {shape}, {r:2d} rows: best x{p['x_floor']:.2f} (bm {p['block_m']} bn "
                      f"{p['block_n']} bk {p['block_k']} split {p['split_k']} warps {p['warps']} stages {p['stages']}), "
                      f"the table's x{table.get('x_floor', float('nan')):.2f}")
+    chosen: dict[tuple[str, int], dict[str, Any]] = {}
+    fastest: dict[tuple[str, int], dict[str, Any]] = {}
+    for p in result.get("sweep_mma", []):
+        key = (p["shape"], p["rows"])
+        if p["chosen"]:
+            chosen[key] = p
+        if "ms" in p and (key not in fastest or p["ms"] < fastest[key]["ms"]):
+            fastest[key] = p
+    for (shape, r), p in fastest.items():
+        mine = chosen.get((shape, r), {})
+        lines.append(f"mma sweep, {shape}, {r:2d} rows: best x{p['x_floor']:.2f} (ks {p['ks']} kw {p['kw']}), the "
+                     f"chosen x{mine.get('x_floor', float('nan')):.2f} (ks {mine.get('ks')} kw {mine.get('kw')})")
     pol = result.get("policies")
     if pol:
         b, table = pol["best"], pol["sums"][0]
@@ -254,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip", default="", help="comma list of products, tunings, decode, quality")
     ap.add_argument("--sweep-triton", action="store_true",
                     help="time the Triton int4 kernel's launch shapes at three 27B shapes, 1, 8 and 64 rows")
+    ap.add_argument("--sweep-mma", action="store_true",
+                    help="time the mma int4 kernel's input splits at the five 27B products, 1 and 8 rows")
     ap.add_argument("--layouts", action="store_true",
                     help="time the Triton int4 kernel on row-major and k-blocked codes at the five 27B products")
     ap.add_argument("--policies", action="store_true",
@@ -268,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     skip = set(filter(None, args.skip.split(",")))
     if not args.sweep_triton:
         skip.add("sweep_triton")
+    if not args.sweep_mma:
+        skip.add("sweep_mma")
     if not args.policies:
         skip.add("policies")
     if not args.layouts:
@@ -281,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
                               "pdl": args.pdl}
     out = Path(args.out)
     steps = [("products", lambda: products(bw, args.reps)), ("tunings", lambda: tunings(bw, args.reps)),
-             ("sweep_triton", lambda: sweep_triton(bw, args.reps)), ("policies", lambda: policies(bw, args.reps)),
+             ("sweep_triton", lambda: sweep_triton(bw, args.reps)), ("sweep_mma", lambda: sweep_mma(bw, args.reps)),
+             ("policies", lambda: policies(bw, args.reps)),
              ("layouts", lambda: layouts(bw, args.reps)),
              ("decode", lambda: decode_steps(bw, args.context, args.iters)),
              ("quality", lambda: quality(args.prompts, args.tokens, args.accept_prompts, args.max_tokens))]

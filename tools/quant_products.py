@@ -1,5 +1,5 @@
 """The products of a Qwen3.5-27B decode step timed one at a time on one GPU, and the int4 kernels' launch sweeps:
-what tools.bench_quant's products, tunings, sweep_triton, policies and layouts steps run (its docstring says what each
+what tools.bench_quant's products, tunings, sweep_triton, sweep_mma, policies and layouts steps run (its docstring says what each
 measures), and the timing helpers tools.bench_gemv shares.
 
 Every figure is a CUDA graph of calls cycling over enough weight copies that none is still in L2 (`graph_ms`), over
@@ -19,8 +19,11 @@ import torch
 import torch.nn.functional as F
 
 from ignis.kernels.int4_gemv import Tuning, int4_gemv, kernel, row_tile
-from ignis.kernels.int4_mma import int4_mma, pack
+from ignis.kernels.int4_mma import Shape, int4_mma, pack, row_tiles
+from ignis.kernels.int4_mma import choose as mma_choose
+from ignis.kernels.int4_mma import launch as mma_launch
 from ignis.kernels.int4_triton import Config, check, choose, int4_triton
+from ignis.kernels.launch import SPLIT_COUNTERS
 from ignis.quant.format import dequantize, quantize
 from ignis.quant.fp8 import Fp8Weight, fp8_linear, quantize_fp8
 from tools.bench_round import QWEN35_27B
@@ -206,6 +209,61 @@ def sweep_triton(bw: float, reps: int) -> list[dict[str, Any]]:
                       f"{c.block_n:3d} bk {c.block_k:3d} split {c.split_k:2d} warps {c.warps} stages {c.stages}  "
                       f"{said}", flush=True)
         del c4
+        torch.cuda.empty_cache()
+    return rows_out
+
+
+MMA_KS = (1, 2, 3, 4)  # blocks of threads along the input --sweep-mma tries
+MMA_KW = (2, 4, 6, 8, 12, 16)  # warps along a block's part of the input
+
+
+def mma_shapes(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Shape]:
+    """int4_mma's own launch for `rows` first, then its input split changed to every KS x KW of MMA_KS and MMA_KW
+    that the kernel takes: each part at least one unit of the input, at most 1,024 threads a block, the blocks'
+    counters within SPLIT_COUNTERS (the rest of each launch as int4_mma.launch makes it). What --sweep-mma times:
+    the split is what leaves the 5,120-row products' last wave part-empty on 132 SMs."""
+    nt = row_tiles(rows)
+    base = mma_choose(nout, ncols, group, sms)
+    units = ncols // (64 * base.unit)
+    found = [mma_launch(base, nt)]
+    for ks in MMA_KS:
+        for kw in MMA_KW:
+            s = mma_launch(replace(base, ks=ks, kw=kw), nt)
+            blocks = math.ceil(nout // 16 / (s.rb * s.f))
+            if ks * kw > units or 32 * kw * s.rb > 1024 or (ks > 1 and blocks > SPLIT_COUNTERS) or s in found:
+                continue
+            found.append(s)
+    return found
+
+
+def sweep_mma(bw: float, reps: int) -> list[dict[str, Any]]:
+    """int4_mma's input splits (mma_shapes) over the five 27B products at 1 and 8 rows: us and x floor each, its own
+    choice marked (a split that does not compile or launch is reported, not fatal). A split changes the order of a
+    row's sums, so a faster one replaces choose's only with its tests' references."""
+    rows_out = []
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    for name, nout, ncols in SHAPES:
+        _, c4 = _int4_copies(nout, ncols, dev)
+        cm = [pack(*p, torch.bfloat16) for p in c4]
+        del c4
+        nm = cm[0].codes.nbytes + cm[0].zs.nbytes
+        for r in (1, 8):
+            x = torch.randn(r, ncols, device=dev).bfloat16()
+            floor = (nm + 2 * r * (ncols + nout)) / bw * 1e3
+            for i, s in enumerate(mma_shapes(nout, ncols, GROUP, sms, r)):
+                row: dict[str, Any] = {"shape": name, "rows": r, "chosen": i == 0, **asdict(s)}
+                try:
+                    ms = graph_ms([partial(int4_mma, x, p, s) for p in cm], reps)
+                    row.update(ms=ms, x_floor=ms / floor)
+                    said = f"{1e3 * ms:8.1f} us  x{ms / floor:5.2f}"
+                except Exception as e:  # noqa: BLE001 - out of registers or shared memory: say so, keep sweeping
+                    row["error"] = repr(e)[:300]
+                    said = f"failed: {row['error'][:100]}"
+                rows_out.append(row)
+                print(f"mma {name:22s} rows {r}  {'chosen' if i == 0 else '      '} ks {s.ks} kw {s.kw:2d} f {s.f} "
+                      f"u {s.u} ahead {s.ahead}  {said}", flush=True)
+        del cm
         torch.cuda.empty_cache()
     return rows_out
 
