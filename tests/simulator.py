@@ -17,8 +17,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def run_parts(code: str, parts: Sequence[Sequence[str]], timeout: float) -> list[subprocess.CompletedProcess[str]]:
     """Run `code` once per part (its sys.argv[1:] the part's strings), all at once, in the simulator from the
-    repository root; each child's exit status and output, in the parts' order. A child past `timeout` seconds is
-    killed and reads as failed, and so are the others when the parent is interrupted."""
+    repository root; each child's exit status and output, in the parts' order. A child still running `timeout`
+    seconds after the parent begins to wait on it is killed and reads as failed; all are killed when the parent is
+    interrupted."""
     # the children import test modules, which import their helpers from tests/ as pytest lets them
     path = [os.path.join(ROOT, "tests"), ROOT, *filter(None, [os.environ.get("PYTHONPATH")])]
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=os.pathsep.join(path))
