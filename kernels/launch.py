@@ -54,8 +54,10 @@ def nvrtc_installed() -> bool:
 # Programmatic dependent launch (Hopper and later): the kernels that support it (the Triton ones of
 # ignis.kernels.gemv_triton, norm_triton and swiglu_triton, and the 4-bit product of int4_mma) launch so that they may
 # start before the kernel ahead of them on the stream has finished, and wait for it (griddepcontrol.wait) before they
-# read what it wrote; the weight-streaming products load their first weight tiles before that wait. A kernel launched so always waits before it ends, so the order of every kernel's
-# writes on the stream is kept. Off by default until a GPU run shows it pays (tools.bench_round --pdl).
+# read what it wrote; the weight-streaming products load their first weight tiles before that wait. A kernel launched
+# so always waits before it ends, so the order of every kernel's writes on the stream is kept. Off: on the H200 it
+# moved no bf16 round past the runs' spread and cost 3% at 8 x 8 (BENCHMARKS.md; tools.bench_round --pdl, and
+# tools.bench_quant --pdl for the 4-bit step).
 PDL = False
 
 

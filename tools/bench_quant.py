@@ -187,6 +187,20 @@ def quality(prompts_n: int, tokens: int, accept_n: int, max_tokens: int, device:
     return out
 
 
+def _fastest(sweep: list[dict[str, Any]], mark: str) -> tuple[dict[tuple[str, int], dict[str, Any]],
+                                                                 dict[tuple[str, int], dict[str, Any]]]:
+    """A sweep's timed rows by (shape, rows): the fastest of each, and the one whose `mark` is set (the default)."""
+    fastest: dict[tuple[str, int], dict[str, Any]] = {}
+    marked: dict[tuple[str, int], dict[str, Any]] = {}
+    for p in sweep:
+        key = (p["shape"], p["rows"])
+        if p[mark]:
+            marked[key] = p
+        if "ms" in p and (key not in fastest or p["ms"] < fastest[key]["ms"]):
+            fastest[key] = p
+    return fastest, marked
+
+
 def summary(result: dict[str, Any]) -> list[str]:
     """The lines the issue's done-when asks for."""
     lines = []
@@ -211,24 +225,13 @@ def summary(result: dict[str, Any]) -> list[str]:
             vt = [at[sh, "int4"]["ms"] / at[sh, "int4 triton"]["ms"] for sh, form in at if form == "int4 triton"]
             lines.append(f"int4 Triton, {r:2d} rows: worst x{max(p['x_floor'] for p in tri):.2f} of its floor; numba "
                          f"time / Triton time {min(vt):.2f}..{max(vt):.2f}")
-    best: dict[tuple[str, int], dict[str, Any]] = {}
-    for p in result.get("sweep_triton", []):
-        key = (p["shape"], p["rows"])
-        if "ms" in p and (key not in best or p["ms"] < best[key]["ms"]):
-            best[key] = p
+    best, tables = _fastest(result.get("sweep_triton", []), "table")
     for (shape, r), p in best.items():
-        table = next(q for q in result["sweep_triton"] if q["shape"] == shape and q["rows"] == r and q["table"])
+        table = tables[shape, r]
         lines.append(f"Triton sweep, {shape}, {r:2d} rows: best x{p['x_floor']:.2f} (bm {p['block_m']} bn "
                      f"{p['block_n']} bk {p['block_k']} split {p['split_k']} warps {p['warps']} stages {p['stages']}), "
                      f"the table's x{table.get('x_floor', float('nan')):.2f}")
-    chosen: dict[tuple[str, int], dict[str, Any]] = {}
-    fastest: dict[tuple[str, int], dict[str, Any]] = {}
-    for p in result.get("sweep_mma", []):
-        key = (p["shape"], p["rows"])
-        if p["chosen"]:
-            chosen[key] = p
-        if "ms" in p and (key not in fastest or p["ms"] < fastest[key]["ms"]):
-            fastest[key] = p
+    fastest, chosen = _fastest(result.get("sweep_mma", []), "chosen")
     for (shape, r), p in fastest.items():
         mine = chosen.get((shape, r), {})
         lines.append(f"mma sweep, {shape}, {r:2d} rows: best x{p['x_floor']:.2f} (ks {p['ks']} kw {p['kw']}), the "

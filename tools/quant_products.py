@@ -1,6 +1,6 @@
 """The products of a Qwen3.5-27B decode step timed one at a time on one GPU, and the int4 kernels' launch sweeps:
-what tools.bench_quant's products, tunings, sweep_triton, sweep_mma, policies and layouts steps run (its docstring says what each
-measures), and the timing helpers tools.bench_gemv shares.
+what tools.bench_quant's products, tunings, sweep_triton, sweep_mma, policies and layouts steps run (its docstring
+says what each measures), and the timing helpers tools.bench_gemv shares.
 
 Every figure is a CUDA graph of calls cycling over enough weight copies that none is still in L2 (`graph_ms`), over
 the form's own bytes at the copy bandwidth measured in the same run.
@@ -184,6 +184,18 @@ def triton_configs(rows: int, nout: int, ncols: int, group: int, sms: int) -> li
     return found
 
 
+def _timed(row: dict[str, Any], calls: list[Callable[[], object]], reps: int, floor: float) -> str:
+    """A sweep's launch timed into its row (ms and x_floor, or the error of a launch that does not compile or fit:
+    reported, not fatal); what its printed line says."""
+    try:
+        ms = graph_ms(calls, reps)
+    except Exception as e:  # noqa: BLE001 - out of shared memory or registers: say so, keep sweeping
+        row["error"] = repr(e)[:300]
+        return f"failed: {row['error'][:100]}"
+    row.update(ms=ms, x_floor=ms / floor)
+    return f"{1e3 * ms:8.1f} us  x{ms / floor:5.2f}"
+
+
 def sweep_triton(bw: float, reps: int) -> list[dict[str, Any]]:
     """The Triton kernel's launch shapes at the largest and the smallest products, 1, 8 and 64 rows: us and x floor
     a config (a config that does not compile or launch is reported, not fatal)."""
@@ -197,13 +209,7 @@ def sweep_triton(bw: float, reps: int) -> list[dict[str, Any]]:
             floor = (n4 + 2 * r * (ncols + nout)) / bw * 1e3
             for i, c in enumerate(triton_configs(r, nout, ncols, GROUP, sms)):
                 row: dict[str, Any] = {"shape": name, "rows": r, "table": i == 0, **asdict(c)}
-                try:
-                    ms = graph_ms([partial(int4_triton, x, p[0], p[1], p[2], config=c) for p in c4], reps)
-                    row.update(ms=ms, x_floor=ms / floor)
-                    said = f"{1e3 * ms:8.1f} us  x{ms / floor:5.2f}"
-                except Exception as e:  # noqa: BLE001 - out of shared memory or registers: say so, keep sweeping
-                    row["error"] = repr(e)[:300]
-                    said = f"failed: {row['error'][:100]}"
+                said = _timed(row, [partial(int4_triton, x, p[0], p[1], p[2], config=c) for p in c4], reps, floor)
                 rows_out.append(row)
                 print(f"triton {name:22s} rows {r:2d}  {'table' if i == 0 else '     '} bm {c.block_m:2d} bn "
                       f"{c.block_n:3d} bk {c.block_k:3d} split {c.split_k:2d} warps {c.warps} stages {c.stages}  "
@@ -253,13 +259,7 @@ def sweep_mma(bw: float, reps: int) -> list[dict[str, Any]]:
             floor = (nm + 2 * r * (ncols + nout)) / bw * 1e3
             for i, s in enumerate(mma_shapes(nout, ncols, GROUP, sms, r)):
                 row: dict[str, Any] = {"shape": name, "rows": r, "chosen": i == 0, **asdict(s)}
-                try:
-                    ms = graph_ms([partial(int4_mma, x, p, s) for p in cm], reps)
-                    row.update(ms=ms, x_floor=ms / floor)
-                    said = f"{1e3 * ms:8.1f} us  x{ms / floor:5.2f}"
-                except Exception as e:  # noqa: BLE001 - out of registers or shared memory: say so, keep sweeping
-                    row["error"] = repr(e)[:300]
-                    said = f"failed: {row['error'][:100]}"
+                said = _timed(row, [partial(int4_mma, x, p, s) for p in cm], reps, floor)
                 rows_out.append(row)
                 print(f"mma {name:22s} rows {r}  {'chosen' if i == 0 else '      '} ks {s.ks} kw {s.kw:2d} f {s.f} "
                       f"u {s.u} ahead {s.ahead}  {said}", flush=True)
