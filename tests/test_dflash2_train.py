@@ -22,8 +22,7 @@ from ignis.train.generate import Sequences
 from ignis.train.loop import Loop, Recipe
 from ignis.train.memory import micro_batch_for
 from ignis.engine.accept import accept_sampled
-from ignis.engine.device_sampling import shape_probs
-from ignis.train.recipe import Sampling, Teacher, _overlap, _rejected, anchors_for, losses
+from ignis.train.recipe import Teacher, _rejected, anchors_for, losses
 from ignis.train.taps import Tapper, tap_features
 from tiny import tiny_checkpoint, tiny_config
 
@@ -190,51 +189,6 @@ def test_total_variation_terms_join_the_loss_with_their_weight_alone() -> None:
     assert 0 < got["tv_selector"] <= 1 - torch.exp(-got["selector"]) + 1e-6
 
 
-@pytest.mark.parametrize(("temperature", "top_k", "top_p"), [(1.0, 20, 0.95), (0.6, 5, 0.8), (1.3, 50, 1.0)])
-def test_a_sampling_shapes_p_and_q_as_the_engine_shapes_a_request(temperature: float, top_k: int,
-                                                                  top_p: float) -> None:
-    """`Sampling.cut` is the engine's `shape_probs` kept sparse, and the shaped total variation is 1 - sum min(p, q)
-    between the two dense distributions a request sampled that way verifies with."""
-    g = torch.Generator().manual_seed(12)
-    shaping = Sampling(temperature, top_k, top_p)
-    target, drafter = (torch.randn(4, 3, VOCAB, generator=g) * 3 for _ in range(2))
-
-    def dense(logits: torch.Tensor) -> torch.Tensor:
-        ids, probs = shaping.cut(logits)
-        return torch.zeros_like(logits).scatter(-1, ids, probs)
-
-    def engine(logits: torch.Tensor) -> torch.Tensor:
-        rows = logits.reshape(-1, VOCAB)
-        n = rows.shape[0]
-        return shape_probs(rows, torch.full((n,), temperature), torch.full((n,), top_k),
-                           torch.full((n,), top_p), torch.zeros(n)).view(logits.shape)
-
-    for logits in (target, drafter):
-        torch.testing.assert_close(dense(logits), engine(logits), rtol=1e-5, atol=1e-7)
-    got = 1.0 - _overlap(*shaping.cut(target), *shaping.cut(drafter))
-    torch.testing.assert_close(got, _rejected(engine(target), engine(drafter)), rtol=1e-5, atol=1e-6)
-
-
-def test_total_variation_terms_shaped_by_a_sampling_that_cuts_nothing_are_the_unshaped_ones() -> None:
-    taps, tokens, mask = _data()
-    anchors = anchors_for(mask, 8, torch.Generator().manual_seed(2))
-    last = torch.randn(3, SEQ, 64, generator=torch.Generator().manual_seed(6))
-    model, embed = _drafter()
-    norm = RMSNorm(64, 1e-6)
-
-    def run(shaping: Sampling | None) -> dict[str, torch.Tensor]:
-        return losses(model, embed, embed, taps, tokens, mask, anchors, GAMMA, teacher=Teacher(last, norm, 1.0, 0.5,
-                                                                                               shaping))
-
-    plain, uncut, cut = run(None), run(Sampling(1.0, VOCAB, 1.0)), run(Sampling(0.7, 10, 0.9))
-    for key in ("tv_unary", "tv_selector", "loss"):
-        torch.testing.assert_close(uncut[key], plain[key], rtol=1e-5, atol=1e-6)
-    for key in ("unary", "selector", "soft_unary", "soft_selector"):  # the sampling shapes the tv terms alone
-        assert torch.equal(cut[key], plain[key])
-    assert abs(float(cut["tv_selector"].detach()) - float(plain["tv_selector"].detach())) > 1e-3
-    assert all(g.abs().sum() > 0 for g in _grads(model, cut))
-
-
 def test_the_teacher_of_slot_k_is_the_targets_distribution_after_position_a_plus_k_minus_1() -> None:
     """A teacher one-hot on each position's next token makes every soft term its hard twin; one row later it is not."""
     taps, tokens, mask = _data()
@@ -247,7 +201,7 @@ def test_the_teacher_of_slot_k_is_the_targets_distribution_after_position_a_plus
         return Teacher(last, lambda h: 1000.0 * h, 1.0)  # a "final norm" that makes head(h) one-hot on h's token
 
     teacher = one_hot_on(1)
-    p = teacher.logits(embed, torch.arange(3), torch.arange(SEQ - 1).expand(3, -1)).softmax(-1)
+    p = teacher.probs(embed, torch.arange(3), torch.arange(SEQ - 1).expand(3, -1))
     assert torch.equal(p.argmax(-1), tokens[:, 1:]) and torch.equal(p.max(-1).values, torch.ones(3, SEQ - 1))
     with torch.no_grad():
         got = losses(model, embed, embed, taps, tokens, mask, anchors, GAMMA, teacher=teacher)

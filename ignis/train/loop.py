@@ -25,7 +25,7 @@ import torch
 from ignis.backends.dflash2.model import DrafterModel
 from ignis.train.generate import Sequences
 from ignis.train.progress import Progress
-from ignis.train.recipe import Sampling, Teacher, anchors_for, losses, slot_weights
+from ignis.train.recipe import Teacher, anchors_for, losses, slot_weights
 
 # (rows, tokens [b, S], lengths) -> (the drafter's taps [b, S, F], the target's last layer's outputs [b, S, H] or None)
 Features = Callable[[list[int], torch.Tensor, list[int]], tuple[torch.Tensor, torch.Tensor | None]]
@@ -54,7 +54,6 @@ class Recipe:
     seed: int
     distill: float = 0.0  # weight of the soft (distillation) terms; 0: hard labels only
     distill_tv: float = 0.0  # weight of the total-variation terms (recipe.Teacher.tv)
-    tv_sampling: Sampling | None = None  # the requests' sampling those terms shape p and q with (Teacher.sampling)
 
     @property
     def teacher(self) -> bool:
@@ -135,8 +134,7 @@ class Loop:
         if self.recipe.teacher:
             if last is None or self.final_norm is None:
                 raise ValueError("distillation needs the target's last layer among the features and its final norm")
-            teacher = Teacher(last, self.final_norm, self.recipe.distill, self.recipe.distill_tv,
-                              self.recipe.tv_sampling)
+            teacher = Teacher(last, self.final_norm, self.recipe.distill, self.recipe.distill_tv)
         cuda = self.device.type == "cuda"
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cuda):
             out = losses(self.drafter, self.embed, self.head, taps, tokens, mask, anchors.to(self.device),

@@ -49,7 +49,6 @@ class Options:
     warmup: int = 100
     distill: float = 1.0  # weight of the soft terms against the target's distribution; 0: hard labels only
     distill_tv: float = 0.0  # weight of the total-variation terms against it (ignis.train.recipe)
-    tv_sampling: tuple[float, ...] = ()  # (temperature, top_k, top_p) shaping p and q in those terms; (): unshaped
     seed: int = 0
     steps: int = 0
     train_tokens: int = 0
@@ -115,10 +114,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--distill-tv", type=float, default=0.0, metavar="W",
                    help="weight of the total-variation terms, 1 - sum min(p, q) against the target's distribution p: "
                         "the chance a sampled draft is rejected (default 0: reported for the selector, not trained)")
-    r.add_argument("--tv-sampling", default="", metavar="T,TOP_K,TOP_P",
-                   help="the sampling the drafter will serve, e.g. 1.0,20,0.95: the total-variation terms compare p "
-                        "and q as a request sampled that way shapes them (temperature, then the top-k and top-p "
-                        "cuts); default: both unshaped at temperature 1")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--checkpoint-every", type=float, default=300.0, help="seconds of training between checkpoints")
     r.add_argument("--tap-cache", choices=("auto", "on", "off"), default="auto",
@@ -134,8 +129,7 @@ def from_args(args: argparse.Namespace) -> Options:
         intermediate_size=args.intermediate_size, taps=_ids(args.taps), block_size=args.block_size,
         sliding_window=args.sliding_window, selector_rank=args.selector_rank, selector_top_k=args.selector_top_k,
         mask_token_id=args.mask_token_id, init=args.init, shortlist=args.shortlist, batch=args.batch, anchors=args.anchors,
-        lr=args.lr, warmup=args.warmup, distill=args.distill, distill_tv=args.distill_tv,
-        tv_sampling=_sampling(args.tv_sampling), seed=args.seed, steps=args.steps,
+        lr=args.lr, warmup=args.warmup, distill=args.distill, distill_tv=args.distill_tv, seed=args.seed, steps=args.steps,
         train_tokens=parse_count(args.train_tokens, "--train-tokens"),
         time_budget=parse_seconds(args.time_budget, "--time-budget"), gen_share=args.gen_share,
         checkpoint_every=args.checkpoint_every, tap_cache=args.tap_cache, restart=args.restart,
@@ -168,11 +162,6 @@ def check(o: Options) -> None:
         raise InputError("--distill", f"must be 0 (off) or a positive weight, got {o.distill}")
     if not 0.0 <= o.distill_tv < float("inf"):
         raise InputError("--distill-tv", f"must be 0 (off) or a positive weight, got {o.distill_tv}")
-    if o.tv_sampling:
-        t, k, p = o.tv_sampling
-        if not (t > 0 and k >= 1 and 0 < p <= 1):
-            raise InputError("--tv-sampling", f"needs a temperature above 0, a top-k of at least 1 (the cut is taken "
-                                              f"over the top-k logits) and a top-p in (0, 1]; got {t}, {int(k)}, {p}")
     if not 0.0 < o.gen_share < 1.0:
         raise InputError("--gen-share", f"must be between 0 and 1, got {o.gen_share}")
     if not (o.steps or o.train_tokens or o.time_budget):
@@ -191,18 +180,6 @@ def parse_count(text: str, flag: str) -> int:
     if m is None:
         raise InputError(flag, f"expected a count such as 500000, 40M or 1.5B, got {text!r}")
     return int(float(m.group(1)) * _COUNT[m.group(2)])
-
-
-def _sampling(text: str) -> tuple[float, ...]:
-    if not text.strip():
-        return ()
-    parts = text.split(",")
-    try:
-        if len(parts) != 3:
-            raise ValueError(text)
-        return (float(parts[0]), int(parts[1]), float(parts[2]))
-    except ValueError as e:
-        raise InputError("--tv-sampling", f"expected temperature,top_k,top_p (1.0,20,0.95), got {text!r}") from e
 
 
 def _ids(text: str) -> tuple[int, ...]:

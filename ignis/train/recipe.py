@@ -17,11 +17,7 @@ cross-entropy against p itself (temperature 1), which the target's last decoder 
 output head on the label rows: slot k's label x_{a+k} was drawn from p at position a+k-1. The cross-entropy is a
 proxy for that acceptance; the total variation 1 - sum_x min(p(x), q(x)) is its complement itself (DistillSpec, Zhou
 et al. 2023, found it the better objective for sampled drafts), so it can be trained too (`Teacher.tv`), and the
-selector's is always reported: the chance a sampled draft at temperature 1 is rejected, teacher-forced. A request's
-sampling shapes both sides before the verifier compares them: p is the target's distribution at the request's
-temperature within its top-k and top-p cuts, q the drafter's within the same cuts. `Teacher.sampling` names those
-settings, and the total variation is then taken between the two shaped distributions, the rejection chance of a
-request sampled that way.
+selector's is always reported: the chance a sampled draft at temperature 1 is rejected, teacher-forced.
 """
 
 from __future__ import annotations
@@ -78,39 +74,17 @@ class Teacher:
     final_norm: Callable[[torch.Tensor], torch.Tensor]  # the target's own final RMSNorm, as it serves
     weight: float  # of each soft term beside its hard one (--distill)
     tv: float = 0.0  # of each total-variation term (--distill-tv); 0: the selector's is reported, not trained
-    sampling: Sampling | None = None  # the requests' sampling the tv terms shape p and q with; None: both unshaped
 
-    def logits(
+    def probs(
         self,
         head: torch.Tensor,  # [V, H] the target's output head
         owner: torch.Tensor,  # [n] int64: the sequence of each block
         at: torch.Tensor,  # [n, k] int64: positions within it
     ) -> torch.Tensor:
-        """[n, k, V] in the head's dtype: the target's logits after each position, computed as the target serves
-        them (no autocast, no gradient)."""
+        """[n, k, V] float32: p after each position, computed as the target serves it (no autocast, no gradient)."""
         with torch.no_grad(), torch.autocast(self.last.device.type, enabled=False):
-            return F.linear(self.final_norm(self.last[owner[:, None], at]), head)
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """A request's sampling settings, as the engine shapes a distribution with them (device_sampling.shape_probs):
-    logits over `temperature`, the `top_k` largest kept, then the smallest prefix of them whose mass reaches `top_p`."""
-
-    temperature: float
-    top_k: int  # at least 1: the cut is taken over the top_k largest logits only, never a sort of the vocabulary
-    top_p: float  # 1: no nucleus cut
-
-    def cut(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """logits [..., C] -> (ids [..., k], probs [..., k] float32): the shaped distribution, sparse over the ids it
-        may put mass on (k = min(top_k, C), largest first; a dropped id carries 0). Differentiable in the logits."""
-        values, ids = logits.topk(min(self.top_k, logits.shape[-1]), dim=-1)  # the order is the same at any T > 0
-        probs = (values.float() / self.temperature).softmax(-1)
-        if self.top_p < 1.0:
-            before = probs.cumsum(-1) - probs  # mass of the strictly larger ones, as shape_probs
-            probs = probs.masked_fill(before.detach() >= self.top_p, 0.0)
-            probs = probs / probs.sum(-1, keepdim=True)
-        return ids, probs
+            hidden = self.final_norm(self.last[owner[:, None], at])
+            return F.linear(hidden, head).softmax(-1, dtype=torch.float32)
 
 
 def losses(
@@ -162,21 +136,10 @@ def losses(
     out = {"unary": _weighted(-logp.gather(-1, labels[..., None])[..., 0], weight, norm)}
     zero = torch.zeros((), device=dev)
     # Slot k's label x_{a+k} is what the target drew from its distribution after position a+k-1.
-    p = served = shaping = None
-    if teacher is not None:
-        theirs = teacher.logits(head, owner, q_pos[:, :-1].clamp(max=seq - 1))  # [n, k, V]
-        shaping = teacher.sampling
-        served = None if shaping is None else shaping.cut(theirs)  # ([n, k, top_k], [n, k, top_k])
-        p = theirs.softmax(-1, dtype=torch.float32)
-        del theirs
+    p = None if teacher is None else teacher.probs(head, owner, q_pos[:, :-1].clamp(max=seq - 1))  # [n, k, V]
     out["soft_unary"] = zero if p is None else _weighted(-(p * logp).sum(-1), weight, norm)
     tv = 0.0 if teacher is None else teacher.tv
-    if p is None or tv == 0:
-        out["tv_unary"] = zero
-    elif served is None or shaping is None:
-        out["tv_unary"] = _weighted(_rejected(p, logp.exp()), weight, norm)
-    else:
-        out["tv_unary"] = _weighted(1.0 - _overlap(*served, *shaping.cut(logits)), weight, norm)
+    out["tv_unary"] = zero if p is None or tv == 0 else _weighted(_rejected(p, logp.exp()), weight, norm)
     unary_pick = logits.argmax(-1)
     if model.candidate_selector is not None:
         sel = model.candidate_selector
@@ -191,13 +154,7 @@ def losses(
         slogp = scores.log_softmax(-1)  # [n, k, K]
         out["selector"] = _weighted(-slogp.gather(-1, target[..., None])[..., 0], weight, norm)
         out["soft_selector"] = zero if p is None else _weighted(-(p.gather(-1, cand) * slogp).sum(-1), weight, norm)
-        if p is None:
-            out["tv_selector"] = zero
-        elif served is None or shaping is None:
-            out["tv_selector"] = _weighted(_rejected(p.gather(-1, cand), slogp.exp()), weight, norm)
-        else:  # the selector's q is softmax(scores / T) over its candidates, within the same cuts
-            column, q = shaping.cut(scores)
-            out["tv_selector"] = _weighted(1.0 - _overlap(*served, cand.gather(-1, column), q), weight, norm)
+        out["tv_selector"] = zero if p is None else _weighted(_rejected(p.gather(-1, cand), slogp.exp()), weight, norm)
         chosen = cand.gather(-1, scores.argmax(-1, keepdim=True))[..., 0]
     else:
         out["selector"] = out["soft_selector"] = out["tv_selector"] = zero
@@ -218,14 +175,6 @@ def losses(
 def _rejected(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """[..., V] -> [...]: 1 - sum min(p, q), the chance rejection sampling turns down a draft drawn from q."""
     return 1.0 - torch.minimum(p, q).sum(-1)
-
-
-def _overlap(a: torch.Tensor, pa: torch.Tensor, b: torch.Tensor, pb: torch.Tensor) -> torch.Tensor:
-    """sum_x min(pa(x), pb(x)) for two sparse distributions, ids a [..., m] and b [..., n] (distinct within a row),
-    probabilities pa and pb beside them -> [...]."""
-    match = (a[..., :, None] == b[..., None, :]).to(pb.dtype)  # [..., m, n]
-    pb_at_a = (match * pb[..., None, :]).sum(-1)  # [..., m]: pb at each of a's ids, 0 where b lacks it
-    return torch.minimum(pa, pb_at_a).sum(-1)
 
 
 def _weighted(per_slot: torch.Tensor, weight: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:

@@ -122,17 +122,14 @@ def train_drafter(o: Options) -> dict[str, Any]:
     head = embed if model.lm_head is None else dense(model.lm_head.weight, embed.dtype)  # a 4-bit head dequantized
     params = sum(p.numel() for p in drafter.parameters())
     log(f"drafter: {cfg.num_layers} layers, taps {list(cfg.target_layer_ids)}, {params / 1e6:.2f}M parameters")
-    shaping = recipe.Sampling(o.tv_sampling[0], int(o.tv_sampling[1]), o.tv_sampling[2]) if o.tv_sampling else None
     if o.distill or o.distill_tv:
         final = target.num_hidden_layers - 1
         also = "" if final in cfg.target_layer_ids else ", tapped for it alone"
         tv = f", total variation {o.distill_tv}" if o.distill_tv else ""
-        if o.distill_tv and shaping:
-            tv += f" at temperature {shaping.temperature}, top-k {shaping.top_k}, top-p {shaping.top_p}"
         log(f"distill: weight {o.distill}{tv}, the teacher reads the target's last layer ({final}{also})")
     loop = Loop(drafter, embed, head, features, data, list(range(len(data))),
                 Recipe(o.batch, o.anchors, o.lr, o.warmup, recipe.gamma_for(o.block_size), o.seed, o.distill,
-                       o.distill_tv, shaping), device,
+                       o.distill_tv), device,
                 final_norm=model.norm)
     checkpoint = run / "checkpoint.pt"
     if checkpoint.is_file():
@@ -212,9 +209,8 @@ def _check_resume(path: Path, o: Options, model_dir: Path) -> dict[str, Any]:
             "model_config": json.loads((model_dir / "config.json").read_text())}
     if not path.is_file():
         return want
-    # runs from before --distill trained on hard labels, those from before --distill-tv without it, and those from
-    # before --tv-sampling on unshaped distributions
-    have = {"distill": 0.0, "distill_tv": 0.0, "tv_sampling": [], **json.loads(path.read_text())}
+    # runs from before --distill trained on hard labels, and those from before --distill-tv without it
+    have = {"distill": 0.0, "distill_tv": 0.0, **json.loads(path.read_text())}
     diff = [f"{k} {have.get(k)!r} (now {v!r})" for k, v in want.items() if have.get(k) != v and k != "model_config"]
     if have.get("model_config") != want["model_config"]:
         diff.append("the model's config.json")
