@@ -50,8 +50,9 @@ def sample_files(roots: list[str], max_bytes: int) -> list[SourceFile]:
 
 
 def build_prompts(tok: Tokenizer, files: list[SourceFile], count: int, length: int, chat_share: float,
-                  seed: int) -> torch.Tensor:
-    """[count, length] int64 prompts: code windows at line starts, and a `chat_share` of ChatML requests."""
+                  seed: int) -> tuple[torch.Tensor, int]:
+    """([count, length] int64 prompts, how many are chat): code windows at line starts, and a `chat_share` of ChatML
+    requests, as many as the sampled files' functions give (fewer than the share asks when they run out)."""
     rng = random.Random(seed)
     tok.encode_special_tokens = True  # source that mentions "<|im_end|>" stays text
     docs = [np.asarray(e.ids, dtype=np.int64) for e in tok.encode_batch([f.text for f in files])]
@@ -78,7 +79,7 @@ def build_prompts(tok: Tokenizer, files: list[SourceFile], count: int, length: i
             out[i] = doc[start : start + length]
     order = list(range(count))
     rng.shuffle(order)  # chat and code mixed in every generation batch
-    return torch.from_numpy(out[order])
+    return torch.from_numpy(out[order]), n_chat
 
 
 def main() -> None:
@@ -94,10 +95,13 @@ def main() -> None:
     args = ap.parse_args()
     tok = Tokenizer.from_file(str(args.target / "tokenizer.json"))
     files = sample_files(corpus.default_roots(site_packages=not args.toy), int((2 if args.toy else args.max_mb) * 1e6))
-    prompts = build_prompts(tok, files, args.sequences, args.prompt_len, args.chat_share, args.seed)
+    prompts, n_chat = build_prompts(tok, files, args.sequences, args.prompt_len, args.chat_share, args.seed)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(json.dumps({"prompt_token_ids": row}) + "\n" for row in prompts.tolist()))
-    print(f"{args.out}: {prompts.shape[0]} prompts of {args.prompt_len} tokens from {len(files)} training files")
+    asked = int(args.sequences * args.chat_share)
+    short = f" (the share asked for {asked}; the sampled files' functions gave no more)" if n_chat < asked else ""
+    print(f"{args.out}: {prompts.shape[0]} prompts of {args.prompt_len} tokens from {len(files)} training files, "
+          f"{n_chat} of them chat requests{short}")
 
 
 if __name__ == "__main__":
