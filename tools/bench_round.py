@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=40)
     ap.add_argument("--attention", default="auto", choices=attention.PATHS,
                     help="the attention kernels' path (ignis.kernels.attention.use)")
-    ap.add_argument("--tokens-per-round", type=float, default=5.523,
+    ap.add_argument("--tokens-per-round", type=float, default=5.589,
                     help="dflash2 tokens per round of the built-in pair on held-out code (BENCHMARKS.md), for the "
                          "projected speed-up")
     ap.add_argument("--conv-blocks", default=str(fused.CONV_BLOCKS),
