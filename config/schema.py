@@ -88,11 +88,12 @@ class SpecSection:
     backend: str = text(AUTO)  # "auto" or a name in the entry-point group ignis.spec_backends
     draft_tokens: int = integer(0, 0, MAX_DRAFT_TOKENS, allowed=f"0 (unset) or 1..{MAX_DRAFT_TOKENS}")
     draft_head: str = choice("full", "full", "shortlist")
-    # The dflash2 drafter's projections: in the checkpoint's precision ("model"), or float8 e4m3 with a scale per
+    # The dflash2 drafter's projections: in the checkpoint's precision ("model"), float8 e4m3 with a scale per
     # output channel made at load ("fp8": a byte a weight, about 40% less drafter memory at the 27B shape, acceptance
     # unchanged, not faster on the H200; its products run ignis.quant.fp8's kernel on CUDA, the dequantized reference
-    # elsewhere). Drafts only propose: the output stays the target's.
-    draft_weights: str = choice("model", "model", "fp8")
+    # elsewhere), or 4-bit codes over groups of 128 input columns made at load ("int4": the 4-bit product of
+    # ignis.quant.linear, as a quantized target's). Drafts only propose: the output stays the target's.
+    draft_weights: str = choice("model", "model", "fp8", "int4")
     # Sampled requests: draw drafts from the drafter's own distribution q, shaped by the request's temperature, top-k,
     # top-p and min-p ("sampled"), or take its argmax, a one-hot q ("greedy"). Both keep the output exact; q that
     # follows the target accepts more.

@@ -181,7 +181,7 @@ def _plan(cfg: IgnisConfig, model_dir: Path, *, fitted: bool) -> MemoryPlan:
         Item("weights", weights, f"target, {fmt}" + (" with its MTP layer" if mtp else "")),
         Item("recurrent states", recurrent, f"{sum(1 for t in config.layer_types if t != 'full_attention')} Gated "
                                             f"DeltaNet layers x {ec.lanes + 1} lanes, fp32, with the verify record"),
-        _drafter(cfg, model_dir, config, dtype),
+        _drafter(cfg, model_dir, config, dtype, cuda),
     ]
     rows = ec.lanes * (k + 1)
     hidden = max(2 * config.intermediate_size, config.conv_dim + config.value_dim, 4 * config.hidden_size)
@@ -297,14 +297,14 @@ def _stored_bytes(name: str, t: torch.Tensor, size: int) -> int:
     return t.numel() * size
 
 
-def _drafter(cfg: IgnisConfig, model_dir: Path, target: ModelConfig, dtype: torch.dtype) -> Item:
+def _drafter(cfg: IgnisConfig, model_dir: Path, target: ModelConfig, dtype: torch.dtype, cuda: bool) -> Item:
     """The drafter's weights and its own cache."""
     ec = cfg.engine
     size = torch.finfo(dtype).bits // 8
     if cfg.spec.backend == "dflash2":
         from ignis.backends.dflash2.config import DrafterConfig
         from ignis.backends.dflash2.context import ContextCache
-        from ignis.backends.dflash2.model import fp8_converted
+        from ignis.backends.dflash2.model import INT4_GROUPS, fp8_converted
         from ignis.backends.dflash2.weights import expected_shapes
 
         path = cfg.spec.drafter_dir(model_dir)
@@ -312,12 +312,19 @@ def _drafter(cfg: IgnisConfig, model_dir: Path, target: ModelConfig, dtype: torc
         shapes = expected_shapes(dcfg)
         params = sum(int(torch.Size(s).numel()) for s in shapes.values())
         weights = params * size
+        converted = [s for name, s in shapes.items() if fp8_converted(name)]
         if cfg.spec.draft_weights == "fp8":  # a byte a converted weight and an fp32 scale a row, not `size` bytes
-            converted = [s for name, s in shapes.items() if fp8_converted(name)]
             weights -= sum(int(torch.Size(s).numel()) * (size - 1) - 4 * s[0] for s in converted)
+        elif cfg.spec.draft_weights == "int4":  # DrafterModel.to_int4: half a byte a weight, a scale and a zero a group
+            for out, cols in converted:
+                group = next((g for g in INT4_GROUPS if cols % g == 0), 0)
+                if group:  # in the mma kernel's order on CUDA: 4 bytes a row and group, as a quantized target's
+                    held = 4 if cuda and uses_mma(torch.device("cuda"), dtype) and int4_mma.fits(out, cols, group) \
+                        else size + 1
+                    weights -= out * cols * size - (out * cols // 2 + out * (cols // group) * held)
         context = ContextCache(dcfg, lanes=ec.lanes, context=ec.context, device=torch.device("meta"), dtype=dtype)
         shortlist = (path / "shortlist.safetensors").stat().st_size if cfg.spec.draft_head == "shortlist" else 0
-        form = ", projections in fp8" if cfg.spec.draft_weights == "fp8" else ""
+        form = {"fp8": ", projections in fp8", "int4": ", projections in 4-bit"}.get(cfg.spec.draft_weights, "")
         return Item("drafter", weights + context.nbytes() + shortlist,
                     f"dflash2, {params / 1e9:.2f} B parameters{form} + its context K/V ({dcfg.num_layers} layers)")
     if cfg.spec.backend == "mtp":

@@ -51,6 +51,12 @@ class MmaCodes:
     def shape(self) -> torch.Size:
         return torch.Size((self.codes.shape[0] * 16, self.codes.shape[1] * 64))
 
+    def __getitem__(self, rows: slice) -> MmaCodes:
+        """Features rows.start..rows.stop (multiples of 16, no step) as views, as a dense weight's rows slice."""
+        if rows.step not in (None, 1):
+            raise ValueError(f"MmaCodes rows are taken without a step, got {rows}")
+        return self.rows(rows.start or 0, self.shape[0] if rows.stop is None else rows.stop)
+
     def rows(self, start: int, stop: int) -> MmaCodes:
         """Features start..stop (multiples of 16) as views."""
         if start % 16 or stop % 16:

@@ -25,6 +25,7 @@ from ignis.model.config import ModelConfig
 from ignis.model.loader import load_model
 from ignis.params import SamplingParams
 from ignis.quant.fp8 import Fp8Linear
+from ignis.quant.linear import QuantLinear
 from tiny import tiny_checkpoint
 from tools.artifact.build_shortlist import build as build_shortlist
 from tools.artifact.build_shortlist import count_ids
@@ -143,6 +144,30 @@ def test_an_fp8_drafter_keeps_greedy_output_and_its_drafts(ckpt: Path, work, ref
     engine = make_engine(ckpt, drafters["dflash2"], 7, 4, weights="fp8", **model)
     converted = [m for m in engine.runner.backend.model.modules() if isinstance(m, Fp8Linear)]
     assert len(converted) == 1 + 2 * 7  # fc, and q, k, v, o, gate, up, down of each of the two layers
+    out = run(engine, ps, params)
+    for rid, ref in reference.items():
+        assert out[rid].token_ids == ref, f"request {rid} diverged from off"
+    s = engine.stats()
+    assert s.accepted > s.drafted / 4
+
+
+@pytest.mark.parametrize("model", [{}, {"model.exact": "off"}], ids=["exact", "fused"])
+def test_an_int4_drafter_keeps_greedy_output_and_its_drafts(ckpt: Path, work, reference, drafters,
+                                                           model: dict[str, str]) -> None:
+    """spec.draft_weights = "int4": the drafter's projections as 4-bit codes (fused or not) still leave greedy output
+    equal to off, each product is the dequantized weight's, and the bigram drafter's table survives the rounding."""
+    ps, params = work
+    engine = make_engine(ckpt, drafters["dflash2"], 7, 4, weights="int4", **model)
+    drafter = engine.runner.backend.model
+    packed = [m for m in drafter.modules() if isinstance(m, QuantLinear)]
+    assert len(packed) == 1 + 2 * 7  # fc, and q, k, v, o, gate, up, down of each of the two layers
+    dense = load_drafter(drafters["dflash2"], drafter.config, device=torch.device("cpu"), dtype=torch.float32)
+    x = torch.randn(3, packed[0].in_features, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        got = packed[0].weight.dequantize()
+        step = packed[0].scales.float().repeat_interleave(packed[0].group, dim=1)
+        assert ((got - dense.fc.weight).abs() <= step / 2 * (1 + 1e-4)).all()  # the format's rounding: half a step
+        torch.testing.assert_close(packed[0](x), x @ got.T, rtol=1e-5, atol=1e-5)
     out = run(engine, ps, params)
     for rid, ref in reference.items():
         assert out[rid].token_ids == ref, f"request {rid} diverged from off"

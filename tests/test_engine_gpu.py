@@ -209,6 +209,29 @@ def test_graph_rounds_give_the_eager_rounds_tokens(backend: str, k: int, lanes: 
     assert outs[0] == outs[1]
 
 
+@pytest.mark.parametrize("lanes", [1, 8])
+def test_an_int4_drafter_in_graph_rounds_gives_the_eager_rounds_tokens(lanes: int) -> None:
+    """spec.draft_weights = "int4": the drafter's projections held in the mma kernel's order run under capture, and
+    the captured round gives the eager device round's tokens."""
+    from engines import run
+    from ignis.config import load_config
+    from ignis.engine.core import Engine
+    from ignis.quant.linear import QuantLinear
+
+    ps = _heldout(8)
+    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+    outs = []
+    for graphs in (True, False):
+        engine = Engine(load_config(profile="h200", overrides={
+            "model.path": str(BUILTIN), "spec.backend": "dflash2", "spec.draft_tokens": 7, "spec.draft_weights": "int4",
+            "engine.lanes": lanes, "engine.context": 1024, "engine.cuda_graphs": graphs, "log.level": "warning"}))
+        packed = [m for m in engine.runner.backend.model.modules() if isinstance(m, QuantLinear)]
+        assert packed and all(m.mma is not None for m in packed)
+        assert bool(engine.runner.device_round.graphs) == graphs
+        outs.append({rid: d.token_ids for rid, d in run(engine, ps, params).items()})
+    assert outs[0] == outs[1]
+
+
 @pytest.mark.parametrize("backend,k", [("off", 0), ("dflash2", 7)])
 def test_the_device_prefill_gives_the_host_prefills_first_token(backend: str, k: int) -> None:
     """In fp32, prompts of 1 to 200 tokens: the graph pieces' first token and its log-probability are the host

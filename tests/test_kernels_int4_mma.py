@@ -73,6 +73,7 @@ def test_unpack_returns_the_formats_tensors(group: int, dtype: torch.dtype, scal
     assert torch.equal(back[0], qw) and torch.equal(back[1], s.to(scale_dtype)) and torch.equal(back[2], z)
     assert torch.equal(w.dequantize(), dequantize(qw, s.to(scale_dtype), z, dtype))
     assert torch.equal(w.rows(16, 48).dequantize(), w.dequantize()[16:48])
+    assert torch.equal(w[16:].dequantize(), w.dequantize()[16:]) and w[:32].shape == (32, 512)  # a slice, as dense
 
 
 def test_shapes_the_layout_does_not_take_are_refused() -> None:

@@ -17,6 +17,7 @@ from ignis.model.random import _full_config
 from ignis.plan import GIB, memory_plan
 from ignis.quant.convert import convert
 from ignis.quant.format import QuantConfig
+from ignis.quant.linear import uses_mma
 from tools.bench_round import QWEN35_27B
 
 BUILTIN_DRAFTER = Path(__file__).resolve().parents[1] / "ignis" / "builtin" / "drafter" / "config.json"
@@ -91,6 +92,18 @@ def test_an_fp8_drafter_is_planned_at_a_byte_a_projection_weight(q27b: dict[str,
     rows = 5120 + 5 * (6144 + 5120 + 2 * 17408 + 5120)
     assert bf16.nbytes - fp8.nbytes == converted - 4 * rows
     assert "fp8" in fp8.how and "fp8" not in bf16.how
+
+
+def test_an_int4_drafter_is_planned_at_half_a_byte_a_projection_weight(q27b: dict[str, Path]) -> None:
+    plans = {w: memory_plan(load_config(profile="h200", overrides={**DFLASH2, "spec.draft_weights": w}), q27b["bf16"])
+             for w in ("model", "int4")}
+    bf16, int4 = ({i.name: i for i in plans[w].items}["drafter"] for w in ("model", "int4"))
+    # the fp8 test's projections, every one in groups of 128: half a byte a weight, and per row and group a bf16
+    # scale and a uint8 zero (3 bytes), or 4 bytes once held in the mma kernel's order on CUDA
+    weights = 25600 * 5120 + 5 * (6144 * 5120 + 5120 * 4096 + 3 * 17408 * 5120)
+    held = 4 if uses_mma(torch.device("cuda"), torch.bfloat16) else 3
+    assert bf16.nbytes - int4.nbytes == 2 * weights - (weights // 2 + weights // 128 * held)
+    assert "4-bit" in int4.how and "4-bit" not in bf16.how
 
 
 def test_the_planned_weights_are_what_the_loader_holds(tmp_path: Path) -> None:

@@ -3,8 +3,8 @@
 For the Qwen3.5-27B shape (random bf16 weights built on the GPU, no checkpoint on disk) and the built-in model, and
 for each case (plain decode; the target's verify round with free drafts; mtp and dflash2 at 7 drafts, drafter
 included; dflash2-sl, dflash2 proposing through its 4-bit shortlist head, spec.draft_head = "shortlist": the built-in
-drafter's own, a random one of SHORTLIST_TOKENS rows for the 27B; dflash2-sl-fp8, the same with the drafter's
-projections in fp8, spec.draft_weights = "fp8") at 1 and 8 lanes: ms a round through
+drafter's own, a random one of SHORTLIST_TOKENS rows for the 27B; dflash2-sl-fp8 and dflash2-sl-int4, the same with
+the drafter's projections in fp8 or 4-bit, spec.draft_weights) at 1 and 8 lanes: ms a round through
 `DeviceRound.run` (host work and the one read-back included), GPU kernel time and kernels per round from the profiler
 (eager), and the ratio to the floor: the bytes a round must move (the target's weights once, each lane's recurrent
 state read and written, its keys and values read) over the device-to-device copy bandwidth measured in the same run.
@@ -108,7 +108,9 @@ CASES = [Case("decode", "off", 0, 1), Case("decode", "off", 0, 8), Case("verify"
          Case("verify", "verify", 7, 8), Case("mtp", "mtp", 7, 1), Case("mtp", "mtp", 7, 8),
          Case("dflash2", "dflash2", 7, 1), Case("dflash2", "dflash2", 7, 8),
          Case("dflash2-sl", "dflash2-shortlist", 7, 1), Case("dflash2-sl", "dflash2-shortlist", 7, 8),
-         Case("dflash2-sl-fp8", "dflash2-shortlist-fp8", 7, 1), Case("dflash2-sl-fp8", "dflash2-shortlist-fp8", 7, 8)]
+         Case("dflash2-sl-fp8", "dflash2-shortlist-fp8", 7, 1), Case("dflash2-sl-fp8", "dflash2-shortlist-fp8", 7, 8),
+         Case("dflash2-sl-int4", "dflash2-shortlist-int4", 7, 1),
+         Case("dflash2-sl-int4", "dflash2-shortlist-int4", 7, 8)]
 # the random 27B drafter's shortlist head (spec.draft_head = "shortlist"): as many tokens as docs/drafter-training.md's
 # 27B command keeps (--shortlist 32768); the built-in drafter has its own (4,096)
 SHORTLIST_TOKENS = 32768
@@ -151,7 +153,8 @@ def build_backend(kind: str, k: int, model: HybridModel, path: Path, lanes: int,
         return FreeDrafts(k)
     head, weights = "full", "model"
     if kind.startswith("dflash2-shortlist"):
-        kind, head, weights = "dflash2", "shortlist", "fp8" if kind.endswith("-fp8") else "model"
+        weights = next((w for w in ("fp8", "int4") if kind.endswith(f"-{w}")), "model")
+        kind, head = "dflash2", "shortlist"
     overrides = {"model.path": str(path), "spec.backend": kind, "spec.draft_tokens": k, "spec.draft_head": head,
                  "spec.draft_weights": weights, "log.level": "warning"}
     ctx = BackendContext(model, load_config(overrides=overrides), path, lanes, context, device, dtype)

@@ -56,6 +56,8 @@ class DFlash2:
         self.model = load_drafter(path, cfg, device=ctx.device, dtype=ctx.dtype) if drafter is None else drafter
         if spec.draft_weights == "fp8":
             self.model.to_fp8()
+        elif spec.draft_weights == "int4":
+            self.model.to_int4()
         if not ctx.model.exact:  # fewer, larger launches; exact mode keeps the reference arithmetic
             self.model.fuse()
             self.model.rope.precompute(ctx.context + cfg.block_size + 1, ctx.device, ctx.dtype)

@@ -22,10 +22,13 @@ from ignis.kernels import fused
 from torch import nn
 
 from ignis.model.ops import Rope, Weight, apply_rope, fuse_rows, linear
+from ignis.quant.format import quantize
 from ignis.quant.fp8 import Fp8Linear, fuse_fp8, quantize_fp8
+from ignis.quant.linear import QuantLinear, fuse_packed, to_mma, uses_mma
 
 
 FP8_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # `to_fp8`'s
+INT4_GROUPS = (128, 64)  # `to_int4`'s group of input columns: the first that divides a projection's inputs
 
 
 def fp8_converted(name: str) -> bool:
@@ -96,6 +99,8 @@ class Attention(nn.Module):
     def fuse(self) -> None:
         if isinstance(self.q_proj, Fp8Linear):
             self.qkv_proj = fuse_fp8((self.q_proj, self.k_proj, self.v_proj))  # type: ignore[arg-type]
+        elif isinstance(self.q_proj, QuantLinear):  # None where the three did not pack alike: they run unfused
+            self.qkv_proj = fuse_packed((self.q_proj, self.k_proj, self.v_proj))  # type: ignore[arg-type]
         else:
             self.qkv_proj = fuse_rows(self.q_proj, self.k_proj, self.v_proj)
 
@@ -160,6 +165,8 @@ class Mlp(nn.Module):
     def fuse(self) -> None:
         if isinstance(self.gate_proj, Fp8Linear):
             self.gate_up = fuse_fp8((self.gate_proj, self.up_proj))  # type: ignore[arg-type]
+        elif isinstance(self.gate_proj, QuantLinear):
+            self.gate_up = fuse_packed((self.gate_proj, self.up_proj))  # type: ignore[arg-type]
         else:
             self.gate_up = fuse_rows(self.gate_proj, self.up_proj)
 
@@ -233,6 +240,31 @@ class DrafterModel(nn.Module):
                 parent, _, attr = name.rpartition(".")
                 setattr(self.get_submodule(parent), attr, Fp8Linear(quantize_fp8(module.weight)))
                 done += 1
+        return done
+
+    @torch.no_grad()
+    def to_int4(self) -> int:
+        """Inference only, before `fuse`: the projections `to_fp8` converts become 4-bit QuantLinear (the format's
+        min-max codes over groups of 128 input columns, 64 where 128 does not divide them; ignis.quant.format), one
+        at a time on the weight's device, held in the mma kernel's order where that kernel runs. A projection whose
+        inputs neither group divides stays dense. Returns how many were converted."""
+        done = 0
+        for name, module in list(self.named_modules()):
+            if not fp8_converted(name):
+                continue
+            assert isinstance(module, nn.Linear) and module.bias is None
+            group = next((g for g in INT4_GROUPS if module.in_features % g == 0), 0)
+            if not group:
+                continue
+            packed = QuantLinear(module.in_features, module.out_features, group)
+            qweight, scales, qzeros = quantize(module.weight, group)
+            # scales take the model's dtype, as a quantized checkpoint's do when it loads (ignis.model.loader)
+            packed.qweight, packed.scales, packed.qzeros = qweight, scales.to(module.weight.dtype), qzeros
+            if uses_mma(module.weight.device, module.weight.dtype):
+                to_mma(packed, module.weight.dtype)
+            parent, _, attr = name.rpartition(".")
+            setattr(self.get_submodule(parent), attr, packed)
+            done += 1
         return done
 
     @torch.no_grad()
