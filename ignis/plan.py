@@ -316,12 +316,13 @@ def _drafter(cfg: IgnisConfig, model_dir: Path, target: ModelConfig, dtype: torc
         if cfg.spec.draft_weights == "fp8":  # a byte a converted weight and an fp32 scale a row, not `size` bytes
             weights -= sum(int(torch.Size(s).numel()) * (size - 1) - 4 * s[0] for s in converted)
         elif cfg.spec.draft_weights == "int4":  # DrafterModel.to_int4: half a byte a weight, a scale and a zero a group
-            for out, cols in converted:
-                group = next((g for g in INT4_GROUPS if cols % g == 0), 0)
-                if group:  # in the mma kernel's order on CUDA: 4 bytes a row and group, as a quantized target's
-                    held = 4 if cuda and uses_mma(torch.device("cuda"), dtype) and int4_mma.fits(out, cols, group) \
-                        else size + 1
-                    weights -= out * cols * size - (out * cols // 2 + out * (cols // group) * held)
+            groups = [next((g for g in INT4_GROUPS if cols % g == 0), INT4_GROUPS[-1]) for _, cols in converted]
+            # in the mma kernel's order on CUDA when it takes every projection: 4 bytes a row and group, not 3
+            mma = cuda and uses_mma(torch.device("cuda"), dtype) and all(
+                int4_mma.fits(out, cols, g) for (out, cols), g in zip(converted, groups, strict=True))
+            held = 4 if mma else size + 1
+            weights -= sum(out * cols * size - (out * cols // 2 + out * (cols // g) * held)
+                           for (out, cols), g in zip(converted, groups, strict=True))
         context = ContextCache(dcfg, lanes=ec.lanes, context=ec.context, device=torch.device("meta"), dtype=dtype)
         shortlist = (path / "shortlist.safetensors").stat().st_size if cfg.spec.draft_head == "shortlist" else 0
         form = {"fp8": ", projections in fp8", "int4": ", projections in 4-bit"}.get(cfg.spec.draft_weights, "")

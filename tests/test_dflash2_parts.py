@@ -45,9 +45,11 @@ def target(ckpt: Path) -> ModelConfig:
     return ModelConfig.from_dir(ckpt)
 
 
-def backend(ckpt: Path, drafter: Path, k: int = 7, head: str = "full", lanes: int = 2) -> DFlash2:
+def backend(ckpt: Path, drafter: Path, k: int = 7, head: str = "full", lanes: int = 2,
+            weights: str = "model") -> DFlash2:
     overrides = {"model.path": str(ckpt), "spec.backend": "dflash2", "spec.draft_tokens": k,
-                 "spec.drafter": str(drafter), "spec.draft_head": head, "engine.lanes": lanes}
+                 "spec.drafter": str(drafter), "spec.draft_head": head, "engine.lanes": lanes,
+                 "spec.draft_weights": weights}
     config = load_config(profile="cpu", overrides=overrides)
     model = load_model(ckpt, device=CPU, dtype=torch.float32, exact=False)
     return DFlash2(BackendContext(model, config, ckpt, lanes, 256, CPU, torch.float32))
@@ -120,6 +122,15 @@ def test_draft_tokens_above_the_trained_width_is_refused_naming_it(ckpt: Path, t
         backend(ckpt, drafter, k=5)
     assert err.value.key == "spec.draft_tokens" and "at most 3 drafts" in str(err.value)
     assert backend(ckpt, drafter, k=3).draft_tokens == 3
+
+
+def test_an_int4_drafter_whose_inputs_the_groups_do_not_divide_is_refused_naming_the_key(
+        ckpt: Path, target: ModelConfig, tmp_path: Path) -> None:
+    drafter = save_random_drafter(tmp_path / "d", target, intermediate_size=96)  # down_proj: 96 inputs
+    with pytest.raises(ConfigError) as err:
+        backend(ckpt, drafter, weights="int4")
+    assert err.value.key == "spec.draft_weights" and "down_proj takes 96 inputs" in str(err.value)
+    assert backend(ckpt, drafter).draft_tokens == 7  # the same drafter in its own precision loads
 
 
 @pytest.mark.parametrize("head", ["full", "shortlist"])

@@ -57,7 +57,10 @@ class DFlash2:
         if spec.draft_weights == "fp8":
             self.model.to_fp8()
         elif spec.draft_weights == "int4":
-            self.model.to_int4()
+            try:
+                self.model.to_int4()
+            except ValueError as e:
+                raise ConfigError("spec.draft_weights", f"int4 does not fit the drafter in {path}: {e}") from e
         if not ctx.model.exact:  # fewer, larger launches; exact mode keeps the reference arithmetic
             self.model.fuse()
             self.model.rope.precompute(ctx.context + cfg.block_size + 1, ctx.device, ctx.dtype)

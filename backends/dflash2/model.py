@@ -18,13 +18,13 @@ from typing import cast
 import torch
 import torch.nn.functional as F
 from ignis.backends.dflash2.config import DrafterConfig
-from ignis.kernels import fused
+from ignis.kernels import fused, int4_mma
 from torch import nn
 
 from ignis.model.ops import Rope, Weight, apply_rope, fuse_rows, linear
 from ignis.quant.format import quantize
 from ignis.quant.fp8 import Fp8Linear, fuse_fp8, quantize_fp8
-from ignis.quant.linear import QuantLinear, fuse_packed, to_mma, uses_mma
+from ignis.quant.linear import QuantLinear, fuse_packed, uses_mma
 
 
 FP8_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # `to_fp8`'s
@@ -246,26 +246,31 @@ class DrafterModel(nn.Module):
     def to_int4(self) -> int:
         """Inference only, before `fuse`: the projections `to_fp8` converts become 4-bit QuantLinear (the format's
         min-max codes over groups of 128 input columns, 64 where 128 does not divide them; ignis.quant.format), one
-        at a time on the weight's device, held in the mma kernel's order where that kernel runs. A projection whose
-        inputs neither group divides stays dense. Returns how many were converted."""
-        done = 0
-        for name, module in list(self.named_modules()):
-            if not fp8_converted(name):
-                continue
+        at a time on the weight's device, all held in the mma kernel's order where that kernel runs and takes every
+        one of them (else none, so that a layer's projections still fuse). Raises ValueError, before converting any,
+        where a projection's inputs are not a multiple of 64. Returns how many were converted."""
+        targets = [(name, m) for name, m in self.named_modules() if fp8_converted(name)]
+        groups: dict[str, int] = {}
+        for name, module in targets:
             assert isinstance(module, nn.Linear) and module.bias is None
-            group = next((g for g in INT4_GROUPS if module.in_features % g == 0), 0)
-            if not group:
-                continue
-            packed = QuantLinear(module.in_features, module.out_features, group)
-            qweight, scales, qzeros = quantize(module.weight, group)
+            groups[name] = next((g for g in INT4_GROUPS if module.in_features % g == 0), 0)
+            if not groups[name]:
+                raise ValueError(f"{name} takes {module.in_features} inputs, not a multiple of {INT4_GROUPS[-1]}: "
+                                 f"the 4-bit format's groups do not divide them")
+        weight = cast(nn.Linear, targets[0][1]).weight if targets else None
+        mma = weight is not None and uses_mma(weight.device, weight.dtype) and all(
+            int4_mma.fits(m.out_features, m.in_features, groups[name]) for name, m in targets)
+        for name, module in targets:
+            assert isinstance(module, nn.Linear)
+            packed = QuantLinear(module.in_features, module.out_features, groups[name])
+            qweight, scales, qzeros = quantize(module.weight, groups[name])
             # scales take the model's dtype, as a quantized checkpoint's do when it loads (ignis.model.loader)
             packed.qweight, packed.scales, packed.qzeros = qweight, scales.to(module.weight.dtype), qzeros
-            if uses_mma(module.weight.device, module.weight.dtype):
-                to_mma(packed, module.weight.dtype)
+            if mma:
+                packed.repack(module.weight.dtype)
             parent, _, attr = name.rpartition(".")
             setattr(self.get_submodule(parent), attr, packed)
-            done += 1
-        return done
+        return len(targets)
 
     @torch.no_grad()
     def fuse(self) -> None:
