@@ -304,7 +304,7 @@ def _drafter(cfg: IgnisConfig, model_dir: Path, target: ModelConfig, dtype: torc
     if cfg.spec.backend == "dflash2":
         from ignis.backends.dflash2.config import DrafterConfig
         from ignis.backends.dflash2.context import ContextCache
-        from ignis.backends.dflash2.model import INT4_GROUPS, fp8_converted
+        from ignis.backends.dflash2.model import INT4_GROUPS, converted as projection
         from ignis.backends.dflash2.weights import expected_shapes
 
         path = cfg.spec.drafter_dir(model_dir)
@@ -312,7 +312,7 @@ def _drafter(cfg: IgnisConfig, model_dir: Path, target: ModelConfig, dtype: torc
         shapes = expected_shapes(dcfg)
         params = sum(int(torch.Size(s).numel()) for s in shapes.values())
         weights = params * size
-        converted = [s for name, s in shapes.items() if fp8_converted(name)]
+        converted = [s for name, s in shapes.items() if projection(name)]
         if cfg.spec.draft_weights == "fp8":  # a byte a converted weight and an fp32 scale a row, not `size` bytes
             weights -= sum(int(torch.Size(s).numel()) * (size - 1) - 4 * s[0] for s in converted)
         elif cfg.spec.draft_weights == "int4":  # DrafterModel.to_int4: half a byte a weight, a scale and a zero a group

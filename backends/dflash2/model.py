@@ -27,15 +27,15 @@ from ignis.quant.fp8 import Fp8Linear, fuse_fp8, quantize_fp8
 from ignis.quant.linear import QuantLinear, fuse_packed, uses_mma
 
 
-FP8_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # `to_fp8`'s
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # `converted`'s
 INT4_GROUPS = (128, 64)  # `to_int4`'s group of input columns: the first that divides a projection's inputs
 
 
-def fp8_converted(name: str) -> bool:
-    """Whether `to_fp8` converts the module `name` (or the checkpoint tensor `name`.weight): fc and every layer's
-    attention and MLP projections."""
+def converted(name: str) -> bool:
+    """Whether `to_fp8` and `to_int4` (spec.draft_weights) convert the module `name` (or the checkpoint tensor
+    `name`.weight): fc and every layer's attention and MLP projections."""
     name = name.removesuffix(".weight")
-    return name == "fc" or (name.startswith("layers.") and name.rsplit(".", 1)[-1] in FP8_PROJECTIONS)
+    return name == "fc" or (name.startswith("layers.") and name.rsplit(".", 1)[-1] in PROJECTIONS)
 
 
 class Norm(nn.Module):
@@ -235,7 +235,7 @@ class DrafterModel(nn.Module):
         many were converted."""
         done = 0
         for name, module in list(self.named_modules()):
-            if fp8_converted(name):
+            if converted(name):
                 assert isinstance(module, nn.Linear) and module.bias is None
                 parent, _, attr = name.rpartition(".")
                 setattr(self.get_submodule(parent), attr, Fp8Linear(quantize_fp8(module.weight)))
@@ -244,12 +244,12 @@ class DrafterModel(nn.Module):
 
     @torch.no_grad()
     def to_int4(self) -> int:
-        """Inference only, before `fuse`: the projections `to_fp8` converts become 4-bit QuantLinear (the format's
+        """Inference only, before `fuse`: the projections `converted` names become 4-bit QuantLinear (the format's
         min-max codes over groups of 128 input columns, 64 where 128 does not divide them; ignis.quant.format), one
         at a time on the weight's device, all held in the mma kernel's order where that kernel runs and takes every
         one of them (else none, so that a layer's projections still fuse). Raises ValueError, before converting any,
         where a projection's inputs are not a multiple of 64. Returns how many were converted."""
-        targets = [(name, m) for name, m in self.named_modules() if fp8_converted(name)]
+        targets = [(name, m) for name, m in self.named_modules() if converted(name)]
         groups: dict[str, int] = {}
         for name, module in targets:
             assert isinstance(module, nn.Linear) and module.bias is None
