@@ -1,14 +1,15 @@
 """The decode/verify round against the memory floor, eager and as CUDA graphs, in one run on one device.
 
-For the Qwen3.5-27B shape (random bf16 weights built on the GPU, no checkpoint on disk) and the built-in model, and
-for each case (plain decode; the target's verify round with free drafts; mtp and dflash2 at 7 drafts, drafter
-included; dflash2-sl, dflash2 proposing through its 4-bit shortlist head, spec.draft_head = "shortlist": the built-in
-drafter's own, a random one of SHORTLIST_TOKENS rows for the 27B; dflash2-sl-fp8 and dflash2-sl-int4, the same with
-the drafter's projections in fp8 or 4-bit, spec.draft_weights) at 1 and 8 lanes: ms a round through
-`DeviceRound.run` (host work and the one read-back included), GPU kernel time and kernels per round from the profiler
-(eager), and the ratio to the floor: the bytes a round must move (the target's weights once, each lane's recurrent
-state read and written, its keys and values read) over the device-to-device copy bandwidth measured in the same run.
-The drafter is not in the floor: "x floor" of a drafting round is against the target's own floor.
+For the Qwen3.5-27B shape (random bf16 weights built on the GPU, no checkpoint on disk) and the built-in model, and for
+each case (plain decode; the target's verify round with free drafts; mtp and dflash2 at 7 drafts, drafter included;
+dflash2-sl, dflash2 proposing through its 4-bit shortlist head, spec.draft_head = "shortlist": the built-in drafter's
+own, a random one of SHORTLIST_TOKENS rows for the 27B; dflash2-sl-fp8 and dflash2-sl-int4, the same with the drafter's
+projections in fp8 or 4-bit, spec.draft_weights) at 1 and 8 lanes: ms a round through `DeviceRound.run` (host work and
+the one read-back included), the graph's replays back to back (CUDA events: the device's time with the gaps between
+kernels, without the host's part), GPU kernel time and kernels per round from the profiler (eager), and the ratio to the
+floor: the bytes a round must move (the target's weights once, each lane's recurrent state read and written, its keys
+and values read) over the device-to-device copy bandwidth measured in the same run. The drafter is not in the floor: "x
+floor" of a drafting round is against the target's own floor.
 
     python -m tools.bench_round --json round.json --md round.md
     python -m tools.bench_round --models 27b --cases verify --lanes 8 --conv-blocks 1024,8192 --blas cublas,cublaslt
@@ -205,6 +206,20 @@ def time_rounds(dr: DeviceRound, work: list[Decode], iters: int) -> float:
     return statistics.median(times)
 
 
+def time_replays(graph: torch.cuda.CUDAGraph, iters: int) -> float:
+    """Seconds a replay of `graph` takes back to back on the device (CUDA events around `iters` replays): the round's
+    device time with its kernels' gaps, without the host's input writes and read-back that `time_rounds` includes."""
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters
+
+
 def gpu_profile(fn: Callable[[], object], top: int = 25) -> tuple[float, int, list[dict[str, Any]]]:
     """(GPU time in s, kernels and copies, the `top` costliest kernel names with their count and total µs) of one
     call of fn after a warm one, from torch.profiler."""
@@ -245,7 +260,8 @@ def bench_model(label: str, model: HybridModel, path: Path, bw: float, args: arg
             torch.cuda.empty_cache()
         rows.append(row)
         print(f"{label:8s} {case.name:10s} {case.lanes}x{case.k + 1}  eager {row['eager_ms']:8.2f} ms  graph "
-              f"{row['graph_ms']:8.2f} ms  gpu(eager) {row['gpu_ms_eager']:8.2f} ms  kernels {row['kernels']:5d}  "
+              f"{row['graph_ms']:8.2f} ms  replay {row['replay_ms']:8.2f} ms  gpu(eager) {row['gpu_ms_eager']:8.2f} ms  "
+              f"kernels {row['kernels']:5d}  "
               f"floor {row['floor_ms']:7.2f} ms  x{row['x_floor']:5.2f}", flush=True)
     return rows
 
@@ -262,10 +278,11 @@ def bench_case(label: str, case: Case, model: HybridModel, path: Path, bw: float
     bucket = next(b for b in dr.buckets if b >= case.lanes)
     capture_s = dr.capture([(bucket, span, False)])
     graph = time_rounds(dr, work, args.iters)
+    replay = time_replays(dr.graphs[(bucket, span, False)], args.iters)  # last: it replays one round's inputs again
     floor = floor_bytes(model, case.lanes, case.k + 1, args.position) / bw
     return {"model": label, "case": case.name, "lanes": case.lanes, "cols": case.k + 1, "eager_ms": 1e3 * eager,
-            "graph_ms": 1e3 * graph, "gpu_ms_eager": 1e3 * gpu, "kernels": kernels, "floor_ms": 1e3 * floor,
-            "x_floor": graph / floor, "capture_s": capture_s, "top_kernels": top}
+            "graph_ms": 1e3 * graph, "replay_ms": 1e3 * replay, "gpu_ms_eager": 1e3 * gpu, "kernels": kernels,
+            "floor_ms": 1e3 * floor, "x_floor": graph / floor, "capture_s": capture_s, "top_kernels": top}
 
 
 VARIANTS = ("conv_blocks", "blas", "stream", "gdn", "conv", "pdl")  # the options `apply_variant` sets, comma lists
@@ -358,11 +375,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     if args.md:
-        lines = ["| model | case | lanes x cols | eager ms | graph ms | eager/graph | GPU ms (eager) | kernels | floor ms "
-                 "| graph / floor |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines = ["| model | case | lanes x cols | eager ms | graph ms | replay ms | eager/graph | GPU ms (eager) | kernels "
+                 "| floor ms | graph / floor |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         lines += [f"| {r['model']} | {r['case']} | {r['lanes']} x {r['cols']} | {r['eager_ms']:.2f} | {r['graph_ms']:.2f} "
-                  f"| {r['eager_ms'] / r['graph_ms']:.1f} | {r['gpu_ms_eager']:.2f} | {r['kernels']} | {r['floor_ms']:.2f} "
-                  f"| {r['x_floor']:.2f} |" for r in timed]
+                  f"| {r['replay_ms']:.2f} | {r['eager_ms'] / r['graph_ms']:.1f} | {r['gpu_ms_eager']:.2f} | {r['kernels']} "
+                  f"| {r['floor_ms']:.2f} | {r['x_floor']:.2f} |" for r in timed]
         lines += [f"| {r['model']} | {r['case']} | {r['lanes']} x {r['cols']} | failed: {r['error']} |"
                   for r in rows if "error" in r]
         Path(args.md).write_text("\n".join(lines) + "\n")
