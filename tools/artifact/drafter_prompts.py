@@ -99,7 +99,8 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(json.dumps({"prompt_token_ids": row}) + "\n" for row in prompts.tolist()))
     asked = int(args.sequences * args.chat_share)
-    short = f" (the share asked for {asked}; the sampled files' functions gave no more)" if n_chat < asked else ""
+    short = (f" (the share asked for {asked}; the sampled files' functions gave no more: a larger --max-mb samples "
+             f"more files)" if n_chat < asked else "")
     print(f"{args.out}: {prompts.shape[0]} prompts of {args.prompt_len} tokens from {len(files)} training files, "
           f"{n_chat} of them chat requests{short}")
 
