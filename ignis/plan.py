@@ -304,7 +304,8 @@ def _drafter(cfg: IgnisConfig, model_dir: Path, target: ModelConfig, dtype: torc
     if cfg.spec.backend == "dflash2":
         from ignis.backends.dflash2.config import DrafterConfig
         from ignis.backends.dflash2.context import ContextCache
-        from ignis.backends.dflash2.model import INT4_GROUPS, converted as projection
+        from ignis.backends.dflash2.model import INT4_GROUPS, int4_layout
+        from ignis.backends.dflash2.model import converted as projection
         from ignis.backends.dflash2.weights import expected_shapes
 
         path = cfg.spec.drafter_dir(model_dir)
@@ -316,11 +317,9 @@ def _drafter(cfg: IgnisConfig, model_dir: Path, target: ModelConfig, dtype: torc
         if cfg.spec.draft_weights == "fp8":  # a byte a converted weight and an fp32 scale a row, not `size` bytes
             weights -= sum(int(torch.Size(s).numel()) * (size - 1) - 4 * s[0] for s in converted)
         elif cfg.spec.draft_weights == "int4":  # DrafterModel.to_int4: half a byte a weight, a scale and a zero a group
-            groups = [next((g for g in INT4_GROUPS if cols % g == 0), INT4_GROUPS[-1]) for _, cols in converted]
-            # in the mma kernel's order on CUDA when it takes every projection: 4 bytes a row and group, not 3
-            mma = cuda and uses_mma(torch.device("cuda"), dtype) and all(
-                int4_mma.fits(out, cols, g) for (out, cols), g in zip(converted, groups, strict=True))
-            held = 4 if mma else size + 1
+            groups, mma = int4_layout(converted, torch.device("cuda" if cuda else "cpu"), dtype)
+            groups = [g or INT4_GROUPS[-1] for g in groups]  # a drafter no group divides is refused at load anyway
+            held = 4 if mma else size + 1  # in the mma kernel's order: 4 bytes a row and group, not 3
             weights -= sum(out * cols * size - (out * cols // 2 + out * (cols // g) * held)
                            for (out, cols), g in zip(converted, groups, strict=True))
         context = ContextCache(dcfg, lanes=ec.lanes, context=ec.context, device=torch.device("meta"), dtype=dtype)

@@ -95,13 +95,20 @@ __device__ __forceinline__ void dequant(u32 w, u32 nz, u32 h[4]) {
     }
 }
 
+// the low 16 bits of a word as a float: from fp16 bits, from bf16 bits
+__device__ __forceinline__ float from_f16(u32 bits) {
+    float f;
+    asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, lo; }" : "=f"(f) : "r"(bits));
+    return f;
+}
+
+__device__ __forceinline__ float from_bf16(u32 bits) { return __uint_as_float(bits << 16); }
+
 __device__ __forceinline__ float widened(u32 h) {  // the low 16 bits: a value in the activation dtype
 #if F16
-    float f;
-    asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, lo; }" : "=f"(f) : "r"(h));
-    return f;
+    return from_f16(h);
 #else
-    return __uint_as_float(h << 16);
+    return from_bf16(h);
 #endif
 }
 
@@ -155,11 +162,9 @@ __device__ __forceinline__ void mma(float c[4], u32 a0, u32 a1, u32 a2, u32 a3, 
 
 __device__ __forceinline__ float scale_of(u32 bits) {  // the low 16 bits: the scale in its own dtype
 #if SBF16
-    return __uint_as_float(bits << 16);
+    return from_bf16(bits);
 #else
-    float f;
-    asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, lo; }" : "=f"(f) : "r"(bits));
-    return f;
+    return from_f16(bits);
 #endif
 }
 

@@ -31,6 +31,16 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 INT4_GROUPS = (128, 64)  # `to_int4`'s group of input columns: the first that divides a projection's inputs
 
 
+def int4_layout(shapes: list[tuple[int, int]], device: torch.device, dtype: torch.dtype) -> tuple[list[int], bool]:
+    """For the (out, in) projections `to_int4` packs on `device` in `dtype`: the group of each (the first of
+    INT4_GROUPS dividing its inputs, 0 where none does), and whether all are held in the mma kernel's order (it runs
+    there and takes every one of them: a layer's projections fuse only when held alike)."""
+    groups = [next((g for g in INT4_GROUPS if cols % g == 0), 0) for _, cols in shapes]
+    mma = all(groups) and uses_mma(device, dtype) and all(
+        int4_mma.fits(out, cols, g) for (out, cols), g in zip(shapes, groups, strict=True))
+    return groups, mma
+
+
 def converted(name: str) -> bool:
     """Whether `to_fp8` and `to_int4` (spec.draft_weights) convert the module `name` (or the checkpoint tensor
     `name`.weight): fc and every layer's attention and MLP projections."""
@@ -249,21 +259,19 @@ class DrafterModel(nn.Module):
         at a time on the weight's device, all held in the mma kernel's order where that kernel runs and takes every
         one of them (else none, so that a layer's projections still fuse). Raises ValueError, before converting any,
         where a projection's inputs are not a multiple of 64. Returns how many were converted."""
-        targets = [(name, m) for name, m in self.named_modules() if converted(name)]
-        groups: dict[str, int] = {}
-        for name, module in targets:
-            assert isinstance(module, nn.Linear) and module.bias is None
-            groups[name] = next((g for g in INT4_GROUPS if module.in_features % g == 0), 0)
-            if not groups[name]:
+        targets = [(name, cast(nn.Linear, m)) for name, m in self.named_modules() if converted(name)]
+        if not targets:
+            return 0
+        weight = targets[0][1].weight
+        groups, mma = int4_layout([(m.out_features, m.in_features) for _, m in targets], weight.device, weight.dtype)
+        for (name, module), group in zip(targets, groups, strict=True):
+            if not group:
                 raise ValueError(f"{name} takes {module.in_features} inputs, not a multiple of {INT4_GROUPS[-1]}: "
                                  f"the 4-bit format's groups do not divide them")
-        weight = cast(nn.Linear, targets[0][1]).weight if targets else None
-        mma = weight is not None and uses_mma(weight.device, weight.dtype) and all(
-            int4_mma.fits(m.out_features, m.in_features, groups[name]) for name, m in targets)
-        for name, module in targets:
-            assert isinstance(module, nn.Linear)
-            packed = QuantLinear(module.in_features, module.out_features, groups[name])
-            qweight, scales, qzeros = quantize(module.weight, groups[name])
+        for (name, module), group in zip(targets, groups, strict=True):
+            assert module.bias is None
+            packed = QuantLinear(module.in_features, module.out_features, group)
+            qweight, scales, qzeros = quantize(module.weight, group)
             # scales take the model's dtype, as a quantized checkpoint's do when it loads (ignis.model.loader)
             packed.qweight, packed.scales, packed.qzeros = qweight, scales.to(module.weight.dtype), qzeros
             if mma:
