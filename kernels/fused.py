@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from ignis.kernels.launch import launch, triton_installed
 from ignis.kernels.gdn import normalise_qk
-from ignis.model.ops import Weight, apply_rope, linear
+from ignis.model.ops import apply_rope
 
 CONV_TILE = 8  # conv: the most columns a block takes (a prefill piece's columns spread over blocks)
 CONV_BLOCKS = 1024  # conv: the fewest blocks worth fewer columns a block (each column's norms wait on a block sync)
@@ -224,23 +224,6 @@ def swiglu(gu: torch.Tensor) -> torch.Tensor:
     launch(_compiled(gu.dtype, 32)["swiglu"], ((inner + EW_THREADS - 1) // EW_THREADS, flat.shape[0]), EW_THREADS,
             (flat, y), gu.device)
     return y.reshape(*lead, inner)
-
-
-# Whether a 4-bit down projection makes its own input from the MLP's gate | up as it loads it (`swiglu_down`, the
-# SWIGLU form of ignis.kernels.int4_mma), saving the SwiGLU launch before it: off until a 4-bit step measures it
-# faster (tools.bench_quant --swiglu-in-down); set once, before the engine captures its graphs.
-SWIGLU_IN_DOWN = False
-
-
-def swiglu_down(gu: torch.Tensor, down: Weight) -> torch.Tensor:
-    """gu [..., 2 I] (gate | up) -> (silu(gate) * up) @ down^T [..., H], outside the exact mode: one launch where the
-    down projection is 4-bit in the mma kernel's order and SWIGLU_IN_DOWN is on, else `swiglu`, then the product."""
-    from ignis.kernels.int4_mma import MAX_ROWS, MmaCodes, int4_mma
-
-    if (SWIGLU_IN_DOWN and isinstance(down, MmaCodes) and gu.is_cuda and gu.dtype == down.dtype
-            and gu.numel() <= MAX_ROWS * gu.shape[-1]):
-        return int4_mma(gu, down, swiglu=True)
-    return linear(swiglu(gu), down, False)
 
 
 def qk_rope_write(

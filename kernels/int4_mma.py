@@ -167,20 +167,20 @@ def launch(base: Shape, nt: int) -> Shape:
 
 
 _lock = threading.Lock()
-_functions: dict[tuple[torch.device, int, Shape, int, torch.dtype, torch.dtype, bool, bool], object] = {}
+_functions: dict[tuple[torch.device, int, Shape, int, torch.dtype, torch.dtype, bool], object] = {}
 
 
 def _function(device: torch.device, nt: int, shape: Shape, gpc: int, dtype: torch.dtype,
-              scale_dtype: torch.dtype, early: bool = False, swiglu: bool = False) -> object:
+              scale_dtype: torch.dtype, early: bool = False) -> object:
     from ignis.kernels.nvrtc import Function, arch_of, compile_cubin
 
-    key = (device, nt, shape, gpc, dtype, scale_dtype, early, swiglu)
+    key = (device, nt, shape, gpc, dtype, scale_dtype, early)
     with _lock:
         if key not in _functions:
             defines = (("NT", nt), ("F", shape.f), ("U", shape.u), ("AHEAD", shape.ahead), ("KS", shape.ks),
                        ("KW", shape.kw), ("RB", shape.rb),
                        ("GPC", gpc), ("F16", int(dtype == torch.float16)),
-                       ("SBF16", int(scale_dtype == torch.bfloat16)), ("PDL", int(early)), ("SWIGLU", int(swiglu)))
+                       ("SBF16", int(scale_dtype == torch.bfloat16)), ("PDL", int(early)))
             _functions[key] = Function(compile_cubin(SOURCE, "int4_mma", arch_of(device), defines), "int4_mma", device)
         return _functions[key]
 
@@ -190,18 +190,16 @@ def row_tiles(rows: int) -> int:
     return next(n for n in ROW_TILES if rows <= 8 * n)
 
 
-def int4_mma(x: torch.Tensor, w: MmaCodes, shape: Shape | None = None, swiglu: bool = False) -> torch.Tensor:
-    """x [..., in] (w.dtype, CUDA, at most MAX_ROWS rows) @ W^T -> [..., out] in x.dtype; with `swiglu`, x is an
-    MLP's gate | up [..., 2 in] and the product's input is silu(gate) * up, made as x loads (the SwiGLU kernel's
-    arithmetic, so no launch of its own). `shape` overrides `choose` (benchmarks; its KW and U change the order of the
-    sums). Asynchronous, on torch's current stream; no host read; allocates the output."""
+def int4_mma(x: torch.Tensor, w: MmaCodes, shape: Shape | None = None) -> torch.Tensor:
+    """x [..., in] (w.dtype, CUDA, at most MAX_ROWS rows) @ W^T -> [..., out] in x.dtype. `shape` overrides `choose`
+    (benchmarks; its KW and U change the order of the sums). Asynchronous, on torch's current stream; no host read;
+    allocates the output."""
     nout, ncols = w.shape
     lead = x.shape[:-1]
     rows = x.reshape(-1, x.shape[-1])
-    width = 2 * ncols if swiglu else ncols
-    if (x.dtype != w.dtype or x.shape[-1] != width or not x.is_cuda or rows.shape[0] > MAX_ROWS
+    if (x.dtype != w.dtype or x.shape[-1] != ncols or not x.is_cuda or rows.shape[0] > MAX_ROWS
             or w.codes.device != x.device):
-        raise ValueError(f"int4_mma takes x [..., {width}] in {w.dtype} on the weight's CUDA device, at most "
+        raise ValueError(f"int4_mma takes x [..., {ncols}] in {w.dtype} on the weight's CUDA device, at most "
                          f"{MAX_ROWS} rows; got {tuple(x.shape)} {x.dtype} on {x.device}")
     if rows.stride(-1) != 1 or rows.stride(0) % 8 or rows.data_ptr() % 16:
         rows = rows.contiguous()  # 16-byte loads of x
@@ -212,7 +210,7 @@ def int4_mma(x: torch.Tensor, w: MmaCodes, shape: Shape | None = None, swiglu: b
     nt = row_tiles(nrows)
     s = shape if shape is not None else launch(choose(nout, ncols, w.group, sm_count(x.device)), nt)
     early = pdl(x.device)  # programmatic dependent launch (launch.PDL): the codes load while the kernel before ends
-    fn = _function(x.device, nt, s, w.group // 64, w.dtype, w.scale_dtype, early, swiglu)
+    fn = _function(x.device, nt, s, w.group // 64, w.dtype, w.scale_dtype, early)
     grid = (math.ceil(nout // 16 / (s.rb * s.f)), s.ks, 1)
     if s.ks > 1:
         if grid[0] > SPLIT_COUNTERS:

@@ -28,18 +28,12 @@ the same whatever rows share the call and whatever launch the rows pick.
 Compile-time macros: NT, F, U, AHEAD (steps loaded ahead of the one computing), KS, KW, RB, GPC (64-column chunks a
 group), F16 (1: fp16 activations, 0: bf16), SBF16 (1: the scales are bf16 bits, 0: fp16), PDL (1: launched with
 programmatic dependent launch, ignis.kernels.launch.PDL: the AHEAD steps of codes and scales load before
-griddepcontrol.wait, x and every store after it, and the next kernel may launch once the loop is done; 0 by default),
-SWIGLU (1: x is an MLP's gate | up, [M, 2K] rows, and the product's input is silu(gate) * up, made as each piece of x
-loads with the arithmetic of ignis.kernels.swiglu_triton: silu rounded to the activation dtype, then the product
-rounded; the MLP's down projection then needs no SwiGLU launch before it; 0 by default).
+griddepcontrol.wait, x and every store after it, and the next kernel may launch once the loop is done; 0 by default).
 """
 
 SOURCE = r"""
 #ifndef PDL
 #define PDL 0
-#endif
-#ifndef SWIGLU
-#define SWIGLU 0
 #endif
 
 typedef unsigned int u32;
@@ -95,62 +89,14 @@ __device__ __forceinline__ void dequant(u32 w, u32 nz, u32 h[4]) {
     }
 }
 
-// the low 16 bits of a word as a float: from fp16 bits, from bf16 bits
-__device__ __forceinline__ float from_f16(u32 bits) {
-    float f;
-    asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, lo; }" : "=f"(f) : "r"(bits));
-    return f;
-}
-
-__device__ __forceinline__ float from_bf16(u32 bits) { return __uint_as_float(bits << 16); }
-
-__device__ __forceinline__ float widened(u32 h) {  // the low 16 bits: a value in the activation dtype
-#if F16
-    return from_f16(h);
-#else
-    return from_bf16(h);
-#endif
-}
-
-__device__ __forceinline__ u16 rounded(float v) {
-    u16 h;
-    asm(CVT " %0, %1;" : "=h"(h) : "f"(v));
-    return h;
-}
-
-#if SWIGLU
-// silu(g) * u for the two 16-bit values in each word: silu(g) = g / (1 + e^-g) rounded to the activation dtype, then
-// its product with u rounded, as ignis.kernels.swiglu_triton computes them
-__device__ __forceinline__ u32 swiglu2(u32 g, u32 u) {
-    u32 out = 0;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const float gv = widened(g >> (16 * half)), uv = widened(u >> (16 * half));
-        const float silu = widened(rounded(gv / (1.f + __expf(-gv))));
-        out |= (u32)rounded(silu * uv) << (16 * half);
-    }
-    return out;
-}
-
-__device__ __forceinline__ uint4 swiglu8(uint4 g, uint4 u) {
-    return make_uint4(swiglu2(g.x, u.x), swiglu2(g.y, u.y), swiglu2(g.z, u.z), swiglu2(g.w, u.w));
-}
-#endif
-
-// a lane's 16 activations of one chunk (two 16-byte pieces) for each of its NT rows n * 8 + g; with SWIGLU, made from
-// the gate's pieces and the up's K columns further along the row
-__device__ __forceinline__ void load_xs(uint4 xs[NT][2], const u16* p, int sx, int g, int M, int K) {
+// a lane's 16 activations of one chunk (two 16-byte pieces) for each of its NT rows n * 8 + g
+__device__ __forceinline__ void load_xs(uint4 xs[NT][2], const u16* p, int sx, int g, int M) {
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
         const int row = n * 8 + g;
         const u16* q = p + (size_t)(row < M ? row : 0) * sx;
-#if SWIGLU
-        xs[n][0] = swiglu8(load_x(q, row < M), load_x(q + K, row < M));
-        xs[n][1] = swiglu8(load_x(q + 8, row < M), load_x(q + K + 8, row < M));
-#else
         xs[n][0] = load_x(q, row < M);
         xs[n][1] = load_x(q + 8, row < M);
-#endif
     }
 }
 
@@ -162,15 +108,22 @@ __device__ __forceinline__ void mma(float c[4], u32 a0, u32 a1, u32 a2, u32 a3, 
 
 __device__ __forceinline__ float scale_of(u32 bits) {  // the low 16 bits: the scale in its own dtype
 #if SBF16
-    return from_bf16(bits);
+    return __uint_as_float(bits << 16);
 #else
-    return from_f16(bits);
+    float f;
+    asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, lo; }" : "=f"(f) : "r"(bits));
+    return f;
 #endif
 }
 
+__device__ __forceinline__ u16 rounded(float v) {
+    u16 h;
+    asm(CVT " %0, %1;" : "=h"(h) : "f"(v));
+    return h;
+}
+
 // codes [N/16, K/64, 32] uint4 (ignis.kernels.int4_mma.pack); zs [N/16, K/group, 8] uint2: for lane group g, feature
-// g then g + 8, each (scale bits | -(magic + z) << 16); x [M, sx-strided rows of K] 16-bit (SWIGLU: of 2K, gate |
-// up); out [M, N] 16-bit
+// g then g + 8, each (scale bits | -(magic + z) << 16); x [M, sx-strided rows of K] 16-bit; out [M, N] 16-bit
 extern "C" __global__ void __launch_bounds__(32 * RB * KW)
 int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u16* __restrict__ x,
          u16* __restrict__ out, float* __restrict__ ws, int* __restrict__ cnt, int M, int N, int K, int sx, int unit)
@@ -232,11 +185,11 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
             uint4 xs[XAHEAD ? U : 1][NT][2];
             if (XAHEAD) {
 #pragma unroll
-                for (int u = 0; u < U; ++u) load_xs(xs[XAHEAD ? u : 0], xp + u * 64, sx, g, M, K);
+                for (int u = 0; u < U; ++u) load_xs(xs[XAHEAD ? u : 0], xp + u * 64, sx, g, M);
             }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                if (!XAHEAD) load_xs(xs[0], xp + u * 64, sx, g, M, K);
+                if (!XAHEAD) load_xs(xs[0], xp + u * 64, sx, g, M);
 #pragma unroll
                 for (int f = 0; f < F; ++f) {
                     const uint4 w = wq[0][f][u];

@@ -282,12 +282,3 @@ def test_the_cuda_conv_compiles_for_sm90_without_spills(dtype: torch.dtype, dk: 
 
     cubin = compile_cubin(SOURCE, "gdn_conv", "sm_90", defines(dtype, dk, 4))
     assert cubin.spills == cubin.stack == 0 and 0 < cubin.registers <= 64, (cubin.registers, cubin.spills, cubin.stack)
-
-
-def test_swiglu_down_off_the_4bit_kernel_is_swiglu_then_the_product(monkeypatch: pytest.MonkeyPatch) -> None:
-    """fused.swiglu_down with SWIGLU_IN_DOWN on takes the 4-bit kernel only for a repacked weight on CUDA; a dense
-    weight (or the CPU) gets SwiGLU, then the product, bit for bit (tests/test_quant_mma_gpu.py checks the kernel)."""
-    g = torch.Generator().manual_seed(3)
-    gu, down = torch.randn(3, 64, generator=g), torch.randn(16, 32, generator=g)
-    monkeypatch.setattr(fused, "SWIGLU_IN_DOWN", True)
-    assert torch.equal(fused.swiglu_down(gu, down), torch.nn.functional.linear(fused.swiglu_reference(gu), down))

@@ -128,22 +128,6 @@ def test_every_launch_at_the_27b_and_builtin_shapes_compiles_for_sm90_without_sp
         assert cubin.spills <= (512 if spilt else 0) and 0 < cubin.registers <= 255, (dict(defines), cubin.spills)
 
 
-def test_the_down_projection_that_makes_its_swiglu_input_compiles_at_the_27b_shape_without_spills() -> None:
-    """SWIGLU=1 (int4_mma(..., swiglu=True)): every launch of mlp down (5,120 x 17,408) at 1 to 64 rows, bf16 and fp16,
-    compiles without a spill, but for the 64-row launch that spills already (within the same allowance), and its x
-    pieces are loaded twice as many times (gate, up)."""
-    for nt in (1, 2, 4, 8):
-        s = launch(choose(5120, 17408, 128, SMS), nt)
-        for f16 in (0, 1):
-            made = compile_cubin(SOURCE, "int4_mma", "sm_90", (*_defines(s, nt, f16), ("SWIGLU", 1)))
-            spilt = nt == 8 and s.f == 2
-            assert made.spills <= (512 if spilt else 0) and 0 < made.registers <= 255, (nt, f16, made.spills)
-    s = launch(choose(5120, 17408, 128, SMS), 1)
-    loads = [_ptx_of((*_defines(s, 1), ("SWIGLU", v))).count("ld.global.nc.v4.u32") for v in (0, 1)]
-    assert loads[1] == 2 * loads[0] > 0
-    assert "ex2.approx" in _ptx_of((*_defines(s, 1), ("SWIGLU", 1)))  # __expf, as Triton's tl.exp
-
-
 def test_launched_ahead_the_kernel_loads_its_codes_before_the_wait_and_x_after() -> None:
     """PDL=1 (ignis.kernels.launch.PDL): in program order the AHEAD steps of codes load (none where AHEAD is 0),
     then griddepcontrol.wait, then x and the stores; the variant compiles without spills like the default one."""

@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from ignis.artifact import BUILTIN
-from ignis.kernels import fused, launch
+from ignis.kernels import launch
 from ignis.model.model import HybridModel
 from ignis.quant.format import quantize, quantized_name
 from ignis.quant.fp8 import Fp8Linear, to_fp8
@@ -282,12 +282,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the kernel int4 products run with in the decode step and the quality runs")
     ap.add_argument("--pdl", default="off", choices=["off", "on"],
                     help="programmatic dependent launch of the kernels that take it (ignis.kernels.launch.PDL)")
-    ap.add_argument("--swiglu-in-down", default="off", choices=["off", "on"],
-                    help="the 4-bit down projection makes its SwiGLU input as it loads (ignis.kernels.fused."
-                         "SWIGLU_IN_DOWN), saving a launch a layer")
     args = ap.parse_args(argv)
     launch.PDL = args.pdl == "on"
-    fused.SWIGLU_IN_DOWN = args.swiglu_in_down == "on"
     skip = set(filter(None, args.skip.split(",")))
     if not args.sweep_triton:
         skip.add("sweep_triton")
@@ -303,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}", flush=True)
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                               "copy_tb_s": bw / 1e12, "group": GROUP, "int4_kernel": args.int4_kernel,
-                              "pdl": args.pdl, "swiglu_in_down": args.swiglu_in_down}
+                              "pdl": args.pdl}
     out = Path(args.out)
     steps = [("products", lambda: products(bw, args.reps)), ("tunings", lambda: tunings(bw, args.reps)),
              ("sweep_triton", lambda: sweep_triton(bw, args.reps)), ("sweep_mma", lambda: sweep_mma(bw, args.reps)),

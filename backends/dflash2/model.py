@@ -182,7 +182,7 @@ class Mlp(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up is not None:
-            return fused.swiglu_down(linear(x, self.gate_up, False), self.down_proj.weight)
+            return linear(fused.swiglu(linear(x, self.gate_up, False)), self.down_proj.weight, False)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 

@@ -45,7 +45,7 @@ class MLP(nn.Module):
         """forward for the device round: the gate and up products as one, SwiGLU as one launch on CUDA."""
         if self.gate_up is None:
             return self.forward(x, False)
-        return fused.swiglu_down(linear(x, self.gate_up, False), self.down_proj.weight)
+        return linear(fused.swiglu(linear(x, self.gate_up, False)), self.down_proj.weight, False)
 
     def forward(self, x: torch.Tensor, exact: bool) -> torch.Tensor:
         if self.gate_up is not None and not exact:
