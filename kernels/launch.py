@@ -4,9 +4,9 @@ Owns: `launch`, which every numba kernel module of ignis.kernels uses: bf16 tens
 exports no bf16 to numba; the kernels widen the bits), and the launch goes to the stream torch is on, read at every
 call, so a CUDA graph being captured records it. `triton_installed` and `nvrtc_installed`, which the paths that
 prefer a Triton or a CUDA C++ kernel (attention, the int4 product) ask. `split_counters` and `sm_count`, which the
-int4 kernels that meet their input splits through counters share. `PDL` and `pdl`, the switch of programmatic
-dependent launch for the kernels that take it. Importing this module imports neither numba,
-triton nor CUDA.
+int4 kernels that meet their input splits through counters share. `PDL`, `pdl` and `dependent_launches`: the switch
+of programmatic dependent launch for the kernels that take it, and the round's choice of it. Importing this module
+imports neither numba, triton nor CUDA.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import functools
 import importlib.util
 import threading
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -55,16 +57,34 @@ def nvrtc_installed() -> bool:
 # ignis.kernels.gemv_triton, norm_triton and swiglu_triton, and the 4-bit product of int4_mma) launch so that they may
 # start before the kernel ahead of them on the stream has finished, and wait for it (griddepcontrol.wait) before they
 # read what it wrote; the weight-streaming products load their first weight tiles before that wait. A kernel launched
-# so always waits before it ends, so the order of every kernel's writes on the stream is kept. Off: on the H200 it
-# moved no bf16 round past the runs' spread and cost 3% at 8 x 8 (BENCHMARKS.md; tools.bench_round --pdl, and
-# tools.bench_quant --pdl for the 4-bit step).
-PDL = False
+# so always waits before it ends, so the order of every kernel's writes on the stream is kept.
+# PDL None (the default): the round decides (`dependent_launches`), on for rounds of at most PACKED_PDL_ROWS rows over
+# a 4-bit target, where the product loads its codes before the wait: the 27B-shape decode step 6.73 -> 6.47 ms and
+# the 1 x 8 verify 7.73 -> 7.33 on the H200, while an 8 x 8 verify lost 2.6% (30.66 against 29.88 ms) and no bf16
+# round moved past the runs' spread (BENCHMARKS.md, "PDL for 4-bit rounds"). True or False: every launch, or none
+# (tools.bench_round --pdl, tools.bench_quant --pdl).
+PDL: bool | None = None
+PACKED_PDL_ROWS = 8
+_round_pdl = False  # what the round running or being captured asked for (`dependent_launches`)
 
 
 def pdl(device: torch.device) -> bool:
-    """Whether kernels on `device` launch with programmatic dependent launch: PDL on, a CUDA device of compute
-    capability 9.0 or later (never the CPU's Triton interpreter)."""
-    return PDL and device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+    """Whether kernels on `device` launch with programmatic dependent launch: PDL on (or None and the round asks for
+    it), a CUDA device of compute capability 9.0 or later (never the CPU's Triton interpreter)."""
+    on = _round_pdl if PDL is None else PDL
+    return on and device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+@contextmanager
+def dependent_launches(on: bool) -> Iterator[None]:
+    """Launches inside the block use programmatic dependent launch when `on` and PDL is None (the round's choice);
+    set while a round runs or is captured, so its graph keeps the launches' form."""
+    global _round_pdl
+    before, _round_pdl = _round_pdl, on
+    try:
+        yield
+    finally:
+        _round_pdl = before
 
 
 SPLIT_COUNTERS = 1 << 14  # counters a device holds for kernels whose input splits meet through them

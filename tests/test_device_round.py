@@ -193,6 +193,31 @@ def test_each_round_runs_under_the_blas_choice_for_its_rows(ckpt: Path, monkeypa
     assert seen and set(seen) <= {1 * 4, 2 * 4}, seen
 
 
+@pytest.mark.parametrize("four_bit", [False, True])
+def test_a_4bit_targets_rounds_of_few_rows_take_dependent_launches(ckpt: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   four_bit: bool) -> None:
+    """A round runs inside launch.dependent_launches, asking for PDL where its bucket's rows are at most
+    PACKED_PDL_ROWS and the target is repacked 4-bit (stood in for here: the CPU does not repack), never else."""
+    import contextlib
+
+    from ignis.engine import device_round
+
+    seen: list[bool] = []
+
+    @contextlib.contextmanager
+    def spy(on: bool):  # type: ignore[no-untyped-def]
+        seen.append(on)
+        yield
+
+    monkeypatch.setattr(device_round, "dependent_launches", spy)
+    monkeypatch.setattr(device_round, "repacked", lambda model: four_bit)
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    for n in (1, 4):  # bucket 1: 4 rows; bucket 4: 16 rows
+        run(make_engine(ckpt, "mtp", draft_tokens=3, model=FAST, lanes=4), prompts(n, VOCAB, seed=5, lo=4, hi=9), params)
+        assert seen and set(seen) == {four_bit and n == 1}, (n, seen)
+        seen.clear()
+
+
 def test_rejected_drafts_leave_no_trace_in_the_device_round(ckpt: Path) -> None:
     """Every layer's state after speculative device rounds equals plain device decoding's for the same tokens."""
     ps = prompts(2, VOCAB, seed=9, lo=20, hi=60)

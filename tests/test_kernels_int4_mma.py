@@ -9,11 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ignis.kernels import launch as kernel_launch
 from ignis.kernels.int4_mma import ACTIVATIONS, SHARED, MmaCodes, Shape, choose, fits, launch, pack, row_tiles, unpack
 from ignis.kernels.int4_mma_kernel import SOURCE
 from ignis.kernels.nvrtc import CompileError, compile_cubin
+
 from ignis.quant.format import dequantize, quantize
-from ignis.quant.linear import QuantLinear, fuse_packed, packed_linear
+from ignis.quant.linear import QuantLinear, fuse_packed, packed_linear, repacked
 
 SMS = 132  # an H200's
 
@@ -180,3 +182,26 @@ def test_a_repacked_quantlinear_fuses_into_views_and_runs_the_reference_off_the_
     torch.testing.assert_close(joined.dequantize().float(), dense, rtol=2**-8, atol=0.0)  # one bf16 rounding apart
     odd = QuantLinear(256, 24, 128)
     assert not odd.repack(torch.bfloat16) and odd.mma is None  # 24 rows: not whole 16-row blocks, kept as it is
+    assert repacked(torch.nn.Sequential(odd, parts[0])) and not repacked(torch.nn.Sequential(odd))
+
+
+def test_pdl_is_the_rounds_choice_unless_switched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kernel_launch.PDL None leaves programmatic dependent launch to the round (`dependent_launches`); True or False holds
+    whatever the round asks; never off a Hopper-or-later GPU."""
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(kernel_launch, "PDL", None)
+    assert not kernel_launch.pdl(gpu)
+    with kernel_launch.dependent_launches(True):
+        assert kernel_launch.pdl(gpu) and not kernel_launch.pdl(torch.device("cpu"))
+        with kernel_launch.dependent_launches(False):
+            assert not kernel_launch.pdl(gpu)
+        assert kernel_launch.pdl(gpu)
+    assert not kernel_launch.pdl(gpu)
+    monkeypatch.setattr(kernel_launch, "PDL", False)
+    with kernel_launch.dependent_launches(True):
+        assert not kernel_launch.pdl(gpu)
+    monkeypatch.setattr(kernel_launch, "PDL", True)
+    assert kernel_launch.pdl(gpu)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 9))
+    assert not kernel_launch.pdl(gpu)

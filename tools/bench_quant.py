@@ -48,7 +48,7 @@ from ignis.model.model import HybridModel
 from ignis.quant.format import quantize, quantized_name
 from ignis.quant.fp8 import Fp8Linear, to_fp8
 from ignis.quant.linear import QuantLinear, set_kernel, to_mma, uses_mma
-from tools.bench_round import POSITION, build_backend, copy_bandwidth, decodes, floor_bytes, time_rounds
+from tools.bench_round import PDL_SWITCH, POSITION, build_backend, copy_bandwidth, decodes, floor_bytes, time_rounds
 from tools.quant_products import C, GROUP, ROWS, layouts, policies, products, sweep_mma, sweep_triton, tunings
 
 def to_int4(model: nn.Module, group: int, head: bool = False) -> int:
@@ -280,10 +280,11 @@ def main(argv: list[str] | None = None) -> int:
                          "best for the decode step")
     ap.add_argument("--int4-kernel", default="auto", choices=["auto", "mma", "numba", "triton"],
                     help="the kernel int4 products run with in the decode step and the quality runs")
-    ap.add_argument("--pdl", default="off", choices=["off", "on"],
-                    help="programmatic dependent launch of the kernels that take it (ignis.kernels.launch.PDL)")
+    ap.add_argument("--pdl", default="auto", choices=list(PDL_SWITCH),
+                    help="programmatic dependent launch of the kernels that take it (ignis.kernels.launch.PDL; auto: as "
+                         "the round decides, so the decode steps' 4-bit rounds take it and the products alone do not)")
     args = ap.parse_args(argv)
-    launch.PDL = args.pdl == "on"
+    launch.PDL = PDL_SWITCH[args.pdl]
     skip = set(filter(None, args.skip.split(",")))
     if not args.sweep_triton:
         skip.add("sweep_triton")

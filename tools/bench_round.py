@@ -285,6 +285,7 @@ def bench_case(label: str, case: Case, model: HybridModel, path: Path, bw: float
             "floor_ms": 1e3 * floor, "x_floor": graph / floor, "capture_s": capture_s, "top_kernels": top}
 
 
+PDL_SWITCH = {"auto": None, "off": False, "on": True}  # --pdl's words: ignis.kernels.launch.PDL's values
 VARIANTS = ("conv_blocks", "blas", "stream", "gdn", "conv", "pdl")  # the options `apply_variant` sets, comma lists
 
 
@@ -301,7 +302,7 @@ def apply_variant(variant: dict[str, str]) -> None:
     ops.STREAMING = variant["stream"] == "on"
     gdn.CUDA_COLUMNS = variant["gdn"] == "cuda"
     fused.CUDA_CONV = variant["conv"] == "cuda"
-    launch.PDL = variant["pdl"] == "on"
+    launch.PDL = PDL_SWITCH[variant["pdl"]]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -322,9 +323,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conv-blocks", default=str(fused.CONV_BLOCKS),
                     help="comma list: the GDN conv's block target (ignis.kernels.fused.conv_tile); raised, a verify's "
                          "columns spread over more blocks")
-    ap.add_argument("--pdl", default="on" if launch.PDL else "off",
-                    help="comma list of off, on: programmatic dependent launch of the Triton kernels that take it "
-                         "(ignis.kernels.launch.PDL; with --stream on, the streamed products load weights early)")
+    ap.add_argument("--pdl", default=next(k for k, v in PDL_SWITCH.items() if v is launch.PDL),
+                    help="comma list of auto, off, on: programmatic dependent launch of the kernels that take it "
+                         "(ignis.kernels.launch.PDL; auto: as the round decides, on for a 4-bit target's rounds of "
+                         "few rows; with --stream on, the streamed products load weights early)")
     ap.add_argument("--stream", default="on" if ops.STREAMING else "off",
                     help="comma list of off, on: whether the products ignis.model.ops.stream_shape picks run the "
                          "Triton weight-streaming kernel (ops.STREAMING)")

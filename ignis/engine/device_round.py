@@ -37,10 +37,12 @@ from ignis.engine.device_sampling import (
 )
 from ignis.engine.request import Request
 from ignis.engine.scheduler import Decode
+from ignis.kernels.launch import PACKED_PDL_ROWS, dependent_launches
 from ignis.logging import get_logger
 from ignis.model.cache import LaneCache
 from ignis.model.model import HybridModel
 from ignis.model.ops import products_for
+from ignis.quant.linear import repacked
 
 log = get_logger(__name__)
 
@@ -168,6 +170,8 @@ class DeviceRound:
         self.buffers = {b: RoundBuffers(b, self.k, cache.scratch, device) for b in self.buckets}
         self.graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
         self.pool: Any = None  # the graphs' shared memory pool (torch.cuda.graph_pool_handle())
+        # the most rows of a round whose kernels launch programmatic-dependent (when launch.PDL leaves it to the round)
+        self.pdl_rows = PACKED_PDL_ROWS if repacked(model) else 0
 
     def run(self, decodes: list[Decode]) -> list[Emitted]:
         """One round for these lanes (at most `cache.lanes`): their committed tokens, in order."""
@@ -207,8 +211,10 @@ class DeviceRound:
     def forward(self, buf: RoundBuffers, span: int, sampling: bool) -> None:
         """The round as device work on `buf`'s inputs; writes buf.out and buf.logits, the verify logits [B, C, V]
         (one buffer a bucket, shared by its graphs: memory does not grow with the number of spans). Its products
-        take the BLAS library `products_for` picks for its rows."""
-        with products_for(buf.size * self.cols, self.device):
+        take the BLAS library `products_for` picks for its rows, and its kernels launch programmatic-dependent where
+        ignis.kernels.launch says rounds of its rows should."""
+        rows = buf.size * self.cols
+        with products_for(rows, self.device), dependent_launches(rows <= self.pdl_rows):
             self._forward(buf, span, sampling)
 
     def _forward(self, buf: RoundBuffers, span: int, sampling: bool) -> None:

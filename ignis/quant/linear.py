@@ -151,6 +151,12 @@ def to_mma(model: nn.Module, dtype: torch.dtype) -> int:
     return sum(m.repack(dtype) for m in model.modules() if isinstance(m, QuantLinear))
 
 
+def repacked(model: nn.Module) -> bool:
+    """Whether any projection of `model` holds its weight in the mma kernel's order (a 4-bit target loaded on a GPU
+    that runs the mma kernel)."""
+    return any(isinstance(m, QuantLinear) and m.mma is not None for m in model.modules())
+
+
 def uses_mma(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether a model loading on `device` in `dtype` should be repacked: the mma kernel is the choice and runs
     there."""
