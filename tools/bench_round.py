@@ -6,10 +6,10 @@ dflash2-sl, dflash2 proposing through its 4-bit shortlist head, spec.draft_head 
 own, a random one of SHORTLIST_TOKENS rows for the 27B; dflash2-sl-fp8 and dflash2-sl-int4, the same with the drafter's
 projections in fp8 or 4-bit, spec.draft_weights) at 1 and 8 lanes: ms a round through `DeviceRound.run` (host work and
 the one read-back included), the graph's replays back to back (CUDA events: the device's time with the gaps between
-kernels, without the host's part), GPU kernel time and kernels per round from the profiler (an eager round, profiled after every timing), and the ratio to the
-floor: the bytes a round must move (the target's weights once, each lane's recurrent state read and written, its keys
-and values read) over the device-to-device copy bandwidth measured in the same run. The drafter is not in the floor: "x
-floor" of a drafting round is against the target's own floor.
+kernels, without the host's part), GPU kernel time and kernels per round from the profiler (an eager round, profiled
+after every timing), and the ratio to the floor: the bytes a round must move (the target's weights once, each lane's
+recurrent state read and written, its keys and values read) over the device-to-device copy bandwidth measured in the
+same run. The drafter is not in the floor: "x floor" of a drafting round is against the target's own floor.
 
     python -m tools.bench_round --json round.json --md round.md
     python -m tools.bench_round --models 27b --cases verify --lanes 8 --conv-blocks 1024,8192 --blas cublas,cublaslt
