@@ -141,3 +141,29 @@ def test_mma_sweep_splits_and_summary() -> None:
     line, = summary({"sweep_mma": sweep})
     assert line == (f"mma sweep, o_proj,  1 rows: best x1.25 (ks {s1.ks} kw {s1.kw}), the chosen x2.00 (ks {s0.ks} kw "
                     f"{s0.kw})")
+
+
+def test_the_mma_loads_sweep_changes_only_what_leaves_the_sums_alone() -> None:
+    """--sweep-mma-loads times int4_mma's own launch first, then its step's chunks (divisors of the unit holding whole
+    groups), loads ahead (0-3) and feature blocks a warp (the chosen F or 1), each once, with the split (KS, KW,
+    unit) as chosen: no launch it times changes a row's bits. The summary names the fastest beside the chosen one."""
+    from dataclasses import asdict
+
+    from ignis.kernels.int4_mma import choose, launch, row_tiles
+    from tools.bench_quant import summary
+    from tools.quant_products import SHAPES, mma_loads
+
+    for _, nout, ncols in SHAPES:
+        for rows in (1, 8, 16, 64):
+            base = launch(choose(nout, ncols, 128, 132), row_tiles(rows))
+            shapes = mma_loads(nout, ncols, 128, 132, rows)
+            assert shapes[0] == base and len(set(shapes)) == len(shapes) >= 4
+            for s in shapes:
+                assert (s.ks, s.kw, s.unit, s.rb) == (base.ks, base.kw, base.unit, base.rb) and s.f in (1, base.f)
+                assert base.unit % s.u == 0 and (64 * s.u) % 128 == 0 and 0 <= s.ahead <= 3
+    s0, s1 = mma_loads(5120, 6144, 128, 132, 1)[:2]
+    sweep = [{"shape": "o_proj", "rows": 1, "chosen": True, **asdict(s0), "ms": 0.008, "x_floor": 2.0},
+             {"shape": "o_proj", "rows": 1, "chosen": False, **asdict(s1), "ms": 0.006, "x_floor": 1.5}]
+    line, = summary({"sweep_mma_loads": sweep})
+    assert line == (f"mma loads, o_proj,  1 rows: best x1.50 (f {s1.f} u {s1.u} ahead {s1.ahead}), the chosen x2.00 "
+                    f"(f {s0.f} u {s0.u} ahead {s0.ahead})")

@@ -14,7 +14,8 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
    (int4_triton.TABLE) is what this sweep picks. With --policies, whole launch
    policies of the Triton kernel (its 16-row tile and the split's target) over all five products at 1 and 8 rows,
    summed as a decode step runs them; the best stays in force for the decode step below. With --sweep-mma, the mma
-   kernel's splits of the input (blocks of threads and warps along it) at all five products, 1 and 8 rows.
+   kernel's splits of the input (blocks of threads and warps along it) at all five products, 1 and 8 rows; with
+   --sweep-mma-loads, its step sizes and steps loaded ahead (which change no sums) at 1, 8, 16 and 64 rows.
 3. A decode step of one lane at a 512-token context (random weights built on the GPU, as tools.bench_round does)
    through DeviceRound with CUDA graphs, bf16 then the same weights packed to int4 (group 128, products through the
    kernel --int4-kernel names), then with the output head packed too (`ignis quantize --head`), then converted to
@@ -27,6 +28,7 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
     python -m tools.bench_quant --out sweep.json --skip tunings,decode,quality --sweep-triton
     python -m tools.bench_quant --out policies.json --skip products,tunings,quality --policies --int4-kernel triton
     python -m tools.bench_quant --out mma.json --skip products,tunings,decode,quality --sweep-mma
+    python -m tools.bench_quant --out loads.json --skip products,tunings,decode,quality --sweep-mma-loads
 """
 
 from __future__ import annotations
@@ -236,6 +238,12 @@ def summary(result: dict[str, Any]) -> list[str]:
         mine = chosen.get((shape, r), {})
         lines.append(f"mma sweep, {shape}, {r:2d} rows: best x{p['x_floor']:.2f} (ks {p['ks']} kw {p['kw']}), the "
                      f"chosen x{mine.get('x_floor', float('nan')):.2f} (ks {mine.get('ks')} kw {mine.get('kw')})")
+    fastest, chosen = _fastest(result.get("sweep_mma_loads", []), "chosen")
+    for (shape, r), p in fastest.items():
+        mine = chosen.get((shape, r), {})
+        lines.append(f"mma loads, {shape}, {r:2d} rows: best x{p['x_floor']:.2f} (f {p['f']} u {p['u']} ahead "
+                     f"{p['ahead']}), the chosen x{mine.get('x_floor', float('nan')):.2f} (f {mine.get('f')} u "
+                     f"{mine.get('u')} ahead {mine.get('ahead')})")
     pol = result.get("policies")
     if pol:
         b, table = pol["best"], pol["sums"][0]
@@ -273,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="time the Triton int4 kernel's launch shapes at three 27B shapes, 1, 8 and 64 rows")
     ap.add_argument("--sweep-mma", action="store_true",
                     help="time the mma int4 kernel's input splits at the five 27B products, 1 and 8 rows")
+    ap.add_argument("--sweep-mma-loads", action="store_true",
+                    help="time the mma int4 kernel's step sizes and loads ahead at the five 27B products, 1 to 64 rows")
     ap.add_argument("--layouts", action="store_true",
                     help="time the Triton int4 kernel on row-major and k-blocked codes at the five 27B products")
     ap.add_argument("--policies", action="store_true",
@@ -290,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         skip.add("sweep_triton")
     if not args.sweep_mma:
         skip.add("sweep_mma")
+    if not args.sweep_mma_loads:
+        skip.add("sweep_mma_loads")
     if not args.policies:
         skip.add("policies")
     if not args.layouts:
@@ -304,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     steps = [("products", lambda: products(bw, args.reps)), ("tunings", lambda: tunings(bw, args.reps)),
              ("sweep_triton", lambda: sweep_triton(bw, args.reps)), ("sweep_mma", lambda: sweep_mma(bw, args.reps)),
+             ("sweep_mma_loads", lambda: sweep_mma(bw, args.reps, loads=True)),
              ("policies", lambda: policies(bw, args.reps)),
              ("layouts", lambda: layouts(bw, args.reps)),
              ("decode", lambda: decode_steps(bw, args.context, args.iters)),

@@ -242,26 +242,44 @@ def mma_shapes(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[S
     return found
 
 
-def sweep_mma(bw: float, reps: int) -> list[dict[str, Any]]:
-    """int4_mma's input splits (mma_shapes) over the five 27B products at 1 and 8 rows: us and x floor each, its own
-    choice marked (a split that does not compile or launch is reported, not fatal). A split changes the order of a
-    row's sums, so a faster one replaces choose's only with its tests' references."""
+def mma_loads(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Shape]:
+    """int4_mma's own launch for `rows` first, then with its step's chunks U (the unit's divisors that hold whole
+    groups), the steps it loads ahead (AHEAD, 0 to 3) and its feature blocks a warp (F: the launch's, or 1, which
+    spills no registers at 64 rows) changed. What --sweep-mma-loads times: none of them changes the order of a row's
+    sums, so a faster launch changes no result."""
+    base = mma_launch(mma_choose(nout, ncols, group, sms), row_tiles(rows))
+    found = [base]
+    for f in sorted({base.f, 1}, reverse=True):
+        for u in (1, 2, 4):
+            for ahead in (0, 1, 2, 3):
+                s = replace(base, f=f, u=u, ahead=ahead)
+                if base.unit % u == 0 and (64 * u) % group == 0 and s not in found:
+                    found.append(s)
+    return found
+
+
+def sweep_mma(bw: float, reps: int, loads: bool = False) -> list[dict[str, Any]]:
+    """int4_mma's input splits (mma_shapes) over the five 27B products at 1 and 8 rows, or with `loads` its step
+    sizes and loads ahead (mma_loads) at 1, 8, 16 and 64 rows: us and x floor each, its own choice marked (a launch
+    that does not compile or launch is reported, not fatal). A split changes the order of a row's sums, so a faster
+    one replaces choose's only with its tests' references."""
     rows_out = []
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    shapes_of, counts = (mma_loads, (1, 8, 16, 64)) if loads else (mma_shapes, (1, 8))
     for name, nout, ncols in SHAPES:
         _, c4 = _int4_copies(nout, ncols, dev)
         cm = [pack(*p, torch.bfloat16) for p in c4]
         del c4
         nm = cm[0].codes.nbytes + cm[0].zs.nbytes
-        for r in (1, 8):
+        for r in counts:
             x = torch.randn(r, ncols, device=dev).bfloat16()
             floor = (nm + 2 * r * (ncols + nout)) / bw * 1e3
-            for i, s in enumerate(mma_shapes(nout, ncols, GROUP, sms, r)):
+            for i, s in enumerate(shapes_of(nout, ncols, GROUP, sms, r)):
                 row: dict[str, Any] = {"shape": name, "rows": r, "chosen": i == 0, **asdict(s)}
                 said = _timed(row, [partial(int4_mma, x, p, s) for p in cm], reps, floor)
                 rows_out.append(row)
-                print(f"mma {name:22s} rows {r}  {'chosen' if i == 0 else '      '} ks {s.ks} kw {s.kw:2d} f {s.f} "
+                print(f"mma {name:22s} rows {r:2d}  {'chosen' if i == 0 else '      '} ks {s.ks} kw {s.kw:2d} f {s.f} "
                       f"u {s.u} ahead {s.ahead}  {said}", flush=True)
         del cm
         torch.cuda.empty_cache()
