@@ -145,11 +145,12 @@ def test_mma_sweep_splits_and_summary() -> None:
 
 def test_the_mma_loads_sweep_changes_only_what_leaves_the_sums_alone() -> None:
     """--sweep-mma-loads times int4_mma's own launch first, then its step's chunks (divisors of the unit holding whole
-    groups), loads ahead (0-3) and feature blocks a warp (the chosen F or 1), each once, with the split (KS, KW,
-    unit) as chosen: no launch it times changes a row's bits. The summary names the fastest beside the chosen one."""
+    groups), loads ahead (0-3), feature blocks a warp (the chosen F or 1) and, above 8 rows, warps sharing x (RB 2, 4)
+    where they fit, each once, with the split (KS, KW, unit) as chosen: no launch it times changes a row's bits. The
+    summary names the fastest beside the chosen one."""
     from dataclasses import asdict
 
-    from ignis.kernels.int4_mma import choose, launch, row_tiles
+    from ignis.kernels.int4_mma import SHARED, choose, launch, row_tiles
     from tools.bench_quant import summary
     from tools.quant_products import SHAPES, mma_loads
 
@@ -159,8 +160,12 @@ def test_the_mma_loads_sweep_changes_only_what_leaves_the_sums_alone() -> None:
             shapes = mma_loads(nout, ncols, 128, 132, rows)
             assert shapes[0] == base and len(set(shapes)) == len(shapes) >= 4
             for s in shapes:
-                assert (s.ks, s.kw, s.unit, s.rb) == (base.ks, base.kw, base.unit, base.rb) and s.f in (1, base.f)
+                assert (s.ks, s.kw, s.unit) == (base.ks, base.kw, base.unit) and s.f in (1, base.f)
                 assert base.unit % s.u == 0 and (64 * s.u) % 128 == 0 and 0 <= s.ahead <= 3
+                assert s.rb == base.rb or (rows > 8 and 32 * s.kw * s.rb <= 1024
+                                           and (s.kw - 1) * s.rb * s.f * row_tiles(rows) * 512 <= SHARED)
+            assert rows > 8 or all(s.rb == 1 for s in shapes)
+    assert {s.rb for s in mma_loads(34816, 5120, 128, 132, 64)} == {1, 2, 4}  # gate_up at 64 rows: room for 4
     s0, s1 = mma_loads(5120, 6144, 128, 132, 1)[:2]
     sweep = [{"shape": "o_proj", "rows": 1, "chosen": True, **asdict(s0), "ms": 0.008, "x_floor": 2.0},
              {"shape": "o_proj", "rows": 1, "chosen": False, **asdict(s1), "ms": 0.006, "x_floor": 1.5}]

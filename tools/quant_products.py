@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ignis.kernels.int4_gemv import Tuning, int4_gemv, kernel, row_tile
+from ignis.kernels.int4_mma import SHARED as MMA_SHARED
 from ignis.kernels.int4_mma import Shape, int4_mma, pack, row_tiles
 from ignis.kernels.int4_mma import choose as mma_choose
 from ignis.kernels.int4_mma import launch as mma_launch
@@ -245,9 +246,11 @@ def mma_shapes(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[S
 def mma_loads(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Shape]:
     """int4_mma's own launch for `rows` first, then with its step's chunks U (the unit's divisors that hold whole
     groups), the steps it loads ahead (AHEAD, 0 to 3) and its feature blocks a warp (F: the launch's, or 1, which
-    spills no registers at 64 rows) changed. What --sweep-mma-loads times: none of them changes the order of a row's
-    sums, so a faster launch changes no result."""
-    base = mma_launch(mma_choose(nout, ncols, group, sms), row_tiles(rows))
+    spills no registers at 64 rows) changed; above 8 rows also RB 2 and 4 (warps a block of threads that read the
+    same x, which L1 may then serve once), where the block's threads and its warps' partial sums fit. What
+    --sweep-mma-loads times: none of them changes the order of a row's sums, so a faster launch changes no result."""
+    nt = row_tiles(rows)
+    base = mma_launch(mma_choose(nout, ncols, group, sms), nt)
     found = [base]
     for f in sorted({base.f, 1}, reverse=True):
         for u in (1, 2, 4):
@@ -255,6 +258,10 @@ def mma_loads(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Sh
                 s = replace(base, f=f, u=u, ahead=ahead)
                 if base.unit % u == 0 and (64 * u) % group == 0 and s not in found:
                     found.append(s)
+        for rb in (2, 4) if nt > 1 else ():
+            s = replace(base, f=f, rb=rb)
+            if 32 * s.kw * rb <= 1024 and (s.kw - 1) * rb * f * nt * 512 <= MMA_SHARED and s not in found:
+                found.append(s)
     return found
 
 
