@@ -150,6 +150,8 @@ class Engine:
             round="device" if device_round is not None else "host",
             cuda_graphs=graphs,
             prefill_graphs=prefill_graphs,
+            # rounds of up to this many rows ask for programmatic dependent launch (a 4-bit target's; ignis.kernels.launch)
+            pdl_rows=device_round.pdl_rows if device_round is not None else 0,
             warmup_s=round(time.perf_counter() - started, 2),
             startup_s=round(time.perf_counter() - t0, 2),
         )
