@@ -62,6 +62,11 @@ class EngineSection:
     seed: int = integer(0, 0, 2**63 - 1)  # seed for requests that bring none
     cpu_threads: int = integer(1, 0, 1024)  # torch intra-op threads on the CPU (0: torch's default); small models run best on 1
     cuda_graphs: bool = flag(True)  # capture the decode/verify rounds at start-up and replay them (CUDA only)
+    # Decode rounds queued on the device before the host reads them, where a round only decodes and no lane needs the
+    # host between rounds (logprobs, logits shaped on the host, teacher forcing): from 2, each round after the first
+    # takes its inputs from the last one's outputs on the device, so the device does not wait on the host between
+    # them; a lane whose request stops early in the chain runs the rest of it for nothing. Device round only.
+    rounds_per_sync: int = integer(1, 1, 4)
     # Device memory the memory plan must fit, in MiB: 0 = the CUDA device's own total. Profiles state their card's.
     memory_mib: int = integer(0, 0)
     # Bytes for the attention layers' K/V, a pool of 64-position pages the lanes share (one long context, many short

@@ -195,14 +195,16 @@ def decodes(lanes: int, k: int, position: int = POSITION) -> list[Decode]:
     return out
 
 
-def time_rounds(dr: DeviceRound, work: list[Decode], iters: int) -> float:
+def time_rounds(dr: DeviceRound, work: list[Decode], iters: int, rounds: int = 1) -> float:
+    """Seconds a round, median of `iters` runs of `rounds` chained rounds each (engine.rounds_per_sync), each run
+    ending with its one read-back."""
     for _ in range(3):
-        dr.run(work)
+        dr.run(work, rounds)
     times = []
     for _ in range(iters):
         t0 = time.perf_counter()
-        dr.run(work)  # ends with the round's one read-back: the host has the tokens
-        times.append(time.perf_counter() - t0)
+        dr.run(work, rounds)  # ends with the rounds' one read-back: the host has the tokens
+        times.append((time.perf_counter() - t0) / rounds)
     return statistics.median(times)
 
 
@@ -244,8 +246,8 @@ def gpu_profile(fn: Callable[[], object], top: int = 25) -> tuple[float, int, li
     by_name: dict[str, list[float]] = {}
     for e in events:
         by_name.setdefault(e.name[:90], []).append(e.device_time_total)
-    costliest = sorted(({"kernel": n, "count": len(t), "us": round(sum(t), 1)} for n, t in by_name.items()),
-                       key=lambda r: -float(r["us"]))[:top]
+    ranked = sorted(by_name.items(), key=lambda item: -sum(item[1]))[:top]
+    costliest: list[dict[str, Any]] = [{"kernel": n, "count": len(t), "us": round(sum(t), 1)} for n, t in ranked]
     return sum(e.device_time_total for e in events) / 1e6, len(events), costliest
 
 
@@ -279,13 +281,14 @@ def bench_case(label: str, case: Case, model: HybridModel, path: Path, bw: float
                lanes: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     backend = build_backend(case.backend, case.k, model, path, lanes, args.context, device, dtype)
     cache = LaneCache(model.config, lanes=lanes, context=args.context, max_cols=case.k + 1, device=device, dtype=dtype)
-    dr = DeviceRound(model, cache, backend, device, sample_drafts=True)
+    dr = DeviceRound(model, cache, backend, device, sample_drafts=True, rounds_per_sync=args.rounds_per_sync)
     work = decodes(case.lanes, case.k, args.position)
     eager = time_rounds(dr, work, max(3, args.iters // 4))
-    span = next(s for s in dr.spans if s >= args.position + 1 + case.k)
+    rounds = args.rounds_per_sync  # the span `DeviceRound.start` takes for them: the last round's positions covered
+    span = next(s for s in dr.spans if s >= args.position + 1 + case.k + (rounds - 1) * (case.k + 1))
     bucket = next(b for b in dr.buckets if b >= case.lanes)
     capture_s = dr.capture([(bucket, span, False)])
-    graph = time_rounds(dr, work, args.iters)
+    graph = time_rounds(dr, work, args.iters, rounds)
     replay = time_replays(dr.graphs[(bucket, span, False)], args.iters)  # it replays one round's inputs again
     # last: the host's part of the rounds timed after torch.profiler had run was longer (on the H200, a 1 x 1
     # decode's 0.37 ms against 0.07 in a process the profiler never ran in), so nothing is timed after it
@@ -293,6 +296,7 @@ def bench_case(label: str, case: Case, model: HybridModel, path: Path, bw: float
     floor = floor_bytes(model, case.lanes, case.k + 1, args.position) / bw
     return {"model": label, "case": case.name, "lanes": case.lanes, "cols": case.k + 1, "eager_ms": 1e3 * eager,
             "graph_ms": 1e3 * graph, "replay_ms": 1e3 * replay, "gpu_ms_eager": 1e3 * gpu, "kernels": kernels,
+            "rounds_per_sync": rounds,
             "floor_ms": 1e3 * floor, "x_floor": graph / floor, "capture_s": capture_s, "top_kernels": top}
 
 
@@ -326,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lanes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8],
                     help="comma list of lane counts (1, 8)")
     ap.add_argument("--iters", type=int, default=40)
+    ap.add_argument("--rounds-per-sync", type=int, default=1,
+                    help="graph rounds queued before each read-back, each from the last one's outputs "
+                         "(engine.rounds_per_sync): graph ms is a run's time over its rounds")
     ap.add_argument("--attention", default="auto", choices=attention.PATHS,
                     help="the attention kernels' path (ignis.kernels.attention.use)")
     ap.add_argument("--tokens-per-round", type=float, default=5.589,

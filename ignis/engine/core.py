@@ -99,7 +99,8 @@ class Engine:
         device_round = device_prefill = None
         graphs = prefill_graphs = 0
         if not self.model.exact and getattr(self.backend, "graph_safe", False):
-            device_round = DeviceRound(self.model, cache, self.backend, device, sample_drafts=sample_drafts)
+            device_round = DeviceRound(self.model, cache, self.backend, device, sample_drafts=sample_drafts,
+                                       rounds_per_sync=ec.rounds_per_sync)
             device_prefill = DevicePrefill(self.model, cache, self.backend, device)
             if device.type == "cuda" and ec.cuda_graphs:
                 device_round.capture()
@@ -112,6 +113,7 @@ class Engine:
         retained = Retained(ec.retained_host_memory, self.store.state_bytes) if self.store.retains else None
         self.pages = Pages(pages=pool.pages, page=pool.page, lanes=ec.lanes, width=lane_pages)
         self.scheduler = Scheduler(
+            rounds_per_sync=ec.rounds_per_sync if device_round is not None else 1,
             lanes=ec.lanes,
             max_rows=ec.max_rows,
             prefill_chunk=ec.prefill_chunk,
@@ -150,7 +152,7 @@ class Engine:
             round="device" if device_round is not None else "host",
             cuda_graphs=graphs,
             prefill_graphs=prefill_graphs,
-            # rounds of up to this many rows ask for programmatic dependent launch (a 4-bit target's; ignis.kernels.launch)
+            # rounds of up to this many rows ask for programmatic dependent launch (a 4-bit target's)
             pdl_rows=device_round.pdl_rows if device_round is not None else 0,
             warmup_s=round(time.perf_counter() - started, 2),
             startup_s=round(time.perf_counter() - t0, 2),
@@ -229,7 +231,7 @@ class Engine:
         if plan.empty:
             return []
         emissions = self.runner.run(plan)
-        return [self._finish(e) for e in emissions]
+        return [d for e in emissions if (d := self._finish(e)) is not None]
 
     def stats(self) -> EngineStats:
         s = self._stats
@@ -248,8 +250,12 @@ class Engine:
         s.retained_host_capacity_bytes = self.config.engine.retained_host_memory if kept is not None else 0
         return s
 
-    def _finish(self, e: Emission) -> RequestDelta:
+    def _finish(self, e: Emission) -> RequestDelta | None:
+        """Apply one round's tokens to its request; None for a chained round after the one its request stopped in
+        (its tokens are not the request's: the lane ran on for nothing)."""
         r, now = e.request, time.perf_counter()
+        if r.finish_reason is not None:
+            return None
         if r.stats.rounds == 0 and r.generated == 0:
             r.t_first = now
             r.stats.prompt_tokens = len(r.prompt)

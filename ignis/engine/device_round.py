@@ -13,6 +13,11 @@ commit (each lane's recurrent state after its last kept column) and observe (the
 depend only on the key (B, span, sampling): B pads the lane count to a bucket (padding rows run on the scratch
 lane), span is the number of key slots attention reads (the smallest rung of a ladder that covers every lane's
 positions), sampling adds the probability shaping that greedy rounds skip.
+
+Chained rounds (engine.rounds_per_sync): `start` may queue several rounds of the same lanes before the one sync, each
+after the first taking its anchors and positions from the last one's outputs on the device (`RoundBuffers.advance`)
+and replaying the same graph, each one's committed tokens copied to its own host slot. The device then never waits
+for the host between them; the host reads them all at once.
 """
 
 from __future__ import annotations
@@ -71,7 +76,7 @@ def spans(slots: int) -> list[int]:
 class RoundBuffers:
     """One bucket's static device inputs (read by the captured graphs) and output, with pinned host mirrors."""
 
-    def __init__(self, size: int, k: int, scratch: int, device: torch.device) -> None:
+    def __init__(self, size: int, k: int, scratch: int, device: torch.device, rounds: int = 1) -> None:
         self.size = size
         self.scratch = scratch
         pin = device.type == "cuda"
@@ -80,7 +85,8 @@ class RoundBuffers:
         self.ints = torch.zeros((len(_INTS), size), dtype=torch.int64, device=device)  # [7, B] int64, device
         self.floats = torch.zeros((len(_FLOATS), size), dtype=torch.float32, device=device)  # [4, B] f32, device
         self.out = torch.zeros((size, k + 2), dtype=torch.int64, device=device)  # [B, K+2]: accepted, drafts, token
-        self.host_out = torch.zeros((size, k + 2), dtype=torch.int64, pin_memory=pin)  # [B, K+2] int64, cpu
+        # [R, B, K+2] int64, cpu: each of the rounds queued before one read (engine.rounds_per_sync)
+        self.host_out = torch.zeros((rounds, size, k + 2), dtype=torch.int64, pin_memory=pin)
         self.logits = torch.empty(0, device=device)  # [B, K+1, V] float32, device: made by the first run
         self._ints, self._floats = self.host_ints.numpy(), self.host_floats.numpy()  # views: cheap host writes
         self.idle()
@@ -104,9 +110,18 @@ class RoundBuffers:
         self.ints.copy_(self.host_ints, non_blocking=True)
         self.floats.copy_(self.host_floats, non_blocking=True)
 
-    def send(self) -> None:
-        """Queue the one device-to-host copy of the last run's committed tokens (read them after the round's sync)."""
-        self.host_out.copy_(self.out, non_blocking=True)
+    def send(self, round_: int = 0) -> None:
+        """Queue the one device-to-host copy of the last run's committed tokens into the host slot of the `round_`-th
+        round queued since the last read (read them after the sync)."""
+        self.host_out[round_].copy_(self.out, non_blocking=True)
+
+    def advance(self, n: int) -> None:
+        """The next round's inputs for the first n rows from this round's outputs, on the device: each lane's anchor
+        is its committed token and its position moves past the kept drafts and that token. The lanes, their draft
+        counts and sampling stay."""
+        k = self.out.shape[1] - 2
+        self.ints[_INTS.index("anchors"), :n] = self.out[:n, k + 1]
+        self.ints[_INTS.index("positions"), :n] += self.out[:n, 0] + 1
 
     def _fill_host(self, decodes: list[Decode], sample_drafts: bool) -> None:
         """sample_drafts False: every lane drafts at temperature 0 (one-hot q), whatever it samples at."""
@@ -138,10 +153,12 @@ class Emitted:
 
 @dataclass(frozen=True)
 class Launched:
-    """A round queued on the device: its lanes and the bucket whose host mirror receives its committed tokens."""
+    """Rounds queued on the device: their lanes, the bucket whose host mirror receives their committed tokens, and
+    how many rounds, each starting from the last one's outputs."""
 
     decodes: list[Decode]
     buffers: RoundBuffers
+    rounds: int = 1
 
 
 def synchronize(device: torch.device) -> None:
@@ -159,7 +176,9 @@ class DeviceRound:
         device: torch.device,
         *,
         sample_drafts: bool,
+        rounds_per_sync: int = 1,
     ) -> None:
+        """rounds_per_sync: the most rounds queued before one read (engine.rounds_per_sync)."""
         self.model, self.cache, self.backend, self.device = model, cache, backend, device
         self.sample_drafts = sample_drafts
         self.k = backend.draft_tokens
@@ -167,44 +186,56 @@ class DeviceRound:
         self.offsets = torch.arange(self.cols, dtype=torch.int64, device=device)  # [C] int64, device
         self.buckets = buckets(cache.lanes)
         self.spans = spans(cache.context + cache.max_cols)
-        self.buffers = {b: RoundBuffers(b, self.k, cache.scratch, device) for b in self.buckets}
+        self.buffers = {b: RoundBuffers(b, self.k, cache.scratch, device, rounds_per_sync) for b in self.buckets}
         self.graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
         self.pool: Any = None  # the graphs' shared memory pool (torch.cuda.graph_pool_handle())
         # the most rows of a round whose kernels launch programmatic-dependent (when launch.PDL leaves it to the round)
         self.pdl_rows = PACKED_PDL_ROWS if repacked(model) else 0
 
-    def run(self, decodes: list[Decode]) -> list[Emitted]:
-        """One round for these lanes (at most `cache.lanes`): their committed tokens, in order."""
-        launched = self.start(decodes)
+    def run(self, decodes: list[Decode], rounds: int = 1) -> list[Emitted]:
+        """`rounds` rounds for these lanes (at most `cache.lanes`): their committed tokens, round by round."""
+        launched = self.start(decodes, rounds)
         synchronize(self.device)
         return self.collect(launched)
 
-    def start(self, decodes: list[Decode]) -> Launched:
-        """Queue the round for these lanes (at most `cache.lanes`) and the copy of its committed tokens to the host;
-        `collect` reads them after the caller's one sync."""
+    def start(self, decodes: list[Decode], rounds: int = 1) -> Launched:
+        """Queue `rounds` rounds for these lanes (at most `cache.lanes`; rounds at most `max_rounds`), each after the
+        first starting from the last one's outputs on the device (`RoundBuffers.advance`), and the copy of each one's
+        committed tokens to the host; `collect` reads them after the caller's one sync. Every lane must have room for
+        `rounds` rounds of its drafts (the scheduler's chained plans)."""
         reqs = [d.request for d in decodes]
         size = next(b for b in self.buckets if b >= len(reqs))
-        span = next(s for s in self.spans if s >= max(len(r.tokens) for r in reqs) + self.k)
+        span = next(s for s in self.spans if s >= max(len(r.tokens) for r in reqs) + self.k + (rounds - 1) * self.cols)
         sampling = not all(r.params.greedy for r in reqs)
         buf = self.buffers[size]
         buf.load(decodes, self.sample_drafts)
-        key = (size, span, sampling)
-        graph = self.graphs.get(key)
-        if graph is not None:
-            graph.replay()
-        else:
-            self.forward(buf, span, sampling)
-        buf.send()
-        return Launched(decodes, buf)
+        graph = self.graphs.get((size, span, sampling))
+        for i in range(rounds):
+            if i:
+                buf.advance(len(reqs))
+            if graph is not None:
+                graph.replay()
+            else:
+                self.forward(buf, span, sampling)
+            buf.send(i)
+        return Launched(decodes, buf, rounds)
+
+    @property
+    def max_rounds(self) -> int:
+        """The most rounds `start` queues before one read (the host slots each bucket holds)."""
+        return self.buffers[self.buckets[0]].host_out.shape[0]
 
     def collect(self, launched: Launched) -> list[Emitted]:
-        """The committed tokens of a started round, in order; the caller has synchronised since `start`."""
-        out, logits, k = launched.buffers.host_out.tolist(), launched.buffers.logits, self.k
+        """The committed tokens of started rounds, round by round and in each in the lanes' order; the caller has
+        synchronised since `start`. Verify logits (for logprobs) are the last round's only: a lane that asks for them
+        runs one round at a time."""
+        out, logits, k = launched.buffers.host_out[: launched.rounds].tolist(), launched.buffers.logits, self.k
         emitted: list[Emitted] = []
-        for i, (d, row) in enumerate(zip(launched.decodes, out)):
-            accepted = row[0]
-            rows = logits[i] if d.request.params.logprobs is not None else None  # a view a lane costs, unread else
-            emitted.append(Emitted(d.request, row[1 : 1 + accepted] + [row[k + 1]], d.drafts, accepted, rows))
+        for rows_out in out:
+            for i, (d, row) in enumerate(zip(launched.decodes, rows_out)):
+                accepted = row[0]
+                rows = logits[i] if d.request.params.logprobs is not None else None  # a view a lane costs, else unread
+                emitted.append(Emitted(d.request, row[1 : 1 + accepted] + [row[k + 1]], d.drafts, accepted, rows))
         return emitted
 
     @torch.inference_mode()

@@ -70,6 +70,13 @@ class Request:
         return self.shaper is not None
 
     @property
+    def chains(self) -> bool:
+        """Its decode rounds may run back to back on the device, each from the last one's outputs, before the host
+        reads them: no teacher forcing, no logits shaped on the host, no logprobs (a round's verify logits last until
+        the next round)."""
+        return self.forced is None and self.shaper is None and self.params.logprobs is None
+
+    @property
     def generated(self) -> int:
         return len(self.tokens) - len(self.prompt)
 

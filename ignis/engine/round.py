@@ -4,10 +4,11 @@ Owns: turning a `RoundPlan` into each lane's committed tokens (first making the 
 block-table writes, and resetting each admitted lane that does not resume), and the choice of how: when the model is not
 in exact mode and the backend is graph-safe, decoding lanes go through the device round (ignis.engine.device_round:
 static shapes, CUDA graphs, one sync) and prompts through the device prefill (ignis.engine.device_prefill: graph
-pieces), with one sync for the round and every prompt it ends; exact mode (the CPU reference), teacher-forced requests,
-logits shaped on the host and prompts longer than the device prefill's spans go through the host round below, one target
-forward over packed segments with acceptance on the host. Does not own: policy (which lanes, how many rows:
-ignis.engine.scheduler), stop rules (ignis.engine.request) or drafting (ignis.backends).
+pieces), with one sync for the round (or a chained plan's rounds, queued back to back) and every prompt it ends; exact
+mode (the CPU reference), teacher-forced requests, logits shaped on the host and prompts longer than the device
+prefill's spans go through the host round below, one target forward over packed segments with acceptance on the host.
+Does not own: policy (which lanes, how many rows: ignis.engine.scheduler), stop rules (ignis.engine.request) or drafting
+(ignis.backends).
 
 The host round:
 
@@ -99,8 +100,10 @@ class Runner:
         self._check_pages(plan)
         if self.device_round is None or any(d.request.forced is not None or d.request.needs_logits for d in plan.decode):
             return self.host_round(plan)
-        # Queue the decode round and every prefill piece the device takes, then sync once and read them all.
-        launched = self.device_round.start(plan.decode) if plan.decode else None
+        # Queue the decode round (a chained plan's rounds, each from the last one's outputs) and every prefill piece
+        # the device takes, then sync once and read them all.
+        rounds = min(plan.rounds, self.device_round.max_rounds)
+        launched = self.device_round.start(plan.decode, rounds) if plan.decode else None
         dp = self.device_prefill
         host: list[Prefill] = []
         firsts: list[Request] = []  # prompts whose last piece ran: their first token is on its way to the host
@@ -127,9 +130,9 @@ class Runner:
         return emissions
 
     def _check_pages(self, plan: RoundPlan) -> None:
-        """Every position the round writes has a page (host ints only: the table's host mirror)."""
+        """Every position the plan's rounds write has a page (host ints only: the table's host mirror)."""
         pool = self.cache.pool
-        writes = [(d.request, d.request.computed + 1 + d.drafts) for d in plan.decode] + [
+        writes = [(d.request, d.request.computed + plan.rounds * (1 + d.drafts)) for d in plan.decode] + [
             (p.request, p.request.computed + p.length) for p in plan.prefill]
         held = pool.held_lanes([r.lane for r, _ in writes])  # [n] int64
         short = np.flatnonzero(np.asarray([end for _, end in writes]) > held * pool.page)

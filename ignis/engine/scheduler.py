@@ -24,6 +24,11 @@ put back at the front of the queue to prefill its prompt and output again; a req
 way itself). Older requests are never preempted for newer ones, so the oldest always runs to its end: the pool holds
 at least one lane's whole context. Other prefilling lanes take fewer chunks, or wait a round. A waiting request is
 admitted only when the pool can hold its whole prompt beside what the prompts already running still need.
+
+Chained plans (rounds_per_sync above 1): a plan that only decodes, with no request that needs the host between rounds,
+is given pages for rounds_per_sync rounds of every lane's drafts, where max_tokens and the context leave room for
+them and the pages come without preempting anyone (`RoundPlan.rounds`); ignis.engine.round may then queue them all
+before it reads any.
 """
 
 from __future__ import annotations
@@ -56,6 +61,9 @@ class RoundPlan:
     prefill: list[Prefill]
     moves: Moves = field(default_factory=Moves)  # retained state to copy before the round runs
     pages: list[tuple[int, int, int]] = field(default_factory=list)  # block-table writes (lane, index, page), in order
+    # decode rounds the plan has room for: every lane keeps its drafts and holds pages for this many rounds (more than
+    # one only for a chained plan: decoding lanes only, ignis.engine.round may queue them before one read)
+    rounds: int = 1
 
     @property
     def empty(self) -> bool:
@@ -65,10 +73,12 @@ class RoundPlan:
 class Scheduler:
     def __init__(
         self, *, lanes: int, max_rows: int, prefill_chunk: int, max_waiting: int, draft_tokens: int, context: int,
-        retained: Retained | None = None, pages: Pages | None = None,
+        retained: Retained | None = None, pages: Pages | None = None, rounds_per_sync: int = 1,
     ) -> None:
         """retained: where finished requests' states are kept (None: never kept, every prompt is prefilled whole);
-        pages: the K/V pool's pages (None: every lane holds its whole context, nothing is ever short)."""
+        pages: the K/V pool's pages (None: every lane holds its whole context, nothing is ever short);
+        rounds_per_sync: the most rounds a plan of decoding lanes only may chain (engine.rounds_per_sync)."""
+        self.rounds_per_sync = rounds_per_sync
         self.retained = retained
         self.pages = pages
         self.draft_tokens = draft_tokens
@@ -143,8 +153,26 @@ class Scheduler:
                 break  # it waits a round, holding its pages; no later prompt jumps ahead of it
             plan.prefill.append(Prefill(r, length))
             budget -= length
+        rounds = self._chain(plan)
         pages = self.pages.take_updates() if self.pages is not None else []
-        return RoundPlan(plan.admitted, plan.decode, plan.prefill, moves, pages)
+        return RoundPlan(plan.admitted, plan.decode, plan.prefill, moves, pages, rounds)
+
+    def _chain(self, plan: _Plan) -> int:
+        """rounds_per_sync where the plan only decodes, every lane chains (Request.chains), keeps its drafts for that
+        many rounds (max_tokens and context leave room for each one's every column) and gets their pages without
+        preempting anyone; else 1. A lane whose request stops in an earlier round runs the later ones for nothing."""
+        n = self.rounds_per_sync
+        if n == 1 or not plan.decode or plan.prefill or plan.admitted:
+            return 1
+        for d in plan.decode:
+            r, cols = d.request, n * (1 + d.drafts)
+            if not r.chains or r.params.max_tokens - r.generated < cols or self.context - len(r.tokens) < cols:
+                return 1
+        if self.pages is not None:
+            for d in plan.decode:
+                if not self._grow(d.request.lane, d.request.computed + n * (1 + d.drafts), plan.moves):
+                    return 1
+        return n
 
     def _chunk(self, r: Request, chunks: int) -> int:
         """Rows of r's prefill this round when it takes `chunks` chunks (one if it starts inside a chunk)."""
