@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from ignis.errors import ConfigError
 from tools.bench_engine import main
 
 
@@ -17,3 +20,15 @@ def test_bench_engine_decodes_every_request_and_reports_both_speeds(tmp_path: Pa
     for r in rows:
         assert r["requests"] == 3 and r["tokens"] == 3 * 3  # 4 tokens each, the first of each not counted
         assert r["tok_s"] > 0 and r["tok_s_request"] > 0 and r["tokens_per_round"] == 1.0
+
+
+def test_a_backend_variant_carries_its_config_overrides(tmp_path: Path) -> None:
+    """`--backend NAME:K,KEY=VALUE`: the variant runs with those overrides, beside the plain backend in one run."""
+    out = tmp_path / "engine.json"
+    assert main(["--backend", "mtp:3", "--backend", "mtp:3,engine.rounds_per_sync=2,model.exact=off", "--lanes", "2",
+                 "--requests", "2", "--max-tokens", "20", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["backend"] for r in rows] == ["mtp:3", "mtp:3,engine.rounds_per_sync=2,model.exact=off", "mtp:3"]
+    assert rows[0]["tokens"] == rows[1]["tokens"] == 2 * 19
+    with pytest.raises(ConfigError, match="rounds_per_sync"):  # the overrides reach the engine's config
+        main(["--backend", "off,engine.rounds_per_sync=9", "--lanes", "1", "--requests", "1", "--max-tokens", "2"])

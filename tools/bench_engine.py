@@ -3,10 +3,12 @@
 For each backend (name[:draft_tokens]) the engine decodes the same held-out prompts (`--requests`, default 24)
 greedily, at one lane and at several lanes at once; the tool reports decode tokens per second (tokens after each
 request's first; aggregate over the run, and over each request's own decode time), tokens per round, and the speed-up
-over `off` measured in the same run. The first backend warms up
-the device and is run again at the end, so the spread between its two runs shows the noise.
+over `off` measured in the same run. The first backend warms up the device and is run again at the end, so the
+spread between its two runs shows the noise. A backend may carry config overrides after commas (`KEY=VALUE`), so
+variants of one backend compare in one run.
 
     python -m tools.bench_engine --profile h200 --backend off --backend mtp:1 --backend mtp:3 --backend dflash2:7
+    python -m tools.bench_engine --profile h200 --backend dflash2:7 --backend dflash2:7,engine.rounds_per_sync=2
 """
 
 from __future__ import annotations
@@ -65,11 +67,20 @@ def decode(engine: Engine, prompts: list[list[int]], max_tokens: int) -> dict[st
             "tokens_per_round": 1 + accepted / rounds if rounds else 1.0}
 
 
+def _override(text: str) -> tuple[str, object]:
+    """KEY=VALUE of a backend's variant: an integer where the value reads as one, else the text."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise SystemExit(f"bench_engine: a backend's override is KEY=VALUE, got {text!r}")
+    return key, int(value) if value.lstrip("-").isdigit() else value
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.bench_engine")
     ap.add_argument("--model", default=str(BUILTIN))
     ap.add_argument("--profile", default=None)
-    ap.add_argument("--backend", action="append", default=None)
+    ap.add_argument("--backend", action="append", default=None,
+                    help="name[:draft_tokens][,KEY=VALUE...]: a backend, with config overrides for this variant")
     ap.add_argument("--prompts", default=None)
     ap.add_argument("--lanes", type=int, action="append", default=None, help="lane counts to measure (default 1, 8)")
     ap.add_argument("--max-tokens", type=int, default=256)
@@ -86,11 +97,13 @@ def main(argv: list[str] | None = None) -> int:
         prompts = load_prompts(Path(args.prompts) if args.prompts else model / "heldout_prompts.jsonl", tok,
                                max(lanes, args.requests))
         for spec in backends + [backends[0]]:
-            name, _, k = spec.partition(":")
+            backend, *sets = spec.split(",")
+            name, _, k = backend.partition(":")
             overrides = {"model.path": str(model), "spec.backend": name, "engine.lanes": lanes, "log.level": "warning",
                          "engine.max_rows": max(512, lanes * 8)}
             if k:
                 overrides["spec.draft_tokens"] = int(k)
+            overrides.update(_override(s) for s in sets)
             engine = Engine(load_config(profile=args.profile, overrides=overrides))
             decode(engine, prompts[:1], 8)  # warm-up: allocations, kernel compilation
             r = decode(engine, prompts, args.max_tokens)
