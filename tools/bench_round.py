@@ -290,8 +290,8 @@ def bench_case(label: str, case: Case, model: HybridModel, path: Path, bw: float
     capture_s = dr.capture([(bucket, span, False)])
     graph = time_rounds(dr, work, args.iters, rounds)
     replay = time_replays(dr.graphs[(bucket, span, False)], args.iters)  # it replays one round's inputs again
-    # last: the host's part of the rounds timed after torch.profiler had run was longer (on the H200, a 1 x 1
-    # decode's 0.37 ms against 0.07 in a process the profiler never ran in), so nothing is timed after it
+    # last, so that no timing follows it: on the H200 the host's part of a 1 x 1 decode timed after torch.profiler had
+    # run was 0.37 ms, against 0.07 in a process it never ran in (at 8 x 8 the two stayed within the runs' spread)
     gpu, kernels, top = gpu_profile(partial(eager_round, dr, work))
     floor = floor_bytes(model, case.lanes, case.k + 1, args.position) / bw
     return {"model": label, "case": case.name, "lanes": case.lanes, "cols": case.k + 1, "eager_ms": 1e3 * eager,
