@@ -17,6 +17,7 @@ import pytest
 from engines import make_engine, prompts, run
 from ignis.backends.dflash2.weights import save_random_drafter
 from ignis.engine.device_round import DeviceRound
+from ignis.engine.pages import Pages
 from ignis.engine.request import Request
 from ignis.engine.sampling import make_generator
 from ignis.engine.scheduler import Scheduler
@@ -155,9 +156,9 @@ def _decoding(rid: str, tokens: int, max_tokens: int, **params: object) -> Reque
 
 
 def test_a_plan_chains_only_decoding_lanes_with_room_for_every_round() -> None:
-    def plan(*reqs: Request, rounds: int = 2, context: int = 256):  # type: ignore[no-untyped-def]
+    def plan(*reqs: Request, rounds: int = 2, context: int = 256, pages: Pages | None = None):  # type: ignore[no-untyped-def]
         s = Scheduler(lanes=4, max_rows=512, prefill_chunk=64, max_waiting=4, draft_tokens=3, context=context,
-                      rounds_per_sync=rounds)
+                      rounds_per_sync=rounds, pages=pages)
         for i, r in enumerate(reqs):
             r.lane = i
             s.lanes[i] = r
@@ -173,3 +174,7 @@ def test_a_plan_chains_only_decoding_lanes_with_room_for_every_round() -> None:
     prefilling = _decoding("p", 10, 100)
     prefilling.computed = 3
     assert plan(_decoding("a", 10, 100), prefilling).rounds == 1  # a prompt prefills in this plan
+    # 60 positions computed: one round of 4 columns fits the first 64-position page, two need a second page, which
+    # only a free page gives (chaining never preempts or evicts)
+    assert plan(_decoding("a", 60, 100), pages=Pages(pages=1, page=64, lanes=4, width=8)).rounds == 1
+    assert plan(_decoding("a", 60, 100), pages=Pages(pages=2, page=64, lanes=4, width=8)).rounds == 2

@@ -27,7 +27,7 @@ admitted only when the pool can hold its whole prompt beside what the prompts al
 
 Chained plans (rounds_per_sync above 1): a plan that only decodes, with no request that needs the host between rounds,
 is given pages for rounds_per_sync rounds of every lane's drafts, where max_tokens and the context leave room for
-them and the pages come without preempting anyone (`RoundPlan.rounds`); ignis.engine.round may then queue them all
+them and free pages hold them (`RoundPlan.rounds`); ignis.engine.round may then queue them all
 before it reads any.
 """
 
@@ -159,8 +159,9 @@ class Scheduler:
 
     def _chain(self, plan: _Plan) -> int:
         """rounds_per_sync where the plan only decodes, every lane chains (Request.chains), keeps its drafts for that
-        many rounds (max_tokens and context leave room for each one's every column) and gets their pages without
-        preempting anyone; else 1. A lane whose request stops in an earlier round runs the later ones for nothing."""
+        many rounds (max_tokens and context leave room for each one's every column) and gets their pages from the free
+        list (no one preempted, no retained slot evicted: chaining saves the host's waits, never state); else 1. A
+        lane whose request stops in an earlier round runs the later ones for nothing."""
         n = self.rounds_per_sync
         if n == 1 or not plan.decode or plan.prefill or plan.admitted:
             return 1
@@ -170,7 +171,7 @@ class Scheduler:
                 return 1
         if self.pages is not None:
             for d in plan.decode:
-                if not self._grow(d.request.lane, d.request.computed + n * (1 + d.drafts), plan.moves):
+                if not self.pages.grow(d.request.lane, d.request.computed + n * (1 + d.drafts)):
                     return 1
         return n
 
