@@ -7,7 +7,8 @@ kernels read maps exactly the pages each lane holds (the scratch lane only the n
 holds the pages of every position it has run, a retained slot on a lane exactly those of its positions, and a lane
 with neither holds none. Every request that was preempted and ran to its end (and every third other one) equals the
 same greedy request alone on an engine whose pool holds every lane's context. The host round (exact mode: off, mtp) and the device round (dflash2,
-exact off) both run.
+exact off) both run, the device round also with chained rounds (engine.rounds_per_sync = 2), where aborts, stops and
+preemptions meet lanes that ran on.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from tiny import tiny_checkpoint
 
 VOCAB = 512
 CONTEXT = 256
-CASES = {"off": (0, "on"), "mtp": (2, "on"), "dflash2": (3, "off")}  # backend: (draft tokens, model.exact)
+# case: (backend, draft tokens, model.exact, engine.rounds_per_sync)
+CASES = {"off": ("off", 0, "on", 1), "mtp": ("mtp", 2, "on", 1), "dflash2": ("dflash2", 3, "off", 1),
+         "dflash2 chained": ("dflash2", 3, "off", 2)}
 
 
 @pytest.fixture(scope="module")
@@ -64,18 +67,24 @@ def check(e: Engine) -> None:
     assert stats.kv_pages_retained == sum(pages.held(lane) for lane in on_lanes)
 
 
-@pytest.mark.parametrize("backend", sorted(CASES))
+@pytest.mark.parametrize("case", sorted(CASES))
 def test_churn_on_a_small_pool_never_shares_or_leaks_a_page_and_preempted_outputs_stay_exact(
-    ckpt: Path, backend: str
+    ckpt: Path, case: str
 ) -> None:
-    k, exact = CASES[backend]
+    backend, k, exact, rounds = CASES[case]
     rng = random.Random(len(backend))
     probe = make_engine(ckpt, backend, k, model={"exact": exact}, lanes=1, context=CONTEXT)
     lane_pages = probe.pages.width  # one lane's whole context and a round's columns
     page_bytes = probe.runner.cache.pool.page_bytes()
     e = make_engine(ckpt, backend, k, model={"exact": exact}, lanes=3, context=CONTEXT, max_rows=128,
-                    kv_memory=(lane_pages + 1) * page_bytes)
+                    kv_memory=(lane_pages + 1) * page_bytes, rounds_per_sync=rounds)
     assert e.pages.total == lane_pages + 1
+    chained: list[int] = []
+    if rounds > 1:
+        dr = e.runner.device_round
+        assert dr is not None
+        start = dr.start
+        dr.start = lambda decodes, n=1: (chained.append(n), start(decodes, n))[1]  # type: ignore[method-assign]
     churn = Churn(e, rng)
 
     def prompt() -> list[int]:
@@ -96,3 +105,4 @@ def test_churn_on_a_small_pool_never_shares_or_leaks_a_page_and_preempted_output
                     SamplingParams(max_tokens=len(outputs[rid]), temperature=0.0, ignore_eos=True))["0"]
         assert alone.token_ids == outputs[rid], (rid, rid in preempted)
     assert np.array_equal(e.runner.cache.pool.host, e.runner.cache.pool.table.cpu().numpy())
+    assert rounds == 1 or chained.count(rounds) >= 5, chained
