@@ -27,8 +27,7 @@ admitted only when the pool can hold its whole prompt beside what the prompts al
 
 Chained plans (rounds_per_sync above 1): a plan that only decodes, with no request that needs the host between rounds,
 is given pages for rounds_per_sync rounds of every lane's drafts, where max_tokens and the context leave room for
-them and free pages hold them (`RoundPlan.rounds`); ignis.engine.round may then queue them all
-before it reads any.
+them and free pages hold them (`RoundPlan.rounds`); ignis.engine.round may then queue them all before it reads any.
 """
 
 from __future__ import annotations
