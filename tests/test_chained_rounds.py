@@ -15,16 +15,14 @@ from pathlib import Path
 import pytest
 
 from engines import make_engine, prompts, run
-from ignis.backends.dflash2.weights import save_random_drafter
 from ignis.engine.device_round import DeviceRound
 from ignis.engine.pages import Pages
 from ignis.engine.request import Request
 from ignis.engine.sampling import make_generator
 from ignis.engine.scheduler import Scheduler
 from ignis.ipc.messages import EngineRequest
-from ignis.model.config import ModelConfig
 from ignis.params import SamplingParams
-from tiny import tiny_checkpoint
+from tiny import tiny_pair
 
 VOCAB = 512
 FAST = {"exact": "off"}
@@ -32,9 +30,7 @@ FAST = {"exact": "off"}
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tiny_checkpoint(tmp_path_factory.mktemp("ckpt"), seed=5, mtp=True, vocab_size=VOCAB)
-    save_random_drafter(path / "drafter", ModelConfig.from_dir(path), block_size=8, seed=1)
-    return path
+    return tiny_pair(tmp_path_factory.mktemp("ckpt"), seed=5, drafter_seed=1, vocab_size=VOCAB)
 
 
 @pytest.fixture(scope="module")

@@ -17,12 +17,10 @@ import ignis.backends.registry as registry
 import ignis.config as config
 from engines import make_engine, prompts, run
 from ignis.backends.base import BackendContext, Choice, Committed, Observation, Proposal, ProposeIn
-from ignis.backends.dflash2.weights import save_random_drafter
 from ignis.engine.device_prefill import DevicePrefill, pieces
 from ignis.engine.device_round import DeviceRound, buckets, spans
-from ignis.model.config import ModelConfig
 from ignis.params import SamplingParams
-from tiny import tiny_checkpoint
+from tiny import tiny_pair
 
 VOCAB = 512
 FAST = {"exact": "off"}
@@ -30,9 +28,7 @@ FAST = {"exact": "off"}
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tiny_checkpoint(tmp_path_factory.mktemp("ckpt"), seed=5, mtp=True, vocab_size=VOCAB)
-    save_random_drafter(path / "drafter", ModelConfig.from_dir(path), block_size=8, seed=1)
-    return path
+    return tiny_pair(tmp_path_factory.mktemp("ckpt"), seed=5, drafter_seed=1, vocab_size=VOCAB)
 
 
 @pytest.fixture(scope="module")

@@ -20,12 +20,10 @@ import numpy as np
 import pytest
 
 from engines import Churn, make_engine, run
-from ignis.backends.dflash2.weights import save_random_drafter
 from ignis.engine.core import Engine
 from ignis.ipc.messages import EngineRequest
-from ignis.model.config import ModelConfig
 from ignis.params import SamplingParams
-from tiny import tiny_checkpoint
+from tiny import tiny_pair
 
 VOCAB = 512
 CONTEXT = 256
@@ -36,9 +34,7 @@ CASES = {"off": ("off", 0, "on", 1), "mtp": ("mtp", 2, "on", 1), "dflash2": ("df
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tiny_checkpoint(tmp_path_factory.mktemp("ckpt"), seed=31, mtp=True, vocab_size=VOCAB)
-    save_random_drafter(path / "drafter", ModelConfig.from_dir(path), block_size=8, seed=2)
-    return path
+    return tiny_pair(tmp_path_factory.mktemp("ckpt"), seed=31, drafter_seed=2, vocab_size=VOCAB)
 
 
 def check(e: Engine) -> None:

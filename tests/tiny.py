@@ -50,6 +50,17 @@ def tiny_checkpoint(tmp_path: Path, *, seed: int = 0, mtp: bool = True, **overri
     return path
 
 
+def tiny_pair(tmp_path: Path, *, seed: int = 0, drafter_seed: int = 0, **overrides: Any) -> Path:
+    """A tiny checkpoint with its MTP layer (`tiny_checkpoint`) and a random dflash2 drafter of blocks of 8 in
+    <checkpoint>/drafter, where the engine looks for one."""
+    from ignis.backends.dflash2.weights import save_random_drafter
+    from ignis.model.config import ModelConfig
+
+    path = tiny_checkpoint(tmp_path, seed=seed, mtp=True, **overrides)
+    save_random_drafter(path / "drafter", ModelConfig.from_dir(path), block_size=8, seed=drafter_seed)
+    return path
+
+
 @pytest.fixture(scope="module")
 def single_thread() -> Iterator[None]:
     """Run a module's tiny-model work on one intra-op thread: for matrices this small a second thread only adds

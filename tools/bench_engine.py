@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from ignis.artifact import BUILTIN
-from ignis.config import load_config
+from ignis.config import load_config, parse_overrides
 from ignis.engine.core import Engine
 from ignis.ipc.messages import EngineRequest
 from ignis.params import SamplingParams
@@ -67,14 +67,6 @@ def decode(engine: Engine, prompts: list[list[int]], max_tokens: int) -> dict[st
             "tokens_per_round": 1 + accepted / rounds if rounds else 1.0}
 
 
-def _override(text: str) -> tuple[str, object]:
-    """KEY=VALUE of a backend's variant: an integer where the value reads as one, else the text."""
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise SystemExit(f"bench_engine: a backend's override is KEY=VALUE, got {text!r}")
-    return key, int(value) if value.lstrip("-").isdigit() else value
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.bench_engine")
     ap.add_argument("--model", default=str(BUILTIN))
@@ -103,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                          "engine.max_rows": max(512, lanes * 8)}
             if k:
                 overrides["spec.draft_tokens"] = int(k)
-            overrides.update(_override(s) for s in sets)
+            overrides.update(parse_overrides(sets))
             engine = Engine(load_config(profile=args.profile, overrides=overrides))
             decode(engine, prompts[:1], 8)  # warm-up: allocations, kernel compilation
             r = decode(engine, prompts, args.max_tokens)

@@ -92,7 +92,7 @@ def decode_step(label: str, model: HybridModel, bw: float, context: int, iters: 
     dr = DeviceRound(model, cache, backend, dev, sample_drafts=True)
     work = decodes(1, 0)
     eager = time_rounds(dr, work, 3)
-    span = next(s for s in dr.spans if s >= POSITION + 1)
+    span = dr.span_for(POSITION + 1)
     bucket = next(b for b in dr.buckets if b >= 1)
     dr.capture([(bucket, span, False)])
     graph = time_rounds(dr, work, iters)

@@ -284,8 +284,8 @@ def bench_case(label: str, case: Case, model: HybridModel, path: Path, bw: float
     dr = DeviceRound(model, cache, backend, device, sample_drafts=True, rounds_per_sync=args.rounds_per_sync)
     work = decodes(case.lanes, case.k, args.position)
     eager = time_rounds(dr, work, max(3, args.iters // 4))
-    rounds = args.rounds_per_sync  # the span `DeviceRound.start` takes for them: the last round's positions covered
-    span = next(s for s in dr.spans if s >= args.position + 1 + case.k + (rounds - 1) * (case.k + 1))
+    rounds = args.rounds_per_sync
+    span = dr.span_for(args.position + 1, rounds)  # the lanes hold position + 1 tokens (decodes)
     bucket = next(b for b in dr.buckets if b >= case.lanes)
     capture_s = dr.capture([(bucket, span, False)])
     graph = time_rounds(dr, work, args.iters, rounds)

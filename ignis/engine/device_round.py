@@ -205,7 +205,7 @@ class DeviceRound:
         `rounds` rounds of its drafts (the scheduler's chained plans)."""
         reqs = [d.request for d in decodes]
         size = next(b for b in self.buckets if b >= len(reqs))
-        span = next(s for s in self.spans if s >= max(len(r.tokens) for r in reqs) + self.k + (rounds - 1) * self.cols)
+        span = self.span_for(max(len(r.tokens) for r in reqs), rounds)
         sampling = not all(r.params.greedy for r in reqs)
         buf = self.buffers[size]
         buf.load(decodes, self.sample_drafts)
@@ -219,6 +219,11 @@ class DeviceRound:
                 self.forward(buf, span, sampling)
             buf.send(i)
         return Launched(decodes, buf, rounds)
+
+    def span_for(self, tokens: int, rounds: int = 1) -> int:
+        """The key span of `rounds` chained rounds of lanes holding at most `tokens` tokens: the smallest rung that
+        covers the last round's verify columns."""
+        return next(s for s in self.spans if s >= tokens + self.k + (rounds - 1) * self.cols)
 
     @property
     def max_rounds(self) -> int:
