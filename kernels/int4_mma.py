@@ -117,8 +117,9 @@ def unpack(w: MmaCodes) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 @dataclass(frozen=True)
 class Shape:
     """A launch: U chunks a step, AHEAD steps loaded ahead, KW warps along the input (split in units of `unit`
-    chunks), RB warps of F 16-feature blocks each a block of threads. KW and the unit fix the order of the sums (so
-    they come from the weight's shape only); U (a divisor of the unit), F, RB and AHEAD may change with the rows."""
+    chunks), RB warps of F 16-feature blocks each a block of threads, RG blocks of threads splitting the row tiles of
+    the same features. KW and the unit fix the order of the sums (so they come from the weight's shape only); U (a
+    divisor of the unit), F, RB, RG and AHEAD may change with the rows."""
 
     u: int
     ahead: int
@@ -127,6 +128,7 @@ class Shape:
     f: int = 1
     unit: int = 4  # chunks of the input split's unit: the largest U the shape allows (fixed by the shape)
     ks: int = 1  # blocks of threads along the input (their partial sums meet in a workspace)
+    rg: int = 1  # blocks of threads over the rows (each NT / RG row tiles); above NT it is NT. choose's: NT 8's
 
 
 def _step_chunks(ncols: int, group: int) -> int:
@@ -138,32 +140,42 @@ def _step_chunks(ncols: int, group: int) -> int:
 def choose(nout: int, ncols: int, group: int, sms: int) -> Shape:
     """The split of the input for a weight's shape, which fixes the order of its sums: into P = KS x KW parts where
     the 16-feature blocks alone give the SMs fewer than AIM_WARPS_PER_SM warps each (at least 3: a warp alone on a
-    block leaves its loads' latency uncovered), no part shorter than 3 units, at most 8 warps a block of threads."""
+    block leaves its loads' latency uncovered), no part shorter than 3 units, at most 8 warps a block of threads.
+    Also the RG that `launch` gives 33-64 rows: ROW_SPLIT where the weight has fewer than ROW_SPLIT_BELOW feature
+    blocks an SM."""
     unit = _step_chunks(ncols, group)
     units = ncols // (64 * unit)
     blocks = nout // 16
     parts = max(1, min(max(3, math.ceil(AIM_WARPS_PER_SM * sms / blocks)), units // 3, 24))
     ks = math.ceil(parts / 8)
-    return Shape(unit, 1, math.ceil(parts / ks), 1, 1, unit, ks)
+    rg = ROW_SPLIT if blocks < ROW_SPLIT_BELOW * sms else 1
+    return Shape(unit, 1, math.ceil(parts / ks), 1, 1, unit, ks, rg)
 
 
 # NT -> (F, U, AHEAD) where the unit allows U = 2: what the H200 sweep (tools.bench_quant's products, and the
 # variants around them) found fastest at the 27B shapes for 9-16, 17-32 and 33-64 rows. NT 8 with F 2 spills a few
 # hundred bytes of registers (ptxas caps a thread at 255) and is still 1.7x faster than F 1, which does not spill.
 ROW_LAUNCH = {2: (1, 2, 0), 4: (2, 2, 1), 8: (2, 2, 1)}
+# 33-64 rows over a weight of few feature blocks (the 27B's 5,120-output products: 320 blocks on 132 SMs) split its
+# row tiles over ROW_SPLIT blocks of threads, each holding a quarter of the sums (no spills, and four times the
+# blocks to cover the loads' latency): mlp down 125 -> 99 us, o_proj 53 -> 42 in the H200 sweep (BENCHMARKS.md, "the
+# 4-bit product at 64 rows"), while the wide products (896-2,176 blocks) ran 5-25% slower split.
+ROW_SPLIT = 4
+ROW_SPLIT_BELOW = 4  # feature blocks an SM
 
 
 def launch(base: Shape, nt: int) -> Shape:
     """`base` (choose's split) with the rest of the launch for NT row tiles: at one tile a feature block a warp, U the
-    unit, one step ahead; above, ROW_LAUNCH; fewer feature blocks a warp where the KW warps' partial sums would not
-    fit in 48 KiB of shared memory."""
+    unit, one step ahead; above, ROW_LAUNCH; fewer feature blocks a warp where the KW warps' partial sums of all NT
+    tiles would not fit in 48 KiB of shared memory (so measured, also where RG blocks share the tiles); at NT 8,
+    choose's RG."""
     if nt == 1 or base.unit % 2:
         f, u, ahead = 1, base.unit, 1
     else:
         f, u, ahead = ROW_LAUNCH[nt]
     while f > 1 and (base.kw - 1) * f * nt * 512 > SHARED:
         f, u, ahead = f // 2, base.unit, 1
-    return replace(base, u=u, f=f, ahead=ahead)
+    return replace(base, u=u, f=f, ahead=ahead, rg=base.rg if nt == 8 else 1)
 
 
 _lock = threading.Lock()
@@ -177,8 +189,8 @@ def _function(device: torch.device, nt: int, shape: Shape, gpc: int, dtype: torc
     key = (device, nt, shape, gpc, dtype, scale_dtype, early)
     with _lock:
         if key not in _functions:
-            defines = (("NT", nt), ("F", shape.f), ("U", shape.u), ("AHEAD", shape.ahead), ("KS", shape.ks),
-                       ("KW", shape.kw), ("RB", shape.rb),
+            defines = (("NT", nt // shape.rg), ("F", shape.f), ("U", shape.u), ("AHEAD", shape.ahead),
+                       ("KS", shape.ks), ("KW", shape.kw), ("RB", shape.rb), ("RG", shape.rg),
                        ("GPC", gpc), ("F16", int(dtype == torch.float16)),
                        ("SBF16", int(scale_dtype == torch.bfloat16)), ("PDL", int(early)))
             _functions[key] = Function(compile_cubin(SOURCE, "int4_mma", arch_of(device), defines), "int4_mma", device)
@@ -209,9 +221,12 @@ def int4_mma(x: torch.Tensor, w: MmaCodes, shape: Shape | None = None) -> torch.
         return out.reshape(*lead, nout)
     nt = row_tiles(nrows)
     s = shape if shape is not None else launch(choose(nout, ncols, w.group, sm_count(x.device)), nt)
+    s = replace(s, rg=min(s.rg, nt))  # no block of threads without rows
+    if s.rg not in ROW_TILES:
+        raise ValueError(f"int4_mma splits the rows over 1, 2, 4 or 8 blocks of threads, got RG {s.rg}")
     early = pdl(x.device)  # programmatic dependent launch (launch.PDL): the codes load while the kernel before ends
     fn = _function(x.device, nt, s, w.group // 64, w.dtype, w.scale_dtype, early)
-    grid = (math.ceil(nout // 16 / (s.rb * s.f)), s.ks, 1)
+    grid = (math.ceil(nout // 16 / (s.rb * s.f)) * s.rg, s.ks, 1)
     if s.ks > 1:
         if grid[0] > SPLIT_COUNTERS:
             raise ValueError(f"{grid[0]} blocks of threads split over the input exceed the {SPLIT_COUNTERS} counters")

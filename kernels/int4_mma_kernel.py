@@ -18,15 +18,17 @@ exact) and one packed fma subtracts that magic number plus the group's zero poin
 instructions (and a shift for three of every four).
 
 A warp owns F blocks of 16 features and a contiguous run of the input's chunks: KS blocks of threads split the input
-(in units of a shape's `unit` chunks), KW warps split a block's part, it walks its run U chunks a step, and RB warps take RB x F blocks of a block of threads. Every dequantized code meets NT tiles of 8 activation rows, and
-every tile of x F blocks of codes. Each 64-column chunk's mma sums in fp32 (C starts at zero), then that sum times the
+(in units of a shape's `unit` chunks), KW warps split a block's part, it walks its run U chunks a step, and RB warps
+take RB x F blocks of a block of threads. RG neighbouring blocks of threads take the same features for RG groups of
+NT row tiles each (the second reads the codes from L2 as the first did from DRAM). Every dequantized code meets NT
+tiles of 8 activation rows, and every tile of x F blocks of codes. Each 64-column chunk's mma sums in fp32 (C starts at zero), then that sum times the
 group's scale is added to the warp's fp32 total; the KW warps' totals are added in warp order through shared memory,
 and the KS blocks' in block order by the last block to finish (fp32 partials in a workspace, a counter a feature
-block). The order of every sum depends on the weight's shape (KS, KW, unit) only, never on F, U, RB or the rows, so a row's result is
-the same whatever rows share the call and whatever launch the rows pick.
+block). The order of every sum depends on the weight's shape (KS, KW, unit) only, never on F, U, RB, RG or the rows, so a
+row's result is the same whatever rows share the call and whatever launch the rows pick.
 
-Compile-time macros: NT, F, U, AHEAD (steps loaded ahead of the one computing), KS, KW, RB, GPC (64-column chunks a
-group), F16 (1: fp16 activations, 0: bf16), SBF16 (1: the scales are bf16 bits, 0: fp16), PDL (1: launched with
+Compile-time macros: NT (row tiles a block), F, U, AHEAD (steps loaded ahead of the one computing), KS, KW, RB, RG
+(blocks of threads a feature block's rows are split over), GPC (64-column chunks a group), F16 (1: fp16 activations, 0: bf16), SBF16 (1: the scales are bf16 bits, 0: fp16), PDL (1: launched with
 programmatic dependent launch, ignis.kernels.launch.PDL: the AHEAD steps of codes and scales load before
 griddepcontrol.wait, x and every store after it, and the next kernel may launch once the loop is done; 0 by default).
 """
@@ -34,6 +36,9 @@ griddepcontrol.wait, x and every store after it, and the next kernel may launch 
 SOURCE = r"""
 #ifndef PDL
 #define PDL 0
+#endif
+#ifndef RG
+#define RG 1
 #endif
 
 typedef unsigned int u32;
@@ -131,7 +136,13 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int kw = warp % KW, r = warp / KW;
-    const int rb0 = (blockIdx.x * RB + r) * F;  // the warp's first 16-feature block; it owns F of them
+    const int rb0 = (blockIdx.x / RG * RB + r) * F;  // the warp's first 16-feature block; it owns F of them
+    // the block's rows: row0 .. row0 + 8 NT - 1 of the call's M; x and out are moved to row0, M counts from it
+    const int row0 = blockIdx.x % RG * NT * 8;
+    if (row0 >= M) return;  // the whole block: no rows of the call here
+    x += (size_t)row0 * sx;
+    out += (size_t)row0 * N;
+    M -= row0;
     // the KW warps split the input in units of `unit` chunks (a multiple of U fixed by the weight's shape, so the
     // split, and with it the order of the sums, does not depend on U); s0, s1 count steps of U chunks
     // the KS blocks of threads along y split the input first, then their KW warps split their part
@@ -268,6 +279,7 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
     // every block of threads stores its fp32 partials; the last of a feature block's KS to arrive adds them in
     // split order (whichever came last) and resets the counter for the next call: the split-K semaphore of CUTLASS
     __shared__ int last;
+    const int Mall = M + row0;  // the call's rows: the workspace's
     if (kw == 0) {
 #pragma unroll
         for (int f = 0; f < F; ++f)
@@ -276,7 +288,8 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const int row = n * 8 + 2 * t + (i & 1), feature = (rb0 + f) * 16 + g + 8 * (i >> 1);
-                    if (rb0 + f < blocks && row < M) ws[((size_t)blockIdx.y * M + row) * N + feature] = acc[f][n][i];
+                    if (rb0 + f < blocks && row < M)
+                        ws[((size_t)blockIdx.y * Mall + row0 + row) * N + feature] = acc[f][n][i];
                 }
     }
     __threadfence();
@@ -295,7 +308,8 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
                     const int row = n * 8 + 2 * t + (i & 1), feature = (rb0 + f) * 16 + g + 8 * (i >> 1);
                     if (rb0 + f < blocks && row < M) {
                         float total = 0.f;
-                        for (int k = 0; k < KS; ++k) total += __ldcg(ws + ((size_t)k * M + row) * N + feature);
+                        for (int k = 0; k < KS; ++k)
+                            total += __ldcg(ws + ((size_t)k * Mall + row0 + row) * N + feature);
                         acc[f][n][i] = total;
                     }
                 }

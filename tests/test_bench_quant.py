@@ -160,15 +160,17 @@ def test_the_mma_loads_sweep_changes_only_what_leaves_the_sums_alone() -> None:
             shapes = mma_loads(nout, ncols, 128, 132, rows)
             assert shapes[0] == base and len(set(shapes)) == len(shapes) >= 4
             for s in shapes:
-                assert (s.ks, s.kw, s.unit) == (base.ks, base.kw, base.unit) and s.f in (1, base.f)
+                assert (s.ks, s.kw, s.unit, s.rb) == (base.ks, base.kw, base.unit, base.rb)
+                assert s.f in (1, base.f) or s.rg > 1
                 assert base.unit % s.u == 0 and (64 * s.u) % 128 == 0 and 0 <= s.ahead <= 3
-                assert s.rb == base.rb or (rows > 8 and 32 * s.kw * s.rb <= 1024
-                                           and (s.kw - 1) * s.rb * s.f * row_tiles(rows) * 512 <= SHARED)
-            assert rows > 8 or all(s.rb == 1 for s in shapes)
-    assert {s.rb for s in mma_loads(34816, 5120, 128, 132, 64)} == {1, 2, 4}  # gate_up at 64 rows: room for 4
+                assert s.rg == 1 or (s.rg <= row_tiles(rows)
+                                     and (s.kw - 1) * s.f * row_tiles(rows) // s.rg * 512 <= SHARED)
+            assert rows > 8 or all(s.rg == 1 for s in shapes)
+    assert {s.rg for s in mma_loads(34816, 5120, 128, 132, 64)} == {1, 2, 4, 8}  # gate_up at 64 rows
+    assert {s.rg for s in mma_loads(34816, 5120, 128, 132, 16)} == {1, 2}
     s0, s1 = mma_loads(5120, 6144, 128, 132, 1)[:2]
     sweep = [{"shape": "o_proj", "rows": 1, "chosen": True, **asdict(s0), "ms": 0.008, "x_floor": 2.0},
              {"shape": "o_proj", "rows": 1, "chosen": False, **asdict(s1), "ms": 0.006, "x_floor": 1.5}]
     line, = summary({"sweep_mma_loads": sweep})
-    assert line == (f"mma loads, o_proj,  1 rows: best x1.50 (f {s1.f} u {s1.u} ahead {s1.ahead}), the chosen x2.00 "
-                    f"(f {s0.f} u {s0.u} ahead {s0.ahead})")
+    assert line == (f"mma loads, o_proj,  1 rows: best x1.50 (f {s1.f} u {s1.u} ahead {s1.ahead} rg 1), the chosen "
+                    f"x2.00 (f {s0.f} u {s0.u} ahead {s0.ahead} rg 1)")

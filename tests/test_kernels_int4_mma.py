@@ -6,6 +6,8 @@ tests/test_quant_mma_gpu.py checks it against its reference at the 27B shapes.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -113,8 +115,8 @@ def test_row_tiles() -> None:
 
 
 def _defines(s: Shape, nt: int, f16: int = 0, sbf16: int = 1) -> tuple[tuple[str, int], ...]:
-    return (("NT", nt), ("F", s.f), ("U", s.u), ("AHEAD", s.ahead), ("KS", s.ks), ("KW", s.kw), ("RB", s.rb),
-            ("GPC", 2), ("F16", f16), ("SBF16", sbf16))
+    return (("NT", nt // s.rg), ("F", s.f), ("U", s.u), ("AHEAD", s.ahead), ("KS", s.ks), ("KW", s.kw), ("RB", s.rb),
+            ("RG", s.rg), ("GPC", 2), ("F16", f16), ("SBF16", sbf16))
 
 
 def test_every_launch_at_the_27b_and_builtin_shapes_compiles_for_sm90_without_spills() -> None:
@@ -128,6 +130,18 @@ def test_every_launch_at_the_27b_and_builtin_shapes_compiles_for_sm90_without_sp
         # NT 8 with two feature blocks a warp spills (int4_mma.ROW_LAUNCH: measured faster all the same); a little
         spilt = dict(defines)["NT"] == 8 and dict(defines)["F"] == 2
         assert cubin.spills <= (512 if spilt else 0) and 0 < cubin.registers <= 255, (dict(defines), cubin.spills)
+
+
+def test_64_rows_split_over_blocks_of_threads_compile_without_spills() -> None:
+    """RG 2 or 4 blocks of threads a feature block's rows: each holds NT / RG row tiles' sums, which at 64 rows leaves
+    the registers that one block holding all eight spills (the test above allows it that)."""
+    for nout, ncols in ((34816, 5120), (5120, 17408), (10240, 5120)):
+        base = launch(choose(nout, ncols, 128, SMS), 8)
+        assert base.f == 2
+        for rg in (2, 4):
+            for f in (1, 2):
+                cubin = compile_cubin(SOURCE, "int4_mma", "sm_90", _defines(replace(base, rg=rg, f=f), 8))
+                assert cubin.spills == 0 and cubin.registers < 255, (nout, rg, f, cubin.registers)
 
 
 def test_launched_ahead_the_kernel_loads_its_codes_before_the_wait_and_x_after() -> None:

@@ -5,6 +5,7 @@ repacked. Needs CUDA; CI has none."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,7 @@ def test_int4_mma_fp16_activations_bf16_scales_and_group_64(group: int) -> None:
 
 
 def test_a_rows_result_depends_on_neither_the_batch_nor_the_launch() -> None:
-    """choose's split fixes the order of the sums; the rows, and F, U, RB and AHEAD, must not change a bit."""
+    """choose's split fixes the order of the sums; the rows, and F, U, RB, RG and AHEAD, must not change a bit."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for nout, ncols in ((5120, 17408), (14336, 5120), (5120, 6144)):  # split over blocks and warps, warps, 8 warps
         qw, s, z = _int4_weight(nout, ncols, 128, seed=7)
@@ -52,6 +53,10 @@ def test_a_rows_result_depends_on_neither_the_batch_nor_the_launch() -> None:
         for u, ahead, rb, f in ((2, 2, 2, 1), (base.unit, 1, 1, 2), (2, 1, 1, 4)):
             other = Shape(u, ahead, base.kw, rb, f, base.unit, base.ks)
             assert torch.equal(int4_mma(x[:8], w, other), alone[:8]), (nout, other)
+        for rg in (2, 4, 8):  # the rows over blocks of threads; at 33 rows some blocks have none
+            for rows in (17, 33, 64):
+                other = replace(launch(base, row_tiles(rows)), rg=rg)
+                assert torch.equal(int4_mma(x[:rows], w, other), alone[:rows]), (nout, rows, other)
 
 
 def test_int4_mma_under_cuda_graph_replay_and_on_a_side_stream() -> None:

@@ -242,8 +242,8 @@ def summary(result: dict[str, Any]) -> list[str]:
     for (shape, r), p in fastest.items():
         mine = chosen.get((shape, r), {})
         lines.append(f"mma loads, {shape}, {r:2d} rows: best x{p['x_floor']:.2f} (f {p['f']} u {p['u']} ahead "
-                     f"{p['ahead']}), the chosen x{mine.get('x_floor', float('nan')):.2f} (f {mine.get('f')} u "
-                     f"{mine.get('u')} ahead {mine.get('ahead')})")
+                     f"{p['ahead']} rg {p.get('rg', 1)}), the chosen x{mine.get('x_floor', float('nan')):.2f} (f "
+                     f"{mine.get('f')} u {mine.get('u')} ahead {mine.get('ahead')} rg {mine.get('rg', 1)})")
     pol = result.get("policies")
     if pol:
         b, table = pol["best"], pol["sums"][0]

@@ -246,9 +246,10 @@ def mma_shapes(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[S
 def mma_loads(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Shape]:
     """int4_mma's own launch for `rows` first, then with its step's chunks U (the unit's divisors that hold whole
     groups), the steps it loads ahead (AHEAD, 0 to 3) and its feature blocks a warp (F: the launch's, or 1, which
-    spills no registers at 64 rows) changed; above 8 rows also RB 2 and 4 (warps a block of threads that read the
-    same x, which L1 may then serve once), where the block's threads and its warps' partial sums fit. What
-    --sweep-mma-loads times: none of them changes the order of a row's sums, so a faster launch changes no result."""
+    spills no registers at 64 rows) changed; above 8 rows also RG 2, 4 and 8 (blocks of threads that split the row
+    tiles of the same features, each holding fewer sums) at F 1 and 2, where the warps' partial sums fit. (RB, warps
+    of a block that read the same x, was measured never to pay: BENCHMARKS.md.) What --sweep-mma-loads times: none
+    of them changes the order of a row's sums, so a faster launch changes no result."""
     nt = row_tiles(rows)
     base = mma_launch(mma_choose(nout, ncols, group, sms), nt)
     found = [base]
@@ -258,9 +259,10 @@ def mma_loads(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Sh
                 s = replace(base, f=f, u=u, ahead=ahead)
                 if base.unit % u == 0 and (64 * u) % group == 0 and s not in found:
                     found.append(s)
-        for rb in (2, 4) if nt > 1 else ():
-            s = replace(base, f=f, rb=rb)
-            if 32 * s.kw * rb <= 1024 and (s.kw - 1) * rb * f * nt * 512 <= MMA_SHARED and s not in found:
+    for rg in (r for r in (2, 4, 8) if r <= nt):
+        for f in (2, 1):
+            s = replace(base, f=f, rg=rg)
+            if (s.kw - 1) * f * (nt // rg) * 512 <= MMA_SHARED and s not in found:
                 found.append(s)
     return found
 
@@ -287,7 +289,7 @@ def sweep_mma(bw: float, reps: int, loads: bool = False) -> list[dict[str, Any]]
                 said = _timed(row, [partial(int4_mma, x, p, s) for p in cm], reps, floor)
                 rows_out.append(row)
                 print(f"mma {name:22s} rows {r:2d}  {'chosen' if i == 0 else '      '} ks {s.ks} kw {s.kw:2d} f {s.f} "
-                      f"u {s.u} ahead {s.ahead}  {said}", flush=True)
+                      f"u {s.u} ahead {s.ahead} rg {s.rg}  {said}", flush=True)
         del cm
         torch.cuda.empty_cache()
     return rows_out
