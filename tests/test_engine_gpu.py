@@ -211,21 +211,22 @@ def test_graph_rounds_give_the_eager_rounds_tokens(backend: str, k: int, lanes: 
 
 @pytest.mark.parametrize("backend,k", [("off", 0), ("dflash2", 7)])
 @pytest.mark.parametrize("lanes", [1, 8])
-def test_chained_graph_rounds_give_single_rounds_tokens(backend: str, k: int, lanes: int) -> None:
+def test_chained_graph_rounds_give_single_rounds_tokens(backend: str, k: int, lanes: int,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """engine.rounds_per_sync = 2: rounds replayed back to back, the second from the first's outputs on the device,
     give the tokens of one round at a time, and did chain."""
     from engines import run
+    from ignis.engine.device_round import DeviceRound
 
     ps = _heldout(8)
     params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
     outs, chained = [], []
+    start = DeviceRound.start
+    monkeypatch.setattr(DeviceRound, "start", lambda dr, decodes, n=1: (chained.append(n), start(dr, decodes, n))[1])
     for rounds in (2, 1):
         engine = make_engine(BUILTIN, backend, draft_tokens=k, profile="h200", lanes=lanes, context=1024,
                              rounds_per_sync=rounds)
-        dr = engine.runner.device_round
-        assert dr is not None and dr.graphs
-        start = dr.start
-        dr.start = lambda decodes, n=1, start=start: (chained.append(n), start(decodes, n))[1]  # type: ignore[method-assign]
+        assert engine.runner.device_round is not None and engine.runner.device_round.graphs
         outs.append({rid: d.token_ids for rid, d in run(engine, ps, params).items()})
     assert outs[0] == outs[1] and 2 in chained
 

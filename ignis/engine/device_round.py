@@ -22,8 +22,10 @@ for the host between them; the host reads them all at once.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
@@ -325,17 +327,34 @@ def capture_graphs(runs: Iterable[tuple[K, Callable[[], None]]], pool: Any, devi
                    ) -> dict[K, torch.cuda.CUDAGraph]:
     """One CUDA graph per (key, device work): each run once on a side stream first (library handles, kernel loads and
     compiles), then captured into the graph memory pool `pool`. The inputs each run reads must be ready when the
-    iterator yields it."""
+    iterator yields it. No garbage collection runs while it captures (`collected`)."""
     graphs: dict[K, torch.cuda.CUDAGraph] = {}
     side = torch.cuda.Stream(device)
-    for key, run in runs:
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            run()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool, stream=side):
-            run()
-        torch.cuda.current_stream(device).wait_stream(side)
-        graphs[key] = graph
+    with collected():
+        for key, run in runs:
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                run()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=side):
+                run()
+            torch.cuda.current_stream(device).wait_stream(side)
+            graphs[key] = graph
     torch.cuda.synchronize(device)
     return graphs
+
+
+@contextmanager
+def collected() -> Iterator[None]:
+    """Garbage collected on entry and not again until exit. A dead reference cycle that holds CUDA objects (an earlier
+    engine's graphs, their memory pool, its pinned buffers) is then freed before a capture begins, not by the
+    automatic collector in the middle of one, where their release could invalidate the capture (torch stopped
+    collecting on entering torch.cuda.graph)."""
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
