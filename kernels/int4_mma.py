@@ -179,20 +179,20 @@ def launch(base: Shape, nt: int) -> Shape:
 
 
 _lock = threading.Lock()
-_functions: dict[tuple[torch.device, int, Shape, int, torch.dtype, torch.dtype, bool], object] = {}
+_functions: dict[tuple[torch.device, int, Shape, int, torch.dtype, torch.dtype, bool, bool], object] = {}
 
 
 def _function(device: torch.device, nt: int, shape: Shape, gpc: int, dtype: torch.dtype,
-              scale_dtype: torch.dtype, early: bool = False) -> object:
+              scale_dtype: torch.dtype, early: bool = False, swiglu: bool = False) -> object:
     from ignis.kernels.nvrtc import Function, arch_of, compile_cubin
 
-    key = (device, nt, shape, gpc, dtype, scale_dtype, early)
+    key = (device, nt, shape, gpc, dtype, scale_dtype, early, swiglu)
     with _lock:
         if key not in _functions:
             defines = (("NT", nt // shape.rg), ("F", shape.f), ("U", shape.u), ("AHEAD", shape.ahead),
                        ("KS", shape.ks), ("KW", shape.kw), ("RB", shape.rb), ("RG", shape.rg),
                        ("GPC", gpc), ("F16", int(dtype == torch.float16)),
-                       ("SBF16", int(scale_dtype == torch.bfloat16)), ("PDL", int(early)))
+                       ("SBF16", int(scale_dtype == torch.bfloat16)), ("SWIGLU", int(swiglu)), ("PDL", int(early)))
             _functions[key] = Function(compile_cubin(SOURCE, "int4_mma", arch_of(device), defines), "int4_mma", device)
         return _functions[key]
 
@@ -202,10 +202,18 @@ def row_tiles(rows: int) -> int:
     return next(n for n in ROW_TILES if rows <= 8 * n)
 
 
-def int4_mma(x: torch.Tensor, w: MmaCodes, shape: Shape | None = None) -> torch.Tensor:
+def swiglu_launch(s: Shape, nt: int) -> Shape | None:
+    """The launch `s` with the SwiGLU store: one gate block and its up partner a warp (F 2), or None where the KW
+    warps' partial sums of both would not fit in shared memory."""
+    s = replace(s, f=2)
+    return s if (s.kw - 1) * s.rb * s.f * (nt // min(s.rg, nt)) * 512 <= SHARED else None
+
+
+def int4_mma(x: torch.Tensor, w: MmaCodes, shape: Shape | None = None, swiglu: bool = False) -> torch.Tensor:
     """x [..., in] (w.dtype, CUDA, at most MAX_ROWS rows) @ W^T -> [..., out] in x.dtype. `shape` overrides `choose`
-    (benchmarks; its KW and U change the order of the sums). Asynchronous, on torch's current stream; no host read;
-    allocates the output."""
+    (benchmarks; its KW and U change the order of the sums). With `swiglu`, W is an MLP's fused gate | up [2 I, in]
+    (I a multiple of 16) and the result is silu(gate) * up [..., I], as the SwiGLU kernel makes it from the product's
+    output. Asynchronous, on torch's current stream; no host read; allocates the output."""
     nout, ncols = w.shape
     lead = x.shape[:-1]
     rows = x.reshape(-1, x.shape[-1])
@@ -216,17 +224,25 @@ def int4_mma(x: torch.Tensor, w: MmaCodes, shape: Shape | None = None) -> torch.
     if rows.stride(-1) != 1 or rows.stride(0) % 8 or rows.data_ptr() % 16:
         rows = rows.contiguous()  # 16-byte loads of x
     nrows = rows.shape[0]
-    out = torch.empty((nrows, nout), dtype=x.dtype, device=x.device)  # [rows, out]
+    width = nout // 2 if swiglu else nout
+    if swiglu and nout % 32:
+        raise ValueError(f"int4_mma's SwiGLU takes a gate | up weight of whole 16-feature blocks a half, got {nout}")
+    out = torch.empty((nrows, width), dtype=x.dtype, device=x.device)  # [rows, out] (or [rows, I])
     if nrows == 0:
-        return out.reshape(*lead, nout)
+        return out.reshape(*lead, width)
     nt = row_tiles(nrows)
     s = shape if shape is not None else launch(choose(nout, ncols, w.group, sm_count(x.device)), nt)
+    if swiglu:
+        fused = swiglu_launch(s, nt)
+        if fused is None:
+            raise ValueError(f"int4_mma's SwiGLU does not fit {s} at {nrows} rows (swiglu_launch)")
+        s = fused
     s = replace(s, rg=min(s.rg, nt))  # no block of threads without rows
     if s.rg not in ROW_TILES:
         raise ValueError(f"int4_mma splits the rows over 1, 2, 4 or 8 blocks of threads, got RG {s.rg}")
     early = pdl(x.device)  # programmatic dependent launch (launch.PDL): the codes load while the kernel before ends
-    fn = _function(x.device, nt, s, w.group // 64, w.dtype, w.scale_dtype, early)
-    grid = (math.ceil(nout // 16 / (s.rb * s.f)) * s.rg, s.ks, 1)
+    fn = _function(x.device, nt, s, w.group // 64, w.dtype, w.scale_dtype, early, swiglu)
+    grid = (math.ceil(width // 16 / (s.rb * (s.f // 2 if swiglu else s.f))) * s.rg, s.ks, 1)
     if s.ks > 1:
         if grid[0] > SPLIT_COUNTERS:
             raise ValueError(f"{grid[0]} blocks of threads split over the input exceed the {SPLIT_COUNTERS} counters")
@@ -236,4 +252,4 @@ def int4_mma(x: torch.Tensor, w: MmaCodes, shape: Shape | None = None) -> torch.
         ws, cnt = out, out  # not read
     fn(grid, 32 * s.kw * s.rb,  # type: ignore[operator]
        (w.codes, w.zs, rows, out, ws, cnt, nrows, nout, ncols, rows.stride(0), s.unit), early)
-    return out.reshape(*lead, nout)
+    return out.reshape(*lead, width)

@@ -21,15 +21,21 @@ A warp owns F blocks of 16 features and a contiguous run of the input's chunks: 
 (in units of a shape's `unit` chunks), KW warps split a block's part, it walks its run U chunks a step, and RB warps
 take RB x F blocks of a block of threads. RG neighbouring blocks of threads take the same features for RG groups of
 NT row tiles each (the second reads the codes from L2 as the first did from DRAM). Every dequantized code meets NT
-tiles of 8 activation rows, and every tile of x F blocks of codes. Each 64-column chunk's mma sums in fp32 (C starts at zero), then that sum times the
-group's scale is added to the warp's fp32 total; the KW warps' totals are added in warp order through shared memory,
-and the KS blocks' in block order by the last block to finish (fp32 partials in a workspace, a counter a feature
-block). The order of every sum depends on the weight's shape (KS, KW, unit) only, never on F, U, RB, RG or the rows, so a
+tiles of 8 activation rows, and every tile of x F blocks of codes. Each 64-column chunk's mma sums in fp32 (C starts
+at zero), then that sum times the group's scale is added to the warp's fp32 total; the KW warps' totals are added in
+warp order through shared memory, and the KS blocks' in block order by the last block to finish (fp32 partials in a
+workspace, a counter a feature block). The order of every sum depends on the weight's shape (KS, KW, unit) only, never on F, U, RB, RG or the rows, so a
 row's result is the same whatever rows share the call and whatever launch the rows pick.
 
+SWIGLU (a fused gate | up weight of an MLP): a warp's F blocks are F / 2 blocks of the gate half and their partners
+16 N / 2 features on, in the up half, so each thread holds a gate sum and its up sum; the store rounds both as the
+product's output would be, and writes silu(gate) * up as the SwiGLU kernel computes it: N / 2 outputs a row, one
+launch instead of two, and the gate | up rows never leave the registers.
+
 Compile-time macros: NT (row tiles a block), F, U, AHEAD (steps loaded ahead of the one computing), KS, KW, RB, RG
-(blocks of threads a feature block's rows are split over), GPC (64-column chunks a group), F16 (1: fp16 activations, 0: bf16), SBF16 (1: the scales are bf16 bits, 0: fp16), PDL (1: launched with
-programmatic dependent launch, ignis.kernels.launch.PDL: the AHEAD steps of codes and scales load before
+(blocks of threads a feature block's rows are split over), GPC (64-column chunks a group), F16 (1: fp16 activations,
+0: bf16), SBF16 (1: the scales are bf16 bits, 0: fp16), SWIGLU (1: the output is silu(gate) * up; F even), PDL (1:
+launched with programmatic dependent launch, ignis.kernels.launch.PDL: the AHEAD steps of codes and scales load before
 griddepcontrol.wait, x and every store after it, and the next kernel may launch once the loop is done; 0 by default).
 """
 
@@ -40,6 +46,10 @@ SOURCE = r"""
 #ifndef RG
 #define RG 1
 #endif
+#ifndef SWIGLU
+#define SWIGLU 0
+#endif
+#define FO (SWIGLU ? F / 2 : F)  /* output feature blocks a warp: with SWIGLU FO gate blocks and their up partners */
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -127,8 +137,26 @@ __device__ __forceinline__ u16 rounded(float v) {
     return h;
 }
 
+__device__ __forceinline__ float widened(u16 h) {  // the 16-bit value as a float, exactly
+#if F16
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+#else
+    return __uint_as_float((u32)h << 16);
+#endif
+}
+
+// silu(gate) * up from the fp32 sums as the unfused chain computes it: the product rounds gate and up to the 16-bit
+// dtype, SwiGLU takes silu of the gate in fp32 rounded, times up, rounded (ignis.kernels.swiglu_triton)
+__device__ __forceinline__ u16 swiglu_of(float gate, float up) {
+    const float g = widened(rounded(gate)), u = widened(rounded(up));
+    return rounded(widened(rounded(g / (1.f + __expf(-g)))) * u);
+}
+
 // codes [N/16, K/64, 32] uint4 (ignis.kernels.int4_mma.pack); zs [N/16, K/group, 8] uint2: for lane group g, feature
-// g then g + 8, each (scale bits | -(magic + z) << 16); x [M, sx-strided rows of K] 16-bit; out [M, N] 16-bit
+// g then g + 8, each (scale bits | -(magic + z) << 16); x [M, sx-strided rows of K] 16-bit; out [M, N] 16-bit, or
+// with SWIGLU [M, N/2]: silu(features 0..N/2-1) * features N/2..N-1
 extern "C" __global__ void __launch_bounds__(32 * RB * KW)
 int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u16* __restrict__ x,
          u16* __restrict__ out, float* __restrict__ ws, int* __restrict__ cnt, int M, int N, int K, int sx, int unit)
@@ -136,17 +164,21 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int kw = warp % KW, r = warp / KW;
-    const int rb0 = (blockIdx.x / RG * RB + r) * F;  // the warp's first 16-feature block; it owns F of them
+    const int blocks = N >> 4, chunks = K >> 6, groups = chunks / GPC, units = chunks / unit;
+    const int half = SWIGLU ? blocks / 2 : blocks, No = half * 16;  // the output's feature blocks and width
+    const int rb0 = (blockIdx.x / RG * RB + r) * FO;  // the warp's first output feature block; it owns FO of them
+    // the weight's feature block of the warp's f-th: output block rb0 + f % FO (the warp's first where that is past
+    // the output: its results are not stored) and, with SWIGLU, for f >= FO that block's up partner
+#define BLOCK_OF(f) ((rb0 + (f) % FO < half ? rb0 + (f) % FO : rb0) + (f) / FO * half)
     // the block's rows: row0 .. row0 + 8 NT - 1 of the call's M; x and out are moved to row0, M counts from it
     const int row0 = blockIdx.x % RG * NT * 8;
     if (row0 >= M) return;  // the whole block: no rows of the call here
     x += (size_t)row0 * sx;
-    out += (size_t)row0 * N;
+    out += (size_t)row0 * No;
     M -= row0;
     // the KW warps split the input in units of `unit` chunks (a multiple of U fixed by the weight's shape, so the
     // split, and with it the order of the sums, does not depend on U); s0, s1 count steps of U chunks
     // the KS blocks of threads along y split the input first, then their KW warps split their part
-    const int blocks = N >> 4, chunks = K >> 6, groups = chunks / GPC, units = chunks / unit;
     const int ua = blockIdx.y * units / KS, ub = (blockIdx.y + 1) * units / KS;
     const int s0 = (ua + kw * (ub - ua) / KW) * (unit / U), s1 = (ua + (kw + 1) * (ub - ua) / KW) * (unit / U);
     float acc[F][NT][4];
@@ -155,12 +187,12 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
 #pragma unroll
         for (int n = 0; n < NT; ++n) acc[f][n][0] = acc[f][n][1] = acc[f][n][2] = acc[f][n][3] = 0.f;
 
-    if (rb0 < blocks && s0 < s1) {
+    if (rb0 < half && s0 < s1) {
         const uint4* wp[F];
         const uint2* zp[F];
 #pragma unroll
-        for (int f = 0; f < F; ++f) {  // a block past the weight reads the warp's first (its results are not stored)
-            const int rb = rb0 + f < blocks ? rb0 + f : rb0;
+        for (int f = 0; f < F; ++f) {
+            const int rb = BLOCK_OF(f);
             wp[f] = codes + ((size_t)rb * chunks + (size_t)s0 * U) * 32 + lane;
             zp[f] = zs + ((size_t)rb * groups + (size_t)s0 * GS) * 8 + g;
         }
@@ -287,8 +319,8 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
             for (int n = 0; n < NT; ++n)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    const int row = n * 8 + 2 * t + (i & 1), feature = (rb0 + f) * 16 + g + 8 * (i >> 1);
-                    if (rb0 + f < blocks && row < M)
+                    const int row = n * 8 + 2 * t + (i & 1), feature = BLOCK_OF(f) * 16 + g + 8 * (i >> 1);
+                    if (rb0 + f % FO < half && row < M)
                         ws[((size_t)blockIdx.y * Mall + row0 + row) * N + feature] = acc[f][n][i];
                 }
     }
@@ -305,8 +337,8 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
             for (int n = 0; n < NT; ++n)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    const int row = n * 8 + 2 * t + (i & 1), feature = (rb0 + f) * 16 + g + 8 * (i >> 1);
-                    if (rb0 + f < blocks && row < M) {
+                    const int row = n * 8 + 2 * t + (i & 1), feature = BLOCK_OF(f) * 16 + g + 8 * (i >> 1);
+                    if (rb0 + f % FO < half && row < M) {
                         float total = 0.f;
                         for (int k = 0; k < KS; ++k)
                             total += __ldcg(ws + ((size_t)k * Mall + row0 + row) * N + feature);
@@ -318,20 +350,26 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
 #endif
     if (kw > 0) return;
 #pragma unroll
-    for (int f = 0; f < F; ++f) {
-        if (rb0 + f >= blocks) return;
+    for (int f = 0; f < FO; ++f) {
+        if (rb0 + f >= half) return;
         const int feature = (rb0 + f) * 16 + g;
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
             const int row = n * 8 + 2 * t;
+#if SWIGLU
+#define OUT(i) swiglu_of(acc[f][n][i], acc[f + FO][n][i])
+#else
+#define OUT(i) rounded(acc[f][n][i])
+#endif
             if (row < M) {
-                out[(size_t)row * N + feature] = rounded(acc[f][n][0]);
-                out[(size_t)row * N + feature + 8] = rounded(acc[f][n][2]);
+                out[(size_t)row * No + feature] = OUT(0);
+                out[(size_t)row * No + feature + 8] = OUT(2);
             }
             if (row + 1 < M) {
-                out[(size_t)(row + 1) * N + feature] = rounded(acc[f][n][1]);
-                out[(size_t)(row + 1) * N + feature + 8] = rounded(acc[f][n][3]);
+                out[(size_t)(row + 1) * No + feature] = OUT(1);
+                out[(size_t)(row + 1) * No + feature + 8] = OUT(3);
             }
+#undef OUT
         }
     }
 }

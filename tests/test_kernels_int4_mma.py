@@ -144,6 +144,24 @@ def test_64_rows_split_over_blocks_of_threads_compile_without_spills() -> None:
                 assert cubin.spills == 0 and cubin.registers < 255, (nout, rg, f, cubin.registers)
 
 
+def test_the_swiglu_store_compiles_without_spills_where_its_launch_fits() -> None:
+    """SWIGLU=1 (a gate | up weight's product with silu(gate) * up in its store): one gate block and its up partner a
+    warp, for every row count and the 27B's and the built-in model's gate | up shapes; spills only where F 2 at NT 8
+    spills without it."""
+    from ignis.kernels.int4_mma import swiglu_launch
+
+    for nout, ncols in ((34816, 5120), (2048, 384), (1024, 17408)):
+        base = choose(nout, ncols, 128, SMS)
+        for nt in (1, 2, 4, 8):
+            s = swiglu_launch(launch(base, nt), nt)
+            if s is None:  # the KW warps' sums of both blocks past shared memory: the caller keeps two launches
+                assert (base.kw - 1) * 2 * nt // launch(base, nt).rg * 512 > SHARED
+                continue
+            cubin = compile_cubin(SOURCE, "int4_mma", "sm_90", (*_defines(s, nt), ("SWIGLU", 1)))
+            spilt = nt // s.rg == 8
+            assert cubin.spills <= (512 if spilt else 0) and 0 < cubin.registers <= 255, (nout, nt, cubin.spills)
+
+
 def test_launched_ahead_the_kernel_loads_its_codes_before_the_wait_and_x_after() -> None:
     """PDL=1 (ignis.kernels.launch.PDL): in program order the AHEAD steps of codes load (none where AHEAD is 0),
     then griddepcontrol.wait, then x and the stores; the variant compiles without spills like the default one."""

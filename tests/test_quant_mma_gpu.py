@@ -174,3 +174,31 @@ def test_the_quantized_builtin_loads_repacked_and_keeps_its_greedy_tokens(tmp_pa
     assert repacked > 0 and none == 0
     assert float((mma - tri).norm() / tri.norm()) < 2e-2
     assert float((mma.argmax(-1) == tri.argmax(-1)).float().mean()) > 0.9
+
+
+@pytest.mark.parametrize("shape", [(34816, 5120), (2048, 384), (1024, 17408)])
+def test_the_swiglu_store_gives_the_product_then_swiglu(shape: tuple[int, int],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """int4_mma(..., swiglu=True) over a gate | up weight against int4_mma then the SwiGLU kernel, the chain it
+    replaces, at 1 to 64 rows (the last two shapes split 64 rows over blocks of threads, the third its input over
+    blocks too): the same bits but where the two exponentials round differently (one 16-bit step, rarely). Through
+    packed_swiglu, which past SWIGLU_ROWS leaves the product to the two launches."""
+    from ignis.kernels import fused
+    from ignis.quant import linear as quant_linear
+
+    nout, ncols = shape
+    qw, s, z = _int4_weight(nout, ncols, 128, seed=5)
+    w = pack(qw, s, z, torch.bfloat16)
+    monkeypatch.setattr(quant_linear, "SWIGLU_ROWS", 64)
+    for rows in (1, 8, 17, 33, 64):
+        x = torch.randn(rows, ncols, device="cuda", generator=torch.Generator(device="cuda").manual_seed(rows))
+        x = x.bfloat16()
+        chain = fused.swiglu(int4_mma(x, w))
+        got = quant_linear.packed_swiglu(x, w)
+        assert got is not None and got.shape == chain.shape == (rows, nout // 2)
+        assert torch.equal(got, int4_mma(x, w, swiglu=True))
+        differ = got != chain
+        assert float(differ.float().mean()) <= 1e-3, (shape, rows)
+        assert torch.allclose(got.float(), chain.float(), rtol=2**-7, atol=1e-6), (shape, rows)
+    monkeypatch.setattr(quant_linear, "SWIGLU_ROWS", 8)
+    assert quant_linear.packed_swiglu(x, w) is None

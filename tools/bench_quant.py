@@ -49,6 +49,7 @@ from ignis.kernels import launch
 from ignis.model.model import HybridModel
 from ignis.quant.format import quantize, quantized_name
 from ignis.quant.fp8 import Fp8Linear, to_fp8
+from ignis.quant import linear as quant_linear
 from ignis.quant.linear import QuantLinear, set_kernel, to_mma, uses_mma
 from tools.bench_round import PDL_SWITCH, POSITION, build_backend, copy_bandwidth, decodes, floor_bytes, time_rounds
 from tools.quant_products import C, GROUP, ROWS, layouts, policies, products, sweep_mma, sweep_triton, tunings
@@ -293,8 +294,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pdl", default="auto", choices=list(PDL_SWITCH),
                     help="programmatic dependent launch of the kernels that take it (ignis.kernels.launch.PDL; auto: as "
                          "the round decides, so the decode steps' 4-bit rounds take it and the products alone do not)")
+    ap.add_argument("--swiglu-rows", type=int, default=None,
+                    help="rows up to which a 4-bit MLP's gate | up runs SwiGLU in the product's store "
+                         "(ignis.quant.linear.SWIGLU_ROWS; default: as set there)")
     args = ap.parse_args(argv)
     launch.PDL = PDL_SWITCH[args.pdl]
+    if args.swiglu_rows is not None:
+        quant_linear.SWIGLU_ROWS = args.swiglu_rows
     skip = set(filter(None, args.skip.split(",")))
     if not args.sweep_triton:
         skip.add("sweep_triton")
@@ -312,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}", flush=True)
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                               "copy_tb_s": bw / 1e12, "group": GROUP, "int4_kernel": args.int4_kernel,
-                              "pdl": args.pdl}
+                              "pdl": args.pdl, "swiglu_rows": quant_linear.SWIGLU_ROWS}
     out = Path(args.out)
     steps = [("products", lambda: products(bw, args.reps)), ("tunings", lambda: tunings(bw, args.reps)),
              ("sweep_triton", lambda: sweep_triton(bw, args.reps)), ("sweep_mma", lambda: sweep_mma(bw, args.reps)),

@@ -21,7 +21,7 @@ from ignis.backends.dflash2.config import DrafterConfig
 from ignis.kernels import fused, int4_mma
 from torch import nn
 
-from ignis.model.ops import Rope, Weight, apply_rope, fuse_rows, linear
+from ignis.model.ops import Rope, Weight, apply_rope, fuse_rows, linear, swiglu_linear
 from ignis.quant.format import quantize
 from ignis.quant.fp8 import Fp8Linear, fuse_fp8, quantize_fp8
 from ignis.quant.linear import QuantLinear, fuse_packed, uses_mma
@@ -182,7 +182,7 @@ class Mlp(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up is not None:
-            return linear(fused.swiglu(linear(x, self.gate_up, False)), self.down_proj.weight, False)
+            return linear(swiglu_linear(x, self.gate_up), self.down_proj.weight, False)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 

@@ -25,7 +25,16 @@ from ignis.model.cache import AttnState, GDNState, LaneCache
 from ignis.model.config import ModelConfig
 from ignis.model.decode import DecodeStep
 from ignis.model.gdn import GatedDeltaNet
-from ignis.model.ops import RMSNorm, Rope, Step, Weight, fuse_weights, linear, silu
+from ignis.model.ops import (
+    RMSNorm,
+    Rope,
+    Step,
+    Weight,
+    fuse_weights,
+    linear,
+    silu,
+    swiglu_linear,
+)
 
 
 class MLP(nn.Module):
@@ -45,7 +54,7 @@ class MLP(nn.Module):
         """forward for the device round: the gate and up products as one, SwiGLU as one launch on CUDA."""
         if self.gate_up is None:
             return self.forward(x, False)
-        return linear(fused.swiglu(linear(x, self.gate_up, False)), self.down_proj.weight, False)
+        return linear(swiglu_linear(x, self.gate_up), self.down_proj.weight, False)
 
     def forward(self, x: torch.Tensor, exact: bool) -> torch.Tensor:
         if self.gate_up is not None and not exact:

@@ -27,7 +27,13 @@ from ignis.kernels.int4_mma import MmaCodes
 from ignis.kernels.launch import triton_installed
 from ignis.model.batch import Segment
 from ignis.quant.fp8 import Fp8Linear, Fp8Weight, fp8_linear, fuse_fp8
-from ignis.quant.linear import PackedWeight, QuantLinear, fuse_packed, packed_linear
+from ignis.quant.linear import (
+    PackedWeight,
+    QuantLinear,
+    fuse_packed,
+    packed_linear,
+    packed_swiglu,
+)
 
 EXACT_MIN_ROWS = 16
 LT_MIN_ROWS = 17  # a CUDA round of at least this many rows runs its dense products through cuBLASLt (`products_for`)
@@ -180,6 +186,18 @@ def fuse_weights(*linears: nn.Module) -> Weight | None:
     if len(fp8) == len(linears):
         return fuse_fp8(tuple(fp8))
     return None
+
+
+def swiglu_linear(x: torch.Tensor, weight: Weight) -> torch.Tensor:
+    """silu(gate) * up [..., I] of x @ weight^T for an MLP's fused gate | up weight [2 I, in]: one launch where a
+    repacked 4-bit weight takes it (ignis.quant.linear.packed_swiglu), else the product and the SwiGLU kernel."""
+    if isinstance(weight, MmaCodes):
+        y = packed_swiglu(x, weight)
+        if y is not None:
+            return y
+    from ignis.kernels import fused
+
+    return fused.swiglu(linear(x, weight, False))
 
 
 GATE_ROWS = 64  # the most activation rows `gate_linear` sends to the Triton kernel (decode and verify rounds)

@@ -26,7 +26,7 @@ from torch import nn
 from ignis.kernels import int4_mma
 from ignis.kernels.int4_gemv import MAX_ROWS, int4_gemv
 from ignis.kernels.int4_mma import MmaCodes
-from ignis.kernels.launch import nvrtc_installed, triton_installed
+from ignis.kernels.launch import nvrtc_installed, sm_count, triton_installed
 from ignis.quant.format import dequantize
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -99,6 +99,27 @@ def packed_linear(x: torch.Tensor, weight: PackedWeight | MmaCodes) -> torch.Ten
             return int4_triton(x, weight.qweight, weight.scales, weight.qzeros)
         return int4_gemv(x, weight.qweight, weight.scales, weight.qzeros)
     return F.linear(x, weight.dequantize())
+
+
+# Activation rows up to which an MLP's repacked gate | up runs SwiGLU in the 4-bit product's store
+# (`packed_swiglu`): one launch instead of two a layer. 0 (never) until the H200 measures the fused store against
+# the product and the SwiGLU kernel apart; tools.bench_quant --swiglu-rows sets it for a run.
+SWIGLU_ROWS = 0
+
+
+def packed_swiglu(x: torch.Tensor, weight: PackedWeight | MmaCodes) -> torch.Tensor | None:
+    """silu(gate) * up [..., I] of x @ W^T for a repacked fused gate | up W [2 I, in] in one launch of the mma kernel
+    (int4_mma's `swiglu`), where CUDA inputs have at most SWIGLU_ROWS rows and the launch fits; None elsewhere (the
+    caller then runs `packed_linear` and the SwiGLU kernel)."""
+    if (not isinstance(weight, MmaCodes) or not x.is_cuda or x.dtype != weight.dtype
+            or x.numel() > min(SWIGLU_ROWS, MAX_ROWS) * x.shape[-1] or weight.shape[0] % 32):
+        return None
+    nout, ncols = weight.shape
+    nt = int4_mma.row_tiles(max(1, x.numel() // x.shape[-1]))
+    base = int4_mma.launch(int4_mma.choose(nout, ncols, weight.group, sm_count(x.device)), nt)
+    if int4_mma.swiglu_launch(base, nt) is None:
+        return None
+    return int4_mma.int4_mma(x, weight, swiglu=True)
 
 
 class QuantLinear(nn.Module):
