@@ -109,7 +109,9 @@ def decode_step(label: str, model: HybridModel, bw: float, context: int, iters: 
             "x_floor": graph / floor}
 
 
-def decode_steps(bw: float, context: int, iters: int) -> dict[str, Any]:
+def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False) -> dict[str, Any]:
+    """The 27B decode step in bf16, int4, int4 with the output head packed and fp8; with `swiglu_ab` the int4-head
+    step again with SwiGLU in the gate | up product's store (SWIGLU_ROWS 8) and without (0), on the same model."""
     from ignis.model.random import random_model
 
     dev = torch.device("cuda")
@@ -127,6 +129,15 @@ def decode_steps(bw: float, context: int, iters: int) -> dict[str, Any]:
     if uses_mma(dev, torch.bfloat16):
         to_mma(model, torch.bfloat16)
     out["int4_head"] = decode_step("int4 head", model, bw, context, iters)
+    if swiglu_ab:
+        kept = quant_linear.SWIGLU_ROWS
+        for rows in (8, 0):
+            quant_linear.SWIGLU_ROWS = rows
+            out[f"int4_head_swiglu_{rows}"] = decode_step(f"int4 head, SwiGLU store to {rows} rows", model, bw,
+                                                          context, iters)
+        quant_linear.SWIGLU_ROWS = kept
+        print(f"SwiGLU in the store: {out['int4_head_swiglu_8']['graph_ms']:.3f} ms against "
+              f"{out['int4_head_swiglu_0']['graph_ms']:.3f} without", flush=True)
     del model
     torch.cuda.empty_cache()
     model = random_model(C, seed=0, mtp=False, device=dev, dtype=torch.bfloat16)
@@ -294,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pdl", default="auto", choices=list(PDL_SWITCH),
                     help="programmatic dependent launch of the kernels that take it (ignis.kernels.launch.PDL; auto: as "
                          "the round decides, so the decode steps' 4-bit rounds take it and the products alone do not)")
+    ap.add_argument("--swiglu-ab", action="store_true",
+                    help="time the int4-head decode step with SwiGLU in the product's store and without, one model")
     ap.add_argument("--swiglu-rows", type=int, default=None,
                     help="rows up to which a 4-bit MLP's gate | up runs SwiGLU in the product's store "
                          "(ignis.quant.linear.SWIGLU_ROWS; default: as set there)")
@@ -325,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
              ("sweep_mma_loads", lambda: sweep_mma(bw, args.reps, loads=True)),
              ("policies", lambda: policies(bw, args.reps)),
              ("layouts", lambda: layouts(bw, args.reps)),
-             ("decode", lambda: decode_steps(bw, args.context, args.iters)),
+             ("decode", lambda: decode_steps(bw, args.context, args.iters, args.swiglu_ab)),
              ("quality", lambda: quality(args.prompts, args.tokens, args.accept_prompts, args.max_tokens))]
     for name, step in steps:
         if name in skip:
