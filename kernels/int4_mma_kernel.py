@@ -24,11 +24,12 @@ NT row tiles each (the second reads the codes from L2 as the first did from DRAM
 tiles of 8 activation rows, and every tile of x F blocks of codes. Each 64-column chunk's mma sums in fp32 (C starts
 at zero), then that sum times the group's scale is added to the warp's fp32 total; the KW warps' totals are added in
 warp order through shared memory, and the KS blocks' in block order by the last block to finish (fp32 partials in a
-workspace, a counter a feature block). The order of every sum depends on the weight's shape (KS, KW, unit) only, never on F, U, RB, RG or the rows, so a
-row's result is the same whatever rows share the call and whatever launch the rows pick.
+workspace, a counter a feature block). The order of every sum depends on the weight's shape (KS, KW, unit) only,
+never on F, U, RB, RG or the rows, so a row's result is the same whatever rows share the call and whatever launch the
+rows pick.
 
-SWIGLU (a fused gate | up weight of an MLP): a warp's F blocks are F / 2 blocks of the gate half and their partners
-16 N / 2 features on, in the up half, so each thread holds a gate sum and its up sum; the store rounds both as the
+SWIGLU (a fused gate | up weight of an MLP): a warp's F blocks are F / 2 blocks of the gate half and, for each, the
+block N / 2 features on in the up half, so each thread holds a gate sum and its up sum; the store rounds both as the
 product's output would be, and writes silu(gate) * up as the SwiGLU kernel computes it: N / 2 outputs a row, one
 launch instead of two, and the gate | up rows never leave the registers.
 
