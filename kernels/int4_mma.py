@@ -128,7 +128,7 @@ class Shape:
     f: int = 1
     unit: int = 4  # chunks of the input split's unit: the largest U the shape allows (fixed by the shape)
     ks: int = 1  # blocks of threads along the input (their partial sums meet in a workspace)
-    rg: int = 1  # blocks of threads over the rows (each NT / RG row tiles); above NT it is NT. choose's: NT 8's
+    rg: int = 1  # blocks of threads over the rows, NT / RG row tiles each (at most NT); choose's is NT 8's RG
 
 
 def _step_chunks(ncols: int, group: int) -> int:
