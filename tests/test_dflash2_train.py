@@ -22,7 +22,8 @@ from ignis.train.generate import Sequences
 from ignis.train.loop import Loop, Recipe
 from ignis.train.memory import micro_batch_for
 from ignis.engine.accept import accept_sampled
-from ignis.train.recipe import Teacher, _rejected, anchors_for, losses
+from ignis.engine.device_sampling import shape_probs
+from ignis.train.recipe import Teacher, _cut, _rejected, anchors_for, losses
 from ignis.train.taps import Tapper, tap_features
 from tiny import tiny_checkpoint, tiny_config
 
@@ -187,6 +188,41 @@ def test_total_variation_terms_join_the_loss_with_their_weight_alone() -> None:
     # Per slot 1 - q(label) = 1 - exp(-ce), a concave function of ce: the weighted mean lies below it at the mean ce.
     assert 0 < got["tv_unary"] <= 1 - torch.exp(-got["unary"]) + 1e-6
     assert 0 < got["tv_selector"] <= 1 - torch.exp(-got["selector"]) + 1e-6
+
+
+def test_a_cut_total_variation_is_the_rejection_a_cut_request_is_served() -> None:
+    """--tv-cut 20,0.95: p and q shaped as the engine shapes them for a request with top-k 20 and top-p 0.95
+    (device_sampling.shape_probs), then 1 - sum min(p, q); the cut is a constant mask, so the kept logits still get
+    a gradient; the loss differs from the uncut one, and a cut that cuts nothing (0, 1.0) gives the uncut loss."""
+    g = torch.Generator().manual_seed(3)
+    logits = (2.0 * torch.randn(5, 3, 40, generator=g)).requires_grad_()
+    cut = _cut(logits, (20, 0.95))
+    n = 15
+    served = shape_probs(logits.detach().reshape(n, 40), torch.ones(n), torch.full((n,), 20), torch.full((n,), 0.95),
+                         torch.zeros(n)).view(5, 3, 40)
+    torch.testing.assert_close(cut.detach(), served, rtol=0, atol=0)
+    assert bool(((cut > 0).sum(-1) < 20).all())  # top-p took more than top-k did
+    cut.sum(-1).mean().backward()  # rows sum to 1: no gradient through the normalisation
+    p = torch.softmax(torch.randn(5, 3, 40, generator=g), -1)
+    loss = _rejected(_cut(p.log(), (20, 0.95)), _cut(logits, (20, 0.95))).mean()
+    logits.grad = None
+    loss.backward()
+    assert logits.grad is not None and bool((logits.grad != 0).any())
+    torch.testing.assert_close(_cut(logits.detach(), (0, 1.0)), logits.detach().softmax(-1))
+
+    taps, tokens, mask = _data()
+    anchors = anchors_for(mask, 8, torch.Generator().manual_seed(2))
+    last = torch.randn(3, SEQ, 64, generator=torch.Generator().manual_seed(6))
+    model, embed = _drafter()
+    norm = RMSNorm(64, 1e-6)
+    uncut = losses(model, embed, embed, taps, tokens, mask, anchors, GAMMA, teacher=Teacher(last, norm, 0.0, 1.0))
+    same = losses(model, embed, embed, taps, tokens, mask, anchors, GAMMA,
+                  teacher=Teacher(last, norm, 0.0, 1.0, (0, 1.0)))
+    cut_loss = losses(model, embed, embed, taps, tokens, mask, anchors, GAMMA,
+                      teacher=Teacher(last, norm, 0.0, 1.0, (4, 0.8)))
+    for key in ("tv_unary", "tv_selector"):
+        torch.testing.assert_close(same[key], uncut[key])
+        assert 0 < cut_loss[key] < 1 and not torch.equal(cut_loss[key], uncut[key])
 
 
 def test_the_teacher_of_slot_k_is_the_targets_distribution_after_position_a_plus_k_minus_1() -> None:

@@ -135,9 +135,10 @@ def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(
 def test_the_teacher_shares_the_drafters_tap_of_the_last_layer(target: Path, data: Path, tmp_path: Path) -> None:
     out = tmp_path / "shared"
     assert main(["train-drafter", str(target), "--data", str(data), "--out", str(out), "--steps", "2", "--taps", "2,5",
-                 "--held-out", "0", "--distill", "0", "--distill-tv", "0.5", *SMALL]) == 0
+                 "--held-out", "0", "--distill", "0", "--distill-tv", "0.5", "--tv-cut", "20,0.95", *SMALL]) == 0
     log = (out / "run" / "train.log").read_text()  # the total variation alone needs the teacher too
-    assert "distill: weight 0.0, total variation 0.5, the teacher reads the target's last layer (5)" in log
+    assert ("distill: weight 0.0, total variation 0.5 under top-k 20 and top-p 0.95, the teacher reads the target's "
+            "last layer (5)") in log
     assert " tv_unary " in log and " tv_selector " in log and " soft_selector " not in log
     assert json.loads((out / "config.json").read_text())["dflash_config"]["target_layer_ids"] == [2, 5]
 
@@ -159,6 +160,9 @@ def test_a_time_budget_ends_the_run(target: Path, data: Path, tmp_path: Path, si
     (["--steps", "2", "--mask-token-id", "9000"], "--mask-token-id"),
     (["--steps", "2", "--distill", "-1"], "--distill"),
     (["--steps", "2", "--distill-tv", "-0.5"], "--distill-tv"),
+    (["--steps", "2", "--distill-tv", "1", "--tv-cut", "20"], "--tv-cut: expected TOP_K,TOP_P"),
+    (["--steps", "2", "--distill-tv", "1", "--tv-cut", "20,1.5"], "--tv-cut: expected TOP_K,TOP_P"),
+    (["--steps", "2", "--tv-cut", "20,0.95"], "--tv-cut: cuts the total-variation terms"),
 ])
 def test_bad_settings_exit_2_naming_the_flag(target: Path, data: Path, tmp_path: Path, extra: list[str], needle: str,
                                             capsys: pytest.CaptureFixture[str]) -> None:

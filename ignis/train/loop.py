@@ -54,6 +54,7 @@ class Recipe:
     seed: int
     distill: float = 0.0  # weight of the soft (distillation) terms; 0: hard labels only
     distill_tv: float = 0.0  # weight of the total-variation terms (recipe.Teacher.tv)
+    tv_cut: tuple[int, float] | None = None  # the (top_k, top_p) they are measured under (recipe.Teacher.cut)
 
     @property
     def teacher(self) -> bool:
@@ -134,7 +135,7 @@ class Loop:
         if self.recipe.teacher:
             if last is None or self.final_norm is None:
                 raise ValueError("distillation needs the target's last layer among the features and its final norm")
-            teacher = Teacher(last, self.final_norm, self.recipe.distill, self.recipe.distill_tv)
+            teacher = Teacher(last, self.final_norm, self.recipe.distill, self.recipe.distill_tv, self.recipe.tv_cut)
         cuda = self.device.type == "cuda"
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cuda):
             out = losses(self.drafter, self.embed, self.head, taps, tokens, mask, anchors.to(self.device),

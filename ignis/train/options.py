@@ -49,6 +49,7 @@ class Options:
     warmup: int = 100
     distill: float = 1.0  # weight of the soft terms against the target's distribution; 0: hard labels only
     distill_tv: float = 0.0  # weight of the total-variation terms against it (ignis.train.recipe)
+    tv_cut: tuple[int, float] | None = None  # (top_k, top_p) the total variation is measured under; None: uncut
     seed: int = 0
     steps: int = 0
     train_tokens: int = 0
@@ -114,6 +115,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--distill-tv", type=float, default=0.0, metavar="W",
                    help="weight of the total-variation terms, 1 - sum min(p, q) against the target's distribution p: "
                         "the chance a sampled draft is rejected (default 0: reported for the selector, not trained)")
+    r.add_argument("--tv-cut", default=None, metavar="TOP_K,TOP_P",
+                   help="measure the total variation as sampled requests with this top-k and top-p are served: p and "
+                        "the drafter's q each cut to them and renormalised, as the engine's rejection sampling sees "
+                        "them (e.g. 20,0.95; default: both uncut)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--checkpoint-every", type=float, default=300.0, help="seconds of training between checkpoints")
     r.add_argument("--tap-cache", choices=("auto", "on", "off"), default="auto",
@@ -129,7 +134,8 @@ def from_args(args: argparse.Namespace) -> Options:
         intermediate_size=args.intermediate_size, taps=_ids(args.taps), block_size=args.block_size,
         sliding_window=args.sliding_window, selector_rank=args.selector_rank, selector_top_k=args.selector_top_k,
         mask_token_id=args.mask_token_id, init=args.init, shortlist=args.shortlist, batch=args.batch, anchors=args.anchors,
-        lr=args.lr, warmup=args.warmup, distill=args.distill, distill_tv=args.distill_tv, seed=args.seed, steps=args.steps,
+        lr=args.lr, warmup=args.warmup, distill=args.distill, distill_tv=args.distill_tv,
+        tv_cut=parse_cut(args.tv_cut), seed=args.seed, steps=args.steps,
         train_tokens=parse_count(args.train_tokens, "--train-tokens"),
         time_budget=parse_seconds(args.time_budget, "--time-budget"), gen_share=args.gen_share,
         checkpoint_every=args.checkpoint_every, tap_cache=args.tap_cache, restart=args.restart,
@@ -162,10 +168,23 @@ def check(o: Options) -> None:
         raise InputError("--distill", f"must be 0 (off) or a positive weight, got {o.distill}")
     if not 0.0 <= o.distill_tv < float("inf"):
         raise InputError("--distill-tv", f"must be 0 (off) or a positive weight, got {o.distill_tv}")
+    if o.tv_cut is not None and not o.distill_tv:
+        raise InputError("--tv-cut", "cuts the total-variation terms: give them a weight with --distill-tv")
     if not 0.0 < o.gen_share < 1.0:
         raise InputError("--gen-share", f"must be between 0 and 1, got {o.gen_share}")
     if not (o.steps or o.train_tokens or o.time_budget):
         raise InputError("--time-budget", "give a budget: --time-budget, --train-tokens or --steps")
+
+
+def parse_cut(text: str | None) -> tuple[int, float] | None:
+    """--tv-cut's TOP_K,TOP_P: top_k 0 (off) or more, top_p in (0, 1]."""
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+)\s*,\s*(\d*\.?\d+)\s*", text)
+    if m is None or not 0.0 < float(m.group(2)) <= 1.0:
+        raise InputError("--tv-cut", f"expected TOP_K,TOP_P with top_k 0 (off) or more and top_p in (0, 1], "
+                                     f"such as 20,0.95; got {text!r}")
+    return int(m.group(1)), float(m.group(2))
 
 
 def parse_seconds(text: str, flag: str) -> float:

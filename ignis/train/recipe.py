@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from ignis.backends.dflash2.model import DrafterModel, shared_context_mask
 from ignis.backends.dflash2.selector import transform
+from ignis.engine.device_sampling import shape_probs
 
 SELECTOR_WEIGHT = 1.0
 
@@ -74,6 +75,7 @@ class Teacher:
     final_norm: Callable[[torch.Tensor], torch.Tensor]  # the target's own final RMSNorm, as it serves
     weight: float  # of each soft term beside its hard one (--distill)
     tv: float = 0.0  # of each total-variation term (--distill-tv); 0: the selector's is reported, not trained
+    cut: tuple[int, float] | None = None  # (top_k, top_p) p and q are cut to for the total variation (--tv-cut)
 
     def probs(
         self,
@@ -139,7 +141,10 @@ def losses(
     p = None if teacher is None else teacher.probs(head, owner, q_pos[:, :-1].clamp(max=seq - 1))  # [n, k, V]
     out["soft_unary"] = zero if p is None else _weighted(-(p * logp).sum(-1), weight, norm)
     tv = 0.0 if teacher is None else teacher.tv
-    out["tv_unary"] = zero if p is None or tv == 0 else _weighted(_rejected(p, logp.exp()), weight, norm)
+    cut = None if teacher is None else teacher.cut
+    p_tv = p if p is None or cut is None else _cut(p.clamp_min(1e-30).log(), cut)  # p as a cut request sees it
+    q_unary = None if p_tv is None or tv == 0 else logp.exp() if cut is None else _cut(logits, cut)
+    out["tv_unary"] = zero if p_tv is None or q_unary is None else _weighted(_rejected(p_tv, q_unary), weight, norm)
     unary_pick = logits.argmax(-1)
     if model.candidate_selector is not None:
         sel = model.candidate_selector
@@ -154,7 +159,8 @@ def losses(
         slogp = scores.log_softmax(-1)  # [n, k, K]
         out["selector"] = _weighted(-slogp.gather(-1, target[..., None])[..., 0], weight, norm)
         out["soft_selector"] = zero if p is None else _weighted(-(p.gather(-1, cand) * slogp).sum(-1), weight, norm)
-        out["tv_selector"] = zero if p is None else _weighted(_rejected(p.gather(-1, cand), slogp.exp()), weight, norm)
+        q_sel = slogp.exp() if cut is None else _cut(scores, cut)  # the draft distribution as the engine serves it
+        out["tv_selector"] = zero if p_tv is None else _weighted(_rejected(p_tv.gather(-1, cand), q_sel), weight, norm)
         chosen = cand.gather(-1, scores.argmax(-1, keepdim=True))[..., 0]
     else:
         out["selector"] = out["soft_selector"] = out["tv_selector"] = zero
@@ -170,6 +176,17 @@ def losses(
         out[f"accepted_{name}"] = (run * full).sum().float()
     out["blocks"] = full.sum().float()
     return out
+
+
+def _cut(logits: torch.Tensor, cut: tuple[int, float]) -> torch.Tensor:
+    """logits [..., W] -> softmax within top-k and top-p (cut), renormalised: ignis.engine.device_sampling.shape_probs
+    at T = 1, as the engine shapes p and q for a request with that cut. The cut is a constant mask; the gradient
+    flows through the kept logits."""
+    rows = logits.reshape(-1, logits.shape[-1]).float()
+    n = rows.shape[0]
+    probs = shape_probs(rows, rows.new_ones(n), torch.full((n,), cut[0], dtype=torch.int64, device=rows.device),
+                        rows.new_full((n,), cut[1]), rows.new_zeros(n))
+    return probs.view(logits.shape)
 
 
 def _rejected(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -126,10 +126,11 @@ def train_drafter(o: Options) -> dict[str, Any]:
         final = target.num_hidden_layers - 1
         also = "" if final in cfg.target_layer_ids else ", tapped for it alone"
         tv = f", total variation {o.distill_tv}" if o.distill_tv else ""
+        tv += f" under top-k {o.tv_cut[0]} and top-p {o.tv_cut[1]}" if o.tv_cut else ""
         log(f"distill: weight {o.distill}{tv}, the teacher reads the target's last layer ({final}{also})")
     loop = Loop(drafter, embed, head, features, data, list(range(len(data))),
                 Recipe(o.batch, o.anchors, o.lr, o.warmup, recipe.gamma_for(o.block_size), o.seed, o.distill,
-                       o.distill_tv), device,
+                       o.distill_tv, o.tv_cut), device,
                 final_norm=model.norm)
     checkpoint = run / "checkpoint.pt"
     if checkpoint.is_file():
@@ -210,7 +211,7 @@ def _check_resume(path: Path, o: Options, model_dir: Path) -> dict[str, Any]:
     if not path.is_file():
         return want
     # runs from before --distill trained on hard labels, and those from before --distill-tv without it
-    have = {"distill": 0.0, "distill_tv": 0.0, **json.loads(path.read_text())}
+    have = {"distill": 0.0, "distill_tv": 0.0, "tv_cut": None, **json.loads(path.read_text())}
     diff = [f"{k} {have.get(k)!r} (now {v!r})" for k, v in want.items() if have.get(k) != v and k != "model_config"]
     if have.get("model_config") != want["model_config"]:
         diff.append("the model's config.json")
