@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
+import itertools
 import random
+
+import torch
 
 from engines import make_engine, prompts
 from ignis.acceptance import Tally, loops, measure
@@ -128,3 +131,42 @@ def test_sampled_suites_run_once_a_seed_and_report_the_mean(ckpt: Path, tmp_path
     error = (sum((x - mean) ** 2 for x in per_seed) / 2) ** 0.5 / 3 ** 0.5
     assert (f"chat     mean of seeds 5-7: tokens/round={mean:.3f} +- {error:.3f} (standard error; seeds "
             f"{min(per_seed):.3f}-{max(per_seed):.3f})") in capsys.readouterr().out
+
+
+def test_the_anatomy_of_a_verify_is_its_chance_kept_and_the_mass_q_misses() -> None:
+    from ignis.engine.accept import Anatomy
+
+    p = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.1, 0.1, 0.8, 0.0], [0.25, 0.25, 0.25, 0.25]])
+    q = torch.tensor([[0.6, 0.4, 0.0, 0.0], [0.0, 0.5, 0.5, 0.0]])
+    a = Anatomy()
+    a.add(p, q, 2)  # both drafts drawn: the first was kept
+    a.add(p, q, 1)  # the first rejected
+    a.add(p, q, 0)  # nothing drawn (no drafts)
+    first, second = a.rows()
+    assert first == {"position": 1, "reached": 2, "kept": pytest.approx(0.8), "p_outside_q": pytest.approx(0.2),
+                     "q_support": 2.0, "p_support": 3.0}
+    assert second == {"position": 2, "reached": 1, "kept": pytest.approx(0.6), "p_outside_q": pytest.approx(0.1),
+                      "q_support": 2.0, "p_support": 3.0}
+
+
+def test_anatomy_reports_every_drafted_position_of_a_sampled_run(tmp_path: Path) -> None:
+    """--anatomy on a sampled dflash2 run (its drafts are drawn from q): a row a draft position reached, fewer
+    verifies reaching each next one, and position 1's mean chance kept near the run's own acceptance there (an
+    expectation against a count)."""
+    import json
+
+    from tiny import tiny_pair
+
+    model = tiny_pair(tmp_path / "pair", seed=9, vocab_size=VOCAB)
+    lines = [json.dumps({"prompt_token_ids": p}) for p in prompts(4, VOCAB, seed=12, lo=5, hi=30)]
+    (tmp_path / "p.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "acc.json"
+    assert main(["--model", str(model), "--profile", "cpu", "--prompts", str(tmp_path / "p.jsonl"), "--mode",
+                 "sampled", "--backend", "dflash2:7", "--max-tokens", "24", "--lanes", "2", "--anatomy", "--json",
+                 str(out)]) == 0
+    row, = json.loads(out.read_text())
+    rows = row["anatomy"]
+    assert [r["position"] for r in rows] == list(range(1, len(rows) + 1)) and 1 <= len(rows) <= 7
+    assert all(0 <= r["kept"] <= 1 and 0 <= r["p_outside_q"] <= 1 - r["kept"] + 1e-6 for r in rows)
+    assert all(a["reached"] >= b["reached"] for a, b in itertools.pairwise(rows))
+    assert abs(rows[0]["kept"] - row["per_position"][0]) < 0.25

@@ -21,6 +21,12 @@ that equal it, plus the next recorded token). Turns are recorded from the target
     python -m tools.acceptance --record turns.jsonl --limit 200 --max-tokens 256
     python -m tools.acceptance --replay turns.jsonl --backend mtp:3 --backend dflash2:7
 
+With --anatomy, each sampled run also reports where its drafts are lost, position by position (ignis.engine.accept
+.Anatomy, recorded in the host round, so on the CPU): the chance the verifier keeps a draft from q, sum min(p, q),
+and the target's mass on tokens q cannot propose after the request's cuts:
+
+    python -m tools.acceptance --suite sampled --backend dflash2:7 --seeds 2 --anatomy
+
 A prompts file is JSONL with a "prompt" (text), "messages" (chat) or "prompt_token_ids" field on each line.
 """
 
@@ -40,6 +46,7 @@ import msgspec
 from ignis.acceptance import Tally, drain, measure
 from ignis.artifact import BUILTIN
 from ignis.config import load_config, parse_overrides
+from ignis.engine.accept import Anatomy
 from ignis.engine.core import Engine
 from ignis.ipc.messages import EngineRequest
 from ignis.params import SamplingParams
@@ -144,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--seeds", type=int, default=1,
                     help="sampled suites run once per seed from --seed on, each reported, then their mean")
+    ap.add_argument("--anatomy", action="store_true",
+                    help="sampled runs also report, per draft position, the chance a draft is kept and the target's "
+                         "mass outside the draft distribution's support (host round: on the CPU)")
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--record", default=None, help="record turns from the target into this JSONL, then stop")
     ap.add_argument("--replay", default=None, help="teacher-forced replay of the turns in this JSONL")
@@ -172,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     turns = [json.loads(x) for x in Path(args.replay).read_text().splitlines() if x.strip()][: args.limit] if args.replay else []
     results = []
+    anatomies: dict[int, Anatomy] = {}  # id of a run's Tally -> what --anatomy recorded during it
     for spec in args.backend or ["off"]:
         name, _, k = spec.partition(":")
         if args.replay:
@@ -184,19 +195,38 @@ def main(argv: list[str] | None = None) -> int:
                 for seed in seeds:
                     params = msgspec.structs.replace(sampled, seed=seed) if seed is not None else greedy
                     label = s.name if args.seeds == 1 or seed is None else f"{s.name}@{seed}"
+                    anatomy = Anatomy() if args.anatomy and s.sampled else None
+                    engine.runner.anatomy = anatomy
                     runs.append(measure(engine, load_prompts(s.prompts, model, args.limit), params, label)[0])
+                    engine.runner.anatomy = None
+                    if anatomy is not None:
+                        anatomies[id(runs[-1])] = anatomy
         for t in runs:
             results.append(t)
             pos = " ".join(f"{x:.2f}" for x in t.per_position())
             print(f"{t.backend:8s} k={t.k} {t.suite:8s} prompts={t.prompts} rounds={t.rounds} "
                   f"tokens/round={t.tokens_per_round:.3f} loop_rate={t.loop_rate:.2f} per-position=[{pos}]", flush=True)
+            if id(t) in anatomies:
+                _print_anatomy(anatomies[id(t)])
         for suite in dict.fromkeys(t.suite.partition("@")[0] for t in runs if "@" in t.suite):
             per_seed = [t.tokens_per_round for t in runs if t.suite.partition("@")[0] == suite]
             print(f"{name:8s} k={runs[0].k} {suite:8s} mean of seeds {args.seed}-{args.seed + args.seeds - 1}: "
                   f"tokens/round={statistics.fmean(per_seed):.3f}{_spread(per_seed)}", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps([t.as_dict() for t in results], indent=2))
+        rows = [{**t.as_dict(), **({"anatomy": anatomies[id(t)].rows()} if id(t) in anatomies else {})}
+                for t in results]
+        Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0
+
+
+def _print_anatomy(a: Anatomy) -> None:
+    rows = a.rows()
+    if not rows:
+        print("  anatomy: no sampled verify ran in the host round (it runs there on the CPU)", flush=True)
+    for r in rows:
+        print(f"  position {r['position']}: reached {r['reached']}, chance kept {r['kept']:.3f}, p outside q's "
+              f"support {r['p_outside_q']:.3f}, tokens in q's support {r['q_support']:.1f}, in p's "
+              f"{r['p_support']:.1f}", flush=True)
 
 
 def _spread(per_seed: list[float]) -> str:

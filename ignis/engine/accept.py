@@ -1,7 +1,7 @@
 """Acceptance: which drafts a lane keeps, and the token the model adds after them.
 
-Owns: the greedy rule and speculative rejection sampling. Does not own: producing drafts (ignis.backends) or
-committing state (ignis.engine.round).
+Owns: the greedy rule and speculative rejection sampling, and `Anatomy`, where sampled drafts are lost position by
+position. Does not own: producing drafts (ignis.backends) or committing state (ignis.engine.round).
 
 Greedy: keep the longest run of drafts equal to the model's argmax at the same column, then add the argmax of the
 first column that was not matched (or of the last column). The result is exactly what plain greedy decoding emits.
@@ -15,7 +15,8 @@ probability p_i(d)" and the residual "p_i with d removed".
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -27,6 +28,45 @@ class Verdict:
     accepted: int  # drafts kept, 0..k
     token: int  # the model's own token after them (correction or bonus)
     measured: int | None = None  # under teacher forcing: what the rule accepted, while `accepted` follows the record
+
+
+@dataclass
+class Anatomy:
+    """Where sampled drafts are lost, draft position by position, over the verifies it is shown: the chance the
+    verifier keeps a draft drawn from q, sum min(p, q), which is what a position keeps on average given the drafts
+    before it were kept; the target's mass on tokens q cannot propose (outside q's support after the request's cuts);
+    and the sizes of both supports. A diagnostic of the host round (tools.acceptance --anatomy)."""
+
+    reached: list[int] = field(default_factory=list)  # verifies that reached position i
+    kept: list[float] = field(default_factory=list)  # sums of sum min(p, q) at position i
+    outside: list[float] = field(default_factory=list)  # sums of p's mass where q is 0
+    q_support: list[float] = field(default_factory=list)
+    p_support: list[float] = field(default_factory=list)
+
+    def add(self, p: torch.Tensor, q: torch.Tensor, reached: int) -> None:
+        """p [>= reached, V] and q [>= reached, V] float32 of one verify whose first `reached` positions were drawn
+        (every draft before a position kept)."""
+        if reached <= 0:
+            return
+        ps, qs = p[:reached].float(), q[:reached].float()
+        columns = (torch.minimum(ps, qs).sum(-1), ps.masked_fill(qs > 0, 0.0).sum(-1), (qs > 0).sum(-1).float(),
+                   (ps > 0).sum(-1).float())
+        sums = (self.kept, self.outside, self.q_support, self.p_support)
+        while len(self.reached) < reached:
+            self.reached.append(0)
+            for s in sums:
+                s.append(0.0)
+        for i in range(reached):
+            self.reached[i] += 1
+        for s, c in zip(sums, columns, strict=True):
+            for i, v in enumerate(c.tolist()):
+                s[i] += v
+
+    def rows(self) -> list[dict[str, Any]]:
+        """A row a position: reached, and the means of the chance kept, p outside q's support and the supports."""
+        return [{"position": i + 1, "reached": n, "kept": self.kept[i] / n, "p_outside_q": self.outside[i] / n,
+                 "q_support": self.q_support[i] / n, "p_support": self.p_support[i] / n}
+                for i, n in enumerate(self.reached) if n]
 
 
 def teacher_forced(v: Verdict, drafts: list[int], record: list[int], at: int) -> Verdict:

@@ -28,7 +28,13 @@ import numpy as np
 import torch
 
 from ignis.backends.base import Observation, Proposal, ProposeIn, SpecBackend
-from ignis.engine.accept import Verdict, accept_greedy, accept_sampled, teacher_forced
+from ignis.engine.accept import (
+    Anatomy,
+    Verdict,
+    accept_greedy,
+    accept_sampled,
+    teacher_forced,
+)
 from ignis.engine.device_prefill import DevicePrefill
 from ignis.engine.device_round import DeviceRound, synchronize
 from ignis.engine.lane_store import LaneStore
@@ -81,6 +87,7 @@ class Runner:
         self.backend = backend
         self.device = device
         self.device_round = device_round
+        self.anatomy: Anatomy | None = None  # set: the host round's sampled verifies are recorded into it
 
     @torch.inference_mode()
     def run(self, plan: RoundPlan) -> list[Emission]:
@@ -215,6 +222,8 @@ class Runner:
                 p = target_probs(logits, r.params)
                 q = proposal.q[i, : d.drafts] if proposal.q is not None else None
                 v = accept_sampled(mine, p, q, r.generator)
+                if self.anatomy is not None and q is not None:
+                    self.anatomy.add(p, q, min(v.accepted + 1, len(mine)))
             verdicts.append(v if r.forced is None else teacher_forced(v, mine, r.forced, r.generated))
         return verdicts
 
