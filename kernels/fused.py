@@ -26,9 +26,12 @@ from ignis.model.ops import apply_rope
 CONV_TILE = 8  # conv: the most columns a block takes (a prefill piece's columns spread over blocks)
 CONV_BLOCKS = 1024  # conv: the fewest blocks worth fewer columns a block (each column's norms wait on a block sync)
 # Whether a decode's or a verify's conv (up to 8 columns) runs the CUDA C++ kernel of ignis.kernels.conv_cuda instead
-# of the numba one: off until a round measures it faster (tools.bench_round --conv numba,cuda); set once, before the
-# engine captures its graphs.
-CUDA_CONV = False
+# of the numba one: True or False for every call, None (the default) for those of at least CUDA_CONV_ROWS rows (lanes
+# x columns). On the H200 at the 27B shape, in CUDA graphs of 48 layers' calls: 1 x 8 numba 4.6 us, CUDA C++ 5.4;
+# 8 x 8 numba 10.3 us, CUDA C++ 7.8, and the 8 x 8 verify round 0.12-0.14 ms faster (tools.bench_round --conv
+# numba,cuda); between, unmeasured. Set once, before the engine captures its graphs.
+CUDA_CONV: bool | None = None
+CUDA_CONV_ROWS = 32
 
 # --- references -------------------------------------------------------------------------------------------------
 
@@ -161,7 +164,7 @@ def conv(
     if not raw.is_cuda:
         return conv_reference(window, lanes, raw, weight, ba, record, key_heads, dk)
     b, c, dim = raw.shape
-    if CUDA_CONV:
+    if CUDA_CONV if CUDA_CONV is not None else b * c >= CUDA_CONV_ROWS:
         from ignis.kernels import conv_cuda
 
         if conv_cuda.fits(raw, window, record, ba, weight, dk):

@@ -118,9 +118,15 @@ _lock = threading.Lock()
 _kernels: dict[tuple[int, int, int], Any] = {}
 VERIFY_TILE = 8  # the staging tile of a verify (at most 8 columns: spec.draft_tokens + 1) and of a short prefill piece
 # Whether a decode's or a verify's columns (up to 8) run the CUDA C++ kernel of ignis.kernels.gdn_cuda instead of the
-# numba one: off until a round measures it faster (tools.bench_gdn --kernels, tools.bench_round --gdn); set once,
-# before the engine captures its graphs.
-CUDA_COLUMNS = False
+# numba one, and where they do, whether `columns_normed` runs its whole-head kernel with the gated output norm joined
+# (one block of 512 threads a head, CUDA_NORMED) or the recurrence alone (blocks of 32 state columns, six of them an
+# SM: gdn_cuda.BLOCKS) followed by the norm's own launch. On the H200 at the 27B shape (tools.bench_gdn, µs a layer,
+# numba / the whole head / the recurrence alone at six blocks): decode 1 x 1 5.8 / 5.4 / 5.4, verify 1 x 8 9.6 / 8.9
+# / 9.1, decode 8 x 1 20.3 / 19.5 / 19.6, verify 8 x 8 33.0 / 32.0 / 28.9; the 8 x 8 verify round 0.2 ms faster
+# (tools.bench_round --gdn numba,cuda6), the others within their spread. Set once, before the engine captures its
+# graphs.
+CUDA_COLUMNS = True
+CUDA_NORMED = False
 
 
 def _compiled(dk: int, dv: int, cols: int) -> Any:
@@ -207,7 +213,7 @@ def columns_normed(
 
     b, c = mixed.shape[:2]
     hv, dk, dv = state.shape[1], state.shape[2], state.shape[3]
-    if CUDA_COLUMNS and state.is_cuda:
+    if CUDA_COLUMNS and CUDA_NORMED and state.is_cuda:
         from ignis.kernels import gdn_cuda
 
         if gdn_cuda.fits_normed(state, c, record, z):

@@ -20,6 +20,13 @@ from ignis.kernels.launch import nvrtc_installed
 
 TV = 32  # state columns a block of the recurrence alone (128 threads)
 RS = 4  # threads a state column
+# The recurrence alone: blocks an SM its registers are bounded for, and whether a thread keeps a column's k in
+# registers between the column's two passes. 4 and kept: 105 registers (ptxas for sm_90). Six blocks need at most 85
+# registers a thread, which k read again from shared memory gives (80); at 8 lanes x 48 heads x 4 blocks a head that
+# is 1,536 blocks in two waves on 132 SMs instead of three: the 8 x 8 verify 32.1 -> 28.9 µs a layer on the H200
+# (tools.bench_gdn --kernels cuda4,cuda6), the others within 1%.
+BLOCKS = 6
+KEEP_K = False
 
 _lock = threading.Lock()
 _functions: dict[tuple[tuple[tuple[str, int], ...], torch.device], object] = {}
@@ -28,7 +35,8 @@ _functions: dict[tuple[tuple[tuple[str, int], ...], torch.device], object] = {}
 def defines(dk: int, dv: int, normed: bool = False, dtype: torch.dtype = torch.float32) -> tuple[tuple[str, int], ...]:
     """The source's sizes: a block of TV state columns, or the whole head (DV) where it applies the norm too."""
     return (("DK", dk), ("DV", dv), ("CMAX", CMAX), ("TV", dv if normed else TV), ("NORMED", int(normed)),
-            ("BF16", int(dtype == torch.bfloat16)))
+            ("BF16", int(dtype == torch.bfloat16)), ("MINB", 1 if normed else BLOCKS),
+            ("KEEP_K", int(KEEP_K or normed)))
 
 
 def fits(state: torch.Tensor, cols: int, record: torch.Tensor | None) -> bool:

@@ -32,7 +32,7 @@ def test_a_random_shortlist_holds_the_heads_rows_of_distinct_sorted_ids(tmp_path
 
 
 def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ignis.kernels import fused, gdn, launch
+    from ignis.kernels import fused, gdn, gdn_cuda, launch
     from ignis.model import ops
     from tools import bench_round
 
@@ -46,9 +46,19 @@ def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch:
     monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", libraries.append)
     for name in ("CONV_BLOCKS", "CUDA_CONV"):
         monkeypatch.setattr(fused, name, getattr(fused, name))
-    monkeypatch.setattr(gdn, "CUDA_COLUMNS", gdn.CUDA_COLUMNS)
+    for name in ("CUDA_COLUMNS", "CUDA_NORMED"):
+        monkeypatch.setattr(gdn, name, getattr(gdn, name))
+    for name in ("BLOCKS", "KEEP_K"):
+        monkeypatch.setattr(gdn_cuda, name, getattr(gdn_cuda, name))
     monkeypatch.setattr(ops, "STREAMING", ops.STREAMING)
     monkeypatch.setattr(launch, "PDL", launch.PDL)
     bench_round.apply_variant(variants[-1])
     assert (fused.CONV_BLOCKS, libraries, ops.STREAMING, gdn.CUDA_COLUMNS, fused.CUDA_CONV, launch.PDL) == (
         1024, ["cublas"], True, True, True, True)
+    assert gdn.CUDA_NORMED and (gdn_cuda.BLOCKS, gdn_cuda.KEEP_K) == (4, True)
+    bench_round.recurrence_kernel("cuda6")  # the recurrence alone, bounded for six blocks an SM: k read again
+    assert gdn.CUDA_COLUMNS and not gdn.CUDA_NORMED and (gdn_cuda.BLOCKS, gdn_cuda.KEEP_K) == (6, False)
+    bench_round.recurrence_kernel("numba")
+    assert not gdn.CUDA_COLUMNS
+    with pytest.raises(ValueError, match="--gdn"):
+        bench_round.recurrence_kernel("cuda9")

@@ -146,14 +146,19 @@ def test_kernels_equal_the_references_in_the_simulator() -> None:
 
 @pytest.mark.parametrize("normed", [None, torch.bfloat16, torch.float32], ids=["alone", "normed bf16", "normed fp32"])
 @pytest.mark.parametrize("dk,dv", [(128, 128), (16, 16), (64, 128)])
-def test_the_cuda_recurrence_compiles_for_sm90_in_its_launch_bound_without_spills(dk: int, dv: int,
-                                                                                  normed: torch.dtype | None) -> None:
-    # 4 blocks of 128 threads (or one of 512, a whole head) an SM leave 128 registers a thread (sm_90: 64 K an SM).
+def test_the_cuda_recurrence_compiles_for_sm90_in_its_launch_bound(dk: int, dv: int,
+                                                                   normed: torch.dtype | None) -> None:
+    # BLOCKS blocks of 128 threads (or one of 512, a whole head) an SM: sm_90's 64 K registers an SM over their threads.
     pytest.importorskip("cuda.bindings")
-    from ignis.kernels.gdn_cuda import defines
+    from ignis.kernels.gdn_cuda import BLOCKS, defines
     from ignis.kernels.gdn_cuda_kernel import SOURCE
     from ignis.kernels.nvrtc import compile_cubin
 
     args = (dk, dv) if normed is None else (dk, dv, True, normed)
     cubin = compile_cubin(SOURCE, "gdn_columns", "sm_90", defines(*args))
-    assert cubin.spills == cubin.stack == 0 and 0 < cubin.registers <= 128, (cubin.registers, cubin.spills, cubin.stack)
+    if normed is not None:
+        assert cubin.spills == cubin.stack == 0 and 0 < cubin.registers <= 128, (cubin.registers, cubin.spills)
+    else:
+        # bounded for BLOCKS blocks an SM, the recurrence alone spills a few staging values (40 bytes at dk 128): the
+        # order that spills none read the state after the staging and measured slower (gdn_cuda_kernel)
+        assert 0 < cubin.registers <= 65536 // (128 * BLOCKS) and cubin.spills <= 64, (cubin.registers, cubin.spills)

@@ -143,14 +143,17 @@ def _gdn_inputs(shape: tuple[int, ...], seed: int) -> dict[str, torch.Tensor]:
             "rate": -torch.rand(hv, device="cuda", generator=g) * 2}
 
 
-@pytest.mark.parametrize("kernel", ["numba", "cuda"])
+@pytest.mark.parametrize("kernel", ["numba", "cuda", "cuda5", "cuda6"])  # cudaN: bounded for N blocks an SM
 @pytest.mark.parametrize("shape", [(1, 1, 16, 48, 128, 128), (8, 8, 16, 48, 128, 128), (3, 4, 2, 4, 16, 16)])
 def test_gdn_kernels_equal_their_references(shape: tuple[int, ...], kernel: str,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     from ignis.kernels import gdn, gdn_cuda
     from ignis.kernels.gdn import columns, columns_reference, record_width, replay, replay_reference
 
-    monkeypatch.setattr(gdn, "CUDA_COLUMNS", kernel == "cuda")
+    monkeypatch.setattr(gdn, "CUDA_COLUMNS", kernel != "numba")
+    blocks = int(kernel[4:] or 4) if kernel != "numba" else 4
+    monkeypatch.setattr(gdn_cuda, "BLOCKS", blocks)
+    monkeypatch.setattr(gdn_cuda, "KEEP_K", blocks <= 4)
     launched = _counted(monkeypatch, gdn_cuda, "columns")
     b, c, hk, hv, dk, dv = shape
     lanes = b + 2
@@ -174,7 +177,7 @@ def test_gdn_kernels_equal_their_references(shape: tuple[int, ...], kernel: str,
             replay(st, ids, rec, last)
             replay_reference(ref_st, ids, ref_rec, last)
             torch.testing.assert_close(st, ref_st, rtol=1e-4, atol=1e-4)
-    assert len(launched) == (2 if kernel == "cuda" else 0)  # the switch chose the kernel under test
+    assert len(launched) == (0 if kernel == "numba" else 2)  # the switch chose the kernel under test
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 16, 48, 128, 128), (8, 8, 16, 48, 128, 128), (3, 4, 2, 4, 16, 16)])

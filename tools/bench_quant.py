@@ -51,7 +51,8 @@ from ignis.quant.format import quantize, quantized_name
 from ignis.quant.fp8 import Fp8Linear, to_fp8
 from ignis.quant import linear as quant_linear
 from ignis.quant.linear import QuantLinear, set_kernel, to_mma, uses_mma
-from tools.bench_round import PDL_SWITCH, POSITION, build_backend, copy_bandwidth, decodes, floor_bytes, time_rounds
+from tools.bench_round import (PDL_SWITCH, POSITION, build_backend, copy_bandwidth, decodes, floor_bytes, gpu_profile,
+                               time_replays, time_rounds)
 from tools.quant_products import C, GROUP, ROWS, layouts, policies, products, sweep_mma, sweep_triton, tunings
 
 def to_int4(model: nn.Module, group: int, head: bool = False) -> int:
@@ -81,7 +82,8 @@ def fuse_and_own(model: HybridModel) -> None:
     torch.cuda.empty_cache()
 
 
-def decode_step(label: str, model: HybridModel, bw: float, context: int, iters: int) -> dict[str, Any]:
+def decode_step(label: str, model: HybridModel, bw: float, context: int, iters: int,
+                profile: bool = False) -> dict[str, Any]:
     from ignis.engine.device_round import DeviceRound
     from ignis.model.cache import LaneCache
 
@@ -97,19 +99,27 @@ def decode_step(label: str, model: HybridModel, bw: float, context: int, iters: 
     bucket = next(b for b in dr.buckets if b >= 1)
     dr.capture([(bucket, span, False)])
     graph = time_rounds(dr, work, iters)
+    replay = time_replays(dr.graphs[(bucket, span, False)], iters)
+    # with --graph-profile, the replay's own kernels (what each costs inside the step) and their sum; off by default,
+    # since the steps timed after a profiler session took up to 0.7 ms more on the host
+    kernel_s, top = 0.0, list[dict[str, Any]]()
+    if profile:
+        kernel_s, _, top = gpu_profile(dr.graphs[(bucket, span, False)].replay, top=40)
     # floor_bytes counts parameters; a converted projection's codes and scales are buffers
     packed = sum(b.nbytes for n, m in model.named_modules() if isinstance(m, (QuantLinear, Fp8Linear))
                  and not n.startswith("mtp.") for b in m.buffers())
     floor = (floor_bytes(model, 1, 1) + packed) / bw
-    print(f"27B decode step  {label:5s}  graph {1e3 * graph:7.2f} ms  eager {1e3 * eager:7.2f} ms  floor "
-          f"{1e3 * floor:6.2f} ms  x{graph / floor:5.2f}", flush=True)
+    print(f"27B decode step  {label:5s}  graph {1e3 * graph:7.2f} ms  replay {1e3 * replay:7.2f} ms  kernels "
+          f"{1e3 * kernel_s:7.2f} ms  eager {1e3 * eager:7.2f} ms  floor {1e3 * floor:6.2f} ms  x{graph / floor:5.2f}",
+          flush=True)
     del dr, cache, backend
     torch.cuda.empty_cache()
-    return {"weights": label, "graph_ms": 1e3 * graph, "eager_ms": 1e3 * eager, "floor_ms": 1e3 * floor,
-            "x_floor": graph / floor}
+    return {"weights": label, "graph_ms": 1e3 * graph, "replay_ms": 1e3 * replay, "kernel_ms": 1e3 * kernel_s,
+            "eager_ms": 1e3 * eager, "floor_ms": 1e3 * floor, "x_floor": graph / floor, "graph_top_kernels": top}
 
 
-def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False) -> dict[str, Any]:
+def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
+                 profile: bool = False) -> dict[str, Any]:
     """The 27B decode step in bf16, int4, int4 with the output head packed and fp8; with `swiglu_ab` the int4-head
     step again with SwiGLU in the gate | up product's store (SWIGLU_ROWS 8) and without (0), on the same model."""
     from ignis.model.random import random_model
@@ -117,24 +127,24 @@ def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False) -
     dev = torch.device("cuda")
     out: dict[str, Any] = {}
     model = random_model(C, seed=0, mtp=False, device=dev, dtype=torch.bfloat16)
-    out["bf16"] = decode_step("bf16", model, bw, context, iters)
+    out["bf16"] = decode_step("bf16", model, bw, context, iters, profile)
     t0 = time.perf_counter()
     packed = to_int4(model, GROUP)
     if uses_mma(dev, torch.bfloat16):  # as the loader holds a quantized model for the mma kernel
         to_mma(model, torch.bfloat16)
     fuse_and_own(model)
     out["int4_packed"], out["int4_convert_s"] = packed, time.perf_counter() - t0
-    out["int4"] = decode_step("int4", model, bw, context, iters)
+    out["int4"] = decode_step("int4", model, bw, context, iters, profile)
     out["int4_head_packed"] = to_int4(model, GROUP, head=True)  # `ignis quantize --head`: the output head as well
     if uses_mma(dev, torch.bfloat16):
         to_mma(model, torch.bfloat16)
-    out["int4_head"] = decode_step("int4 head", model, bw, context, iters)
+    out["int4_head"] = decode_step("int4 head", model, bw, context, iters, profile)
     if swiglu_ab:
         kept = quant_linear.SWIGLU_ROWS
         for rows in (8, 0):
             quant_linear.SWIGLU_ROWS = rows
             out[f"int4_head_swiglu_{rows}"] = decode_step(f"int4 head, SwiGLU store to {rows} rows", model, bw,
-                                                          context, iters)
+                                                          context, iters, profile)
         quant_linear.SWIGLU_ROWS = kept
         print(f"SwiGLU in the store: {out['int4_head_swiglu_8']['graph_ms']:.3f} ms against "
               f"{out['int4_head_swiglu_0']['graph_ms']:.3f} without", flush=True)
@@ -143,7 +153,7 @@ def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False) -
     model = random_model(C, seed=0, mtp=False, device=dev, dtype=torch.bfloat16)
     out["fp8_converted"] = to_fp8(model)
     fuse_and_own(model)
-    out["fp8"] = decode_step("fp8", model, bw, context, iters)
+    out["fp8"] = decode_step("fp8", model, bw, context, iters, profile)
     del model
     torch.cuda.empty_cache()
     for form in ("int4", "int4_head", "fp8"):
@@ -310,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--swiglu-rows", type=int, default=None,
                     help="rows up to which a 4-bit MLP's gate | up runs SwiGLU in the product's store "
                          "(ignis.quant.linear.SWIGLU_ROWS; default: as set there)")
+    ap.add_argument("--graph-profile", action="store_true",
+                    help="also profile each decode step's graph replay: its own kernels' times")
     args = ap.parse_args(argv)
     launch.PDL = PDL_SWITCH[args.pdl]
     if args.swiglu_rows is not None:
@@ -338,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
              ("sweep_mma_loads", lambda: sweep_mma(bw, args.reps, loads=True)),
              ("policies", lambda: policies(bw, args.reps)),
              ("layouts", lambda: layouts(bw, args.reps)),
-             ("decode", lambda: decode_steps(bw, args.context, args.iters, args.swiglu_ab)),
+             ("decode", lambda: decode_steps(bw, args.context, args.iters, args.swiglu_ab, args.graph_profile)),
              ("quality", lambda: quality(args.prompts, args.tokens, args.accept_prompts, args.max_tokens))]
     for name, step in steps:
         if name in skip:

@@ -7,7 +7,8 @@ own, a random one of SHORTLIST_TOKENS rows for the 27B; dflash2-sl-fp8 and dflas
 projections in fp8 or 4-bit, spec.draft_weights) at 1 and 8 lanes: ms a round through `DeviceRound.run` (host work and
 the one read-back included), the graph's replays back to back (CUDA events: the device's time with the gaps between
 kernels, without the host's part), GPU kernel time and kernels per round from the profiler (an eager round, profiled
-after every timing), and the ratio to the floor: the bytes a round must move (the target's weights once, each lane's
+after every timing; with --graph-profile also the graph replay's own kernels, `graph_top_kernels`: what a kernel
+costs inside the round rather than after a slow eager launch), and the ratio to the floor: the bytes a round must move (the target's weights once, each lane's
 recurrent state read and written, its keys and values read) over the device-to-device copy bandwidth measured in the
 same run. The drafter is not in the floor: "x floor" of a drafting round is against the target's own floor.
 
@@ -293,11 +294,18 @@ def bench_case(label: str, case: Case, model: HybridModel, path: Path, bw: float
     # last, so that no timing follows it: on the H200 the host's part of a 1 x 1 decode timed after torch.profiler had
     # run was 0.37 ms, against 0.07 in a process it never ran in (at 8 x 8 the two stayed within the runs' spread)
     gpu, kernels, top = gpu_profile(partial(eager_round, dr, work))
+    # with --graph-profile, the same round's kernels as the graph runs them: an eager round's small kernels start after
+    # slow host launches onto an idle device, so their durations there are not what they cost in a replay (off by
+    # default: the host's part of the rounds timed after a second profiler session grew by up to 0.5 ms)
+    graph_gpu, graph_top = 0.0, list[dict[str, Any]]()
+    if args.graph_profile:
+        graph_gpu, _, graph_top = gpu_profile(dr.graphs[(bucket, span, False)].replay, top=40)
     floor = floor_bytes(model, case.lanes, case.k + 1, args.position) / bw
     return {"model": label, "case": case.name, "lanes": case.lanes, "cols": case.k + 1, "eager_ms": 1e3 * eager,
             "graph_ms": 1e3 * graph, "replay_ms": 1e3 * replay, "gpu_ms_eager": 1e3 * gpu, "kernels": kernels,
             "rounds_per_sync": rounds,
-            "floor_ms": 1e3 * floor, "x_floor": graph / floor, "capture_s": capture_s, "top_kernels": top}
+            "floor_ms": 1e3 * floor, "x_floor": graph / floor, "capture_s": capture_s, "top_kernels": top,
+            "graph_gpu_ms": 1e3 * graph_gpu, "graph_top_kernels": graph_top}
 
 
 PDL_SWITCH = {"auto": None, "off": False, "on": True}  # --pdl's words: ignis.kernels.launch.PDL's values
@@ -310,13 +318,42 @@ def combinations(args: argparse.Namespace) -> list[dict[str, str]]:
         *(getattr(args, name).split(",") for name in VARIANTS))]
 
 
+GDN_KERNELS = ("auto", "numba", "cuda", "cuda4", "cuda5", "cuda6")  # --gdn's words (`recurrence_kernel`)
+
+
+def recurrence_kernel(word: str) -> None:
+    """Route a decode's and a verify's recurrence: auto, as set; numba; cuda, the CUDA C++ kernel holding a whole head with the gated
+    norm joined; cudaN, the CUDA C++ recurrence alone bounded for N blocks an SM (k read again past 4), then the norm's
+    own launch."""
+    from ignis.kernels import gdn_cuda
+
+    if word not in GDN_KERNELS:
+        raise ValueError(f"--gdn takes {', '.join(GDN_KERNELS)}; got {word!r}")
+    if word == "auto":
+        gdn.CUDA_COLUMNS, gdn.CUDA_NORMED, gdn_cuda.BLOCKS, gdn_cuda.KEEP_K = _GDN_SHIPPED
+        return
+    gdn.CUDA_COLUMNS = word != "numba"
+    gdn.CUDA_NORMED = word == "cuda"
+    blocks = int(word[4:]) if word.startswith("cuda") and word[4:] else 4
+    gdn_cuda.BLOCKS, gdn_cuda.KEEP_K = blocks, blocks <= 4  # part of the compiled kernels' key: no stale kernel runs
+
+
+def _gdn_shipped() -> tuple[bool, bool, int, bool]:
+    from ignis.kernels import gdn_cuda
+
+    return gdn.CUDA_COLUMNS, gdn.CUDA_NORMED, gdn_cuda.BLOCKS, gdn_cuda.KEEP_K
+
+
+_GDN_SHIPPED = _gdn_shipped()  # the switches as ignis ships them, which --gdn auto restores
+
+
 def apply_variant(variant: dict[str, str]) -> None:
     """Set the kernels' module switches for one combination of the variant options."""
     fused.CONV_BLOCKS = int(variant["conv_blocks"])
     torch.backends.cuda.preferred_blas_library(variant["blas"])
     ops.STREAMING = variant["stream"] == "on"
-    gdn.CUDA_COLUMNS = variant["gdn"] == "cuda"
-    fused.CUDA_CONV = variant["conv"] == "cuda"
+    recurrence_kernel(variant["gdn"])
+    fused.CUDA_CONV = {"auto": None, "numba": False, "cuda": True}[variant["conv"]]
     launch.PDL = PDL_SWITCH[variant["pdl"]]
 
 
@@ -348,16 +385,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stream", default="on" if ops.STREAMING else "off",
                     help="comma list of off, on: whether the products ignis.model.ops.stream_shape picks run the "
                          "Triton weight-streaming kernel (ops.STREAMING)")
-    ap.add_argument("--conv", default="cuda" if fused.CUDA_CONV else "numba",
-                    help="comma list of numba, cuda: the GDN conv kernel of decodes and verifies "
-                         "(ignis.kernels.fused.CUDA_CONV)")
-    ap.add_argument("--gdn", default="cuda" if gdn.CUDA_COLUMNS else "numba",
-                    help="comma list of numba, cuda: the recurrence kernel of decodes and verifies "
-                         "(ignis.kernels.gdn.CUDA_COLUMNS)")
+    ap.add_argument("--conv", default="auto",
+                    help="comma list of auto, numba, cuda: the GDN conv kernel of decodes and verifies "
+                         "(ignis.kernels.fused.CUDA_CONV; auto: by the round's rows)")
+    ap.add_argument("--gdn", default="auto",
+                    help="comma list of auto, numba, cuda, cuda4, cuda5, cuda6: the recurrence kernel of decodes "
+                         "and verifies (`recurrence_kernel`; auto: as ignis.kernels.gdn and gdn_cuda are set)")
     ap.add_argument("--blas", default="cublas",
                     help="comma list of torch's preferred BLAS library for the products (cublas, cublaslt: "
                          "torch.backends.cuda.preferred_blas_library); a round of ignis.model.ops.LT_MIN_ROWS rows or "
                          "more takes cuBLASLt whatever this says (ops.products_for)")
+    ap.add_argument("--graph-profile", action="store_true",
+                    help="also profile each case's graph replay: its own kernels' times, `graph_top_kernels`")
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None)
     args = ap.parse_args(argv)
