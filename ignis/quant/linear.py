@@ -102,8 +102,10 @@ def packed_linear(x: torch.Tensor, weight: PackedWeight | MmaCodes) -> torch.Ten
 
 
 # Activation rows up to which an MLP's repacked gate | up runs SwiGLU in the 4-bit product's store
-# (`packed_swiglu`): one launch instead of two a layer. 0 (never) until the H200 measures the fused store against
-# the product and the SwiGLU kernel apart; tools.bench_quant --swiglu-rows sets it for a run.
+# (`packed_swiglu`): one launch instead of two a layer. 0 (never): on the H200 the store's launch (a warp a gate block
+# and its up partner) took 32.5 us at one row and 36.9 at 8 against 27.8 and 30.3 for the product and the SwiGLU
+# kernel apart, and the 27B decode step 6.31 ms against 6.05 (BENCHMARKS.md); tools.bench_quant --swiglu-rows sets it
+# for a run.
 SWIGLU_ROWS = 0
 
 
