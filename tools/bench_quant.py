@@ -46,6 +46,7 @@ from torch import nn
 
 from ignis.artifact import BUILTIN
 from ignis.kernels import launch
+from ignis.model import ops
 from ignis.model.model import HybridModel
 from ignis.quant.format import quantize, quantized_name
 from ignis.quant.fp8 import Fp8Linear, to_fp8
@@ -119,9 +120,10 @@ def decode_step(label: str, model: HybridModel, bw: float, context: int, iters: 
 
 
 def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
-                 profile: bool = False) -> dict[str, Any]:
+                 profile: bool = False, side_gates_ab: bool = False) -> dict[str, Any]:
     """The 27B decode step in bf16, int4, int4 with the output head packed and fp8; with `swiglu_ab` the int4-head
-    step again with SwiGLU in the gate | up product's store (SWIGLU_ROWS 8) and without (0), on the same model."""
+    step again with SwiGLU in the gate | up product's store (SWIGLU_ROWS 8) and without (0), and with `side_gates_ab`
+    with the Gated DeltaNet's gates product on a side stream (ops.SIDE_GATES) and without, on the same model."""
     from ignis.model.random import random_model
 
     dev = torch.device("cuda")
@@ -148,6 +150,16 @@ def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
         quant_linear.SWIGLU_ROWS = kept
         print(f"SwiGLU in the store: {out['int4_head_swiglu_8']['graph_ms']:.3f} ms against "
               f"{out['int4_head_swiglu_0']['graph_ms']:.3f} without", flush=True)
+    if side_gates_ab:
+        kept_side = ops.SIDE_GATES
+        for on in (True, False):
+            ops.SIDE_GATES = on
+            out[f"int4_head_side_gates_{int(on)}"] = decode_step(f"int4 head, gates on a side stream {on}", model,
+                                                                 bw, context, iters, profile)
+        ops.SIDE_GATES = kept_side
+        a, b = out["int4_head_side_gates_1"], out["int4_head_side_gates_0"]
+        print(f"Gates on a side stream: {a['graph_ms']:.3f} ms (replay {a['replay_ms']:.3f}) against "
+              f"{b['graph_ms']:.3f} ({b['replay_ms']:.3f}) after the 4-bit product", flush=True)
     del model
     torch.cuda.empty_cache()
     model = random_model(C, seed=0, mtp=False, device=dev, dtype=torch.bfloat16)
@@ -320,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--swiglu-rows", type=int, default=None,
                     help="rows up to which a 4-bit MLP's gate | up runs SwiGLU in the product's store "
                          "(ignis.quant.linear.SWIGLU_ROWS; default: as set there)")
+    ap.add_argument("--side-gates-ab", action="store_true",
+                    help="also time the int4-head decode step with the Gated DeltaNet's gates product on a side stream "
+                         "(ignis.model.ops.SIDE_GATES) and without, on the same model")
     ap.add_argument("--graph-profile", action="store_true",
                     help="also profile each decode step's graph replay: its own kernels' times")
     args = ap.parse_args(argv)
@@ -350,7 +365,8 @@ def main(argv: list[str] | None = None) -> int:
              ("sweep_mma_loads", lambda: sweep_mma(bw, args.reps, loads=True)),
              ("policies", lambda: policies(bw, args.reps)),
              ("layouts", lambda: layouts(bw, args.reps)),
-             ("decode", lambda: decode_steps(bw, args.context, args.iters, args.swiglu_ab, args.graph_profile)),
+             ("decode", lambda: decode_steps(bw, args.context, args.iters, args.swiglu_ab, args.graph_profile,
+                                                args.side_gates_ab)),
              ("quality", lambda: quality(args.prompts, args.tokens, args.accept_prompts, args.max_tokens))]
     for name, step in steps:
         if name in skip:
