@@ -110,6 +110,34 @@ def test_training_steps_fit_a_batch_and_raise_teacher_forced_acceptance() -> Non
     assert out["accepted_selector"] / out["blocks"] > 3.0
 
 
+def test_a_grown_drafter_computes_its_starts_function_and_trains_its_new_layers() -> None:
+    from ignis.train.run import grown, load_grown
+
+    start, embed = _drafter()
+    with torch.no_grad():  # a start whose every layer adds something
+        for p in start.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    target = ModelConfig.from_dict(tiny_config(vocab_size=VOCAB, model_type="qwen3_5_text"))
+    config = drafter_config_json(target, num_layers=2, mask_token_id=VOCAB - 1, target_layer_ids=[1, 3],
+                                 selector_rank=8, selector_top_k=8, intermediate_size=128)
+    bigger = grown(config, 2)
+    assert bigger["num_hidden_layers"] == 4 and len(bigger["layer_types"]) == 4 and config["num_hidden_layers"] == 2
+    torch.manual_seed(5)
+    model = DrafterModel(DrafterConfig.from_dict(bigger, target))
+    load_grown(model, start)
+    taps, tokens, mask = _data()
+    anchors = anchors_for(mask, 8, torch.Generator().manual_seed(2))
+    want = losses(start, embed, embed, taps, tokens, mask, anchors, GAMMA)
+    got = losses(model, embed, embed, taps, tokens, mask, anchors, GAMMA)
+    for name in ("loss", "unary", "selector"):
+        assert torch.equal(got[name], want[name]), name
+    got["loss"].backward()
+    for layer in model.layers[2:]:  # the new layers start silent but learn
+        assert float(layer.self_attn.o_proj.weight.detach().abs().max()) == 0.0
+        assert float(layer.self_attn.o_proj.weight.grad.abs().max()) > 0.0
+        assert float(layer.mlp.down_proj.weight.grad.abs().max()) > 0.0
+
+
 def test_saved_drafter_shards_reload_exactly(tmp_path: Path) -> None:
     model, _ = _drafter()
     config = drafter_config_json(ModelConfig.from_dict(tiny_config(vocab_size=VOCAB, model_type="qwen3_5_text")),

@@ -163,6 +163,8 @@ def test_a_time_budget_ends_the_run(target: Path, data: Path, tmp_path: Path, si
     (["--steps", "2", "--distill-tv", "1", "--tv-cut", "20"], "--tv-cut: expected TOP_K,TOP_P"),
     (["--steps", "2", "--distill-tv", "1", "--tv-cut", "20,1.5"], "--tv-cut: expected TOP_K,TOP_P"),
     (["--steps", "2", "--tv-cut", "20,0.95"], "--tv-cut: cuts the total-variation terms"),
+    (["--steps", "2", "--grow-layers", "1"], "--grow-layers: grows the drafter --init names"),
+    (["--steps", "2", "--grow-layers", "-1"], "--grow-layers: must be 0 or more"),
 ])
 def test_bad_settings_exit_2_naming_the_flag(target: Path, data: Path, tmp_path: Path, extra: list[str], needle: str,
                                             capsys: pytest.CaptureFixture[str]) -> None:
@@ -268,6 +270,15 @@ def test_init_starts_from_a_drafters_weights_and_shape(target: Path, data: Path,
     before, after = load_file(str(start / "model.safetensors")), load_file(str(out / "model.safetensors"))
     for name, tensor in before.items():
         torch.testing.assert_close(after[name].float(), tensor, rtol=1e-2, atol=1e-2)
+
+    grown = tmp_path / "grown"
+    assert main([*args[:5], str(grown), *args[6:], "--grow-layers", "1"]) == 0
+    config = json.loads((grown / "config.json").read_text())
+    assert config["num_hidden_layers"] == 2 and len(config["layer_types"]) == 2  # the start's one, and one more
+    after = load_file(str(grown / "model.safetensors"))
+    for name, tensor in before.items():  # the start's layer and everything around it carried over
+        torch.testing.assert_close(after[name].float(), tensor, rtol=1e-2, atol=1e-2)
+    assert float(after["layers.1.self_attn.o_proj.weight"].float().abs().max()) < 1e-6  # the new layer adds nothing
 
     other = save_random_drafter(tmp_path / "other", ModelConfig.from_dict(tiny_config(**{**SHAPE, "hidden_size": 64}, model_type="qwen3_5_text")))
     assert main([*args[:7], str(other), *args[8:], "--restart"]) == 2  # built for another target: refused

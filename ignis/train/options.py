@@ -41,6 +41,7 @@ class Options:
     selector_top_k: int = 16
     mask_token_id: int | None = None
     init: str = ""  # a drafter directory to start from ("": random); its config.json decides the shape
+    grow_layers: int = 0  # with init: layers added after its own, each starting as the identity
     shortlist: int = 0
     # the recipe and budget
     batch: int = 32
@@ -102,6 +103,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d.add_argument("--init", default="", metavar="DIR",
                    help="start from this drafter's weights (e.g. one published for the base model); its config.json "
                         "sets the shape, and the shape flags are not used")
+    d.add_argument("--grow-layers", type=int, default=0, metavar="N",
+                   help="with --init: add N layers after the drafter's own, each starting as the identity (its "
+                        "attention's and MLP's output projections zero), so training starts from that drafter's "
+                        "function with more capacity")
     d.add_argument("--shortlist", type=int, default=0, metavar="N",
                    help="also write the 4-bit shortlist head of the N most frequent completion tokens")
     r = p.add_argument_group("recipe")
@@ -133,7 +138,8 @@ def from_args(args: argparse.Namespace) -> Options:
         gen_tokens=args.gen_tokens, held_out=args.held_out, eval_tokens=args.eval_tokens, layers=args.layers,
         intermediate_size=args.intermediate_size, taps=_ids(args.taps), block_size=args.block_size,
         sliding_window=args.sliding_window, selector_rank=args.selector_rank, selector_top_k=args.selector_top_k,
-        mask_token_id=args.mask_token_id, init=args.init, shortlist=args.shortlist, batch=args.batch, anchors=args.anchors,
+        mask_token_id=args.mask_token_id, init=args.init, grow_layers=args.grow_layers, shortlist=args.shortlist,
+        batch=args.batch, anchors=args.anchors,
         lr=args.lr, warmup=args.warmup, distill=args.distill, distill_tv=args.distill_tv,
         tv_cut=parse_cut(args.tv_cut), seed=args.seed, steps=args.steps,
         train_tokens=parse_count(args.train_tokens, "--train-tokens"),
@@ -154,7 +160,8 @@ def check(o: Options) -> None:
         if v < 1:
             raise InputError(flag, f"must be at least 1, got {v}")
     nonneg = {"--max-prompts": o.max_prompts, "--held-out": o.held_out, "--steps": o.steps,
-              "--intermediate-size": o.intermediate_size, "--shortlist": o.shortlist, "--seed": o.seed}
+              "--intermediate-size": o.intermediate_size, "--shortlist": o.shortlist, "--seed": o.seed,
+              "--grow-layers": o.grow_layers}
     for flag, v in nonneg.items():
         if v < 0:
             raise InputError(flag, f"must be 0 or more, got {v}")
@@ -168,6 +175,8 @@ def check(o: Options) -> None:
         raise InputError("--distill", f"must be 0 (off) or a positive weight, got {o.distill}")
     if not 0.0 <= o.distill_tv < float("inf"):
         raise InputError("--distill-tv", f"must be 0 (off) or a positive weight, got {o.distill_tv}")
+    if o.grow_layers and not o.init:
+        raise InputError("--grow-layers", "grows the drafter --init names: give it one")
     if o.tv_cut is not None and not o.distill_tv:
         raise InputError("--tv-cut", "cuts the total-variation terms: give them a weight with --distill-tv")
     if not 0.0 < o.gen_share < 1.0:

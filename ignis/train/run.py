@@ -52,6 +52,31 @@ class Log:
         print(f"{clear}ignis train-drafter: {line}", file=sys.stderr, flush=True)
 
 
+def grown(cfg_json: dict[str, Any], layers: int) -> dict[str, Any]:
+    """A drafter's config.json with `layers` more layers, each of the last one's type."""
+    out = json.loads(json.dumps(cfg_json))
+    n = int(out["num_hidden_layers"])
+    out["num_hidden_layers"] = n + layers
+    if out.get("layer_types"):
+        out["layer_types"] = list(out["layer_types"]) + [out["layer_types"][-1]] * layers
+    return out
+
+
+def load_grown(drafter: DrafterModel, start: DrafterModel) -> None:
+    """`start`'s weights into `drafter`, which may hold more layers after start's own: each of those keeps its fresh
+    weights but for its attention's and MLP's output projections, zeroed, so that it adds nothing to the residual and
+    the grown drafter computes start's function (the DFlash2 convs after them are linear in their outputs)."""
+    missing, unexpected = drafter.load_state_dict(start.state_dict(), strict=False)
+    own = len(start.layers)
+    if unexpected or any(not k.startswith("layers.") or int(k.split(".")[1]) < own for k in missing):
+        raise ArtifactError(f"--init: its tensors do not fit the grown drafter (missing {missing[:4]}, unexpected "
+                            f"{unexpected[:4]})")
+    with torch.no_grad():
+        for layer in drafter.layers[own:]:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+
+
 def train_drafter(o: Options) -> dict[str, Any]:
     t0 = time.monotonic()
     model_dir = Path(o.model).expanduser() if o.model else BUILTIN
@@ -65,9 +90,13 @@ def train_drafter(o: Options) -> dict[str, Any]:
     fingerprint = _check_resume(settings, o, model_dir)
     log = Log(run / "train.log")
     tok = Tokenizer.from_dir(model_dir)
+    init_cfg: DrafterConfig | None = None
     if o.init:
         cfg_json = read_config_json(Path(o.init) / "config.json", "--init names a drafter directory")
-        cfg = DrafterConfig.from_dict(cfg_json, target)  # refused when it does not fit this target
+        init_cfg = cfg = DrafterConfig.from_dict(cfg_json, target)  # refused when it does not fit this target
+        if o.grow_layers:
+            cfg_json = grown(cfg_json, o.grow_layers)
+            cfg = DrafterConfig.from_dict(cfg_json, target)
     else:
         cfg_json = drafter_config_json(
             target, num_layers=o.layers, intermediate_size=o.intermediate_size or None, block_size=o.block_size,
@@ -115,8 +144,9 @@ def train_drafter(o: Options) -> dict[str, Any]:
     torch.manual_seed(o.seed)
     drafter = DrafterModel(cfg).to(device)
     if o.init:
-        start = load_drafter(Path(o.init), cfg, device=device, dtype=torch.float32)
-        drafter.load_state_dict(start.state_dict())
+        assert init_cfg is not None
+        start = load_drafter(Path(o.init), init_cfg, device=device, dtype=torch.float32)
+        load_grown(drafter, start)
         del start
     embed = model.embed_tokens.weight
     head = embed if model.lm_head is None else dense(model.lm_head.weight, embed.dtype)  # a 4-bit head dequantized
