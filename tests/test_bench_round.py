@@ -34,11 +34,11 @@ def test_a_random_shortlist_holds_the_heads_rows_of_distinct_sorted_ids(tmp_path
 def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch: pytest.MonkeyPatch) -> None:
     from ignis.kernels import fused, gdn, gdn_cuda, launch
     from ignis.model import ops
-    from tools import bench_round
+    from tools import variants as kernel_variants
 
     args = argparse.Namespace(conv_blocks="256,1024", blas="cublas", stream="off,on", gdn="numba,cuda", conv="cuda",
                               pdl="off,on")
-    variants = bench_round.combinations(args)
+    variants = kernel_variants.combinations(args)
     assert len(variants) == 16 and len({tuple(v.values()) for v in variants}) == 16
     assert variants[0] == {"conv_blocks": "256", "blas": "cublas", "stream": "off", "gdn": "numba", "conv": "cuda",
                            "pdl": "off"}
@@ -52,13 +52,13 @@ def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch:
         monkeypatch.setattr(gdn_cuda, name, getattr(gdn_cuda, name))
     monkeypatch.setattr(ops, "STREAMING", ops.STREAMING)
     monkeypatch.setattr(launch, "PDL", launch.PDL)
-    bench_round.apply_variant(variants[-1])
+    kernel_variants.apply_variant(variants[-1])
     assert (fused.CONV_BLOCKS, libraries, ops.STREAMING, gdn.CUDA_COLUMNS, fused.CUDA_CONV, launch.PDL) == (
         1024, ["cublas"], True, True, True, True)
     assert gdn.CUDA_NORMED and (gdn_cuda.BLOCKS, gdn_cuda.KEEP_K) == (4, True)
-    bench_round.recurrence_kernel("cuda6")  # the recurrence alone, bounded for six blocks an SM: k read again
+    kernel_variants.recurrence_kernel("cuda6")  # the recurrence alone, bounded for six blocks an SM: k read again
     assert gdn.CUDA_COLUMNS and not gdn.CUDA_NORMED and (gdn_cuda.BLOCKS, gdn_cuda.KEEP_K) == (6, False)
-    bench_round.recurrence_kernel("numba")
+    kernel_variants.recurrence_kernel("numba")
     assert not gdn.CUDA_COLUMNS
     with pytest.raises(ValueError, match="--gdn"):
-        bench_round.recurrence_kernel("cuda9")
+        kernel_variants.recurrence_kernel("cuda9")

@@ -23,8 +23,9 @@ from typing import Any
 import torch
 
 from ignis.kernels import gdn
-from tools.bench_round import QWEN35_27B, copy_bandwidth, recurrence_kernel
+from tools.bench_round import QWEN35_27B, copy_bandwidth
 from tools.quant_products import graph_ms
+from tools.variants import recurrence_kernel
 
 # Qwen3.5-27B's Gated DeltaNet: 16 key heads, 48 value heads of 128 x 128, in 48 of its 64 layers (3 : 1), all of
 # which the replay commits in one launch
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--once", action="store_true", help="each case once after a warm-up (for a profiler)")
     ap.add_argument("--kernels", default="numba",
                     help="comma list of numba, cuda, cuda4, cuda5, cuda6: the decode's and verify's recurrence "
-                         "kernel (tools.bench_round.recurrence_kernel), each timed in turn; the replay is numba's")
+                         "kernel (tools.variants.recurrence_kernel), each timed in turn; the replay is numba's")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     cases = args.cases.split(",")

@@ -52,8 +52,9 @@ from ignis.quant.format import quantize, quantized_name
 from ignis.quant.fp8 import Fp8Linear, to_fp8
 from ignis.quant import linear as quant_linear
 from ignis.quant.linear import QuantLinear, set_kernel, to_mma, uses_mma
-from tools.bench_round import (PDL_SWITCH, POSITION, build_backend, copy_bandwidth, decodes, floor_bytes, gpu_profile,
+from tools.bench_round import (POSITION, build_backend, copy_bandwidth, decodes, floor_bytes, gpu_profile,
                                time_replays, time_rounds)
+from tools.variants import PDL_SWITCH
 from tools.quant_products import C, GROUP, ROWS, layouts, policies, products, sweep_mma, sweep_triton, tunings
 
 def to_int4(model: nn.Module, group: int, head: bool = False) -> int:

@@ -22,7 +22,6 @@ combination on each model, built once.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import statistics
 import sys
@@ -51,7 +50,8 @@ from ignis.model.cache import LaneCache
 from ignis.model.loader import load_model
 from ignis.model import ops
 from ignis.model.model import HybridModel
-from ignis.kernels import attention, fused, gdn, launch
+from ignis.kernels import attention, fused, launch
+from tools.variants import PDL_SWITCH, apply_variant, combinations
 from ignis.model.random import random_model
 from ignis.train.shortlist import build as build_shortlist
 from ignis.params import SamplingParams
@@ -306,55 +306,6 @@ def bench_case(label: str, case: Case, model: HybridModel, path: Path, bw: float
             "rounds_per_sync": rounds,
             "floor_ms": 1e3 * floor, "x_floor": graph / floor, "capture_s": capture_s, "top_kernels": top,
             "graph_gpu_ms": 1e3 * graph_gpu, "graph_top_kernels": graph_top}
-
-
-PDL_SWITCH = {"auto": None, "off": False, "on": True}  # --pdl's words: ignis.kernels.launch.PDL's values
-VARIANTS = ("conv_blocks", "blas", "stream", "gdn", "conv", "pdl")  # the options `apply_variant` sets, comma lists
-
-
-def combinations(args: argparse.Namespace) -> list[dict[str, str]]:
-    """Every combination of the variant options' comma lists, in the order the options list them."""
-    return [dict(zip(VARIANTS, values)) for values in itertools.product(
-        *(getattr(args, name).split(",") for name in VARIANTS))]
-
-
-GDN_KERNELS = ("auto", "numba", "cuda", "cuda4", "cuda5", "cuda6")  # --gdn's words (`recurrence_kernel`)
-
-
-def recurrence_kernel(word: str) -> None:
-    """Route a decode's and a verify's recurrence: auto, as set; numba; cuda, the CUDA C++ kernel holding a whole head with the gated
-    norm joined; cudaN, the CUDA C++ recurrence alone bounded for N blocks an SM (k read again past 4), then the norm's
-    own launch."""
-    from ignis.kernels import gdn_cuda
-
-    if word not in GDN_KERNELS:
-        raise ValueError(f"--gdn takes {', '.join(GDN_KERNELS)}; got {word!r}")
-    if word == "auto":
-        gdn.CUDA_COLUMNS, gdn.CUDA_NORMED, gdn_cuda.BLOCKS, gdn_cuda.KEEP_K = _GDN_SHIPPED
-        return
-    gdn.CUDA_COLUMNS = word != "numba"
-    gdn.CUDA_NORMED = word == "cuda"
-    blocks = int(word[4:]) if word.startswith("cuda") and word[4:] else 4
-    gdn_cuda.BLOCKS, gdn_cuda.KEEP_K = blocks, blocks <= 4  # part of the compiled kernels' key: no stale kernel runs
-
-
-def _gdn_shipped() -> tuple[bool, bool, int, bool]:
-    from ignis.kernels import gdn_cuda
-
-    return gdn.CUDA_COLUMNS, gdn.CUDA_NORMED, gdn_cuda.BLOCKS, gdn_cuda.KEEP_K
-
-
-_GDN_SHIPPED = _gdn_shipped()  # the switches as ignis ships them, which --gdn auto restores
-
-
-def apply_variant(variant: dict[str, str]) -> None:
-    """Set the kernels' module switches for one combination of the variant options."""
-    fused.CONV_BLOCKS = int(variant["conv_blocks"])
-    torch.backends.cuda.preferred_blas_library(variant["blas"])
-    ops.STREAMING = variant["stream"] == "on"
-    recurrence_kernel(variant["gdn"])
-    fused.CUDA_CONV = {"auto": None, "numba": False, "cuda": True}[variant["conv"]]
-    launch.PDL = PDL_SWITCH[variant["pdl"]]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,56 @@
+"""Kernel variants the round benchmarks time side by side: the module switches of ignis.kernels and ignis.model.ops
+that choose a round's kernels, set from the benchmarks' comma-list options (tools.bench_round, tools.bench_gdn,
+tools.bench_quant).
+
+Owns: the options' words (`PDL_SWITCH`, `GDN_KERNELS`), every combination of the lists (`combinations`) and setting
+one (`apply_variant`, `recurrence_kernel`). Does not own: what the switches do (their modules) or the timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import torch
+
+from ignis.kernels import fused, gdn, gdn_cuda, launch
+from ignis.model import ops
+
+PDL_SWITCH = {"auto": None, "off": False, "on": True}  # --pdl's words: ignis.kernels.launch.PDL's values
+VARIANTS = ("conv_blocks", "blas", "stream", "gdn", "conv", "pdl")  # the options `apply_variant` sets, comma lists
+
+
+def combinations(args: argparse.Namespace) -> list[dict[str, str]]:
+    """Every combination of the variant options' comma lists, in the order the options list them."""
+    return [dict(zip(VARIANTS, values)) for values in itertools.product(
+        *(getattr(args, name).split(",") for name in VARIANTS))]
+
+
+GDN_KERNELS = ("auto", "numba", "cuda", "cuda4", "cuda5", "cuda6")  # --gdn's words (`recurrence_kernel`)
+# the recurrence's switches as ignis ships them, which --gdn auto restores
+_GDN_SHIPPED = (gdn.CUDA_COLUMNS, gdn.CUDA_NORMED, gdn_cuda.BLOCKS, gdn_cuda.KEEP_K)
+
+
+def recurrence_kernel(word: str) -> None:
+    """Route a decode's and a verify's recurrence: auto, as shipped; numba; cuda, the CUDA C++ kernel holding a whole
+    head with the gated norm joined; cudaN, the CUDA C++ recurrence alone bounded for N blocks an SM (k read again past
+    4), then the norm's own launch."""
+    if word not in GDN_KERNELS:
+        raise ValueError(f"--gdn takes {', '.join(GDN_KERNELS)}; got {word!r}")
+    if word == "auto":
+        gdn.CUDA_COLUMNS, gdn.CUDA_NORMED, gdn_cuda.BLOCKS, gdn_cuda.KEEP_K = _GDN_SHIPPED
+        return
+    gdn.CUDA_COLUMNS = word != "numba"
+    gdn.CUDA_NORMED = word == "cuda"
+    blocks = int(word[4:]) if word.startswith("cuda") and word[4:] else 4
+    gdn_cuda.BLOCKS, gdn_cuda.KEEP_K = blocks, blocks <= 4  # part of the compiled kernels' key: no stale kernel runs
+
+
+def apply_variant(variant: dict[str, str]) -> None:
+    """Set the kernels' module switches for one combination of the variant options."""
+    fused.CONV_BLOCKS = int(variant["conv_blocks"])
+    torch.backends.cuda.preferred_blas_library(variant["blas"])
+    ops.STREAMING = variant["stream"] == "on"
+    recurrence_kernel(variant["gdn"])
+    fused.CUDA_CONV = {"auto": None, "numba": False, "cuda": True}[variant["conv"]]
+    launch.PDL = PDL_SWITCH[variant["pdl"]]
