@@ -2,12 +2,14 @@
 one run on one GPU.
 
 For a decode (1 column, the state read and written) and a verify (8 columns, the state read once and each column
-recorded) of one layer at 1 and 8 lanes, and the commit's replay of 48 layers' kept columns: µs a launch, from a
-CUDA graph of calls cycling over enough lanes that no state is read from L2, and that time over the launch's bytes
-(state, inputs, outputs and records) at the copy bandwidth measured in the same run. `--once` runs each case once
+recorded) of one layer at 1 and 8 lanes, the commit's replay of 48 layers' kept columns, and (`--cases conv`) a
+verify's short conv under the numba and the CUDA C++ kernel: µs a launch, from a CUDA graph of calls cycling over
+enough lanes (or layers) that no state is read from L2, and that time over the launch's bytes (state, inputs,
+outputs and records) at the copy bandwidth measured in the same run. `--once` runs each case once
 after a warm-up instead, for a profiler (ncu) to attach to.
 
     python -m tools.bench_gdn --out gdn.json --kernels numba,cuda
+    python -m tools.bench_gdn --cases conv --convs numba,cuda
     ncu --clock-control none -k regex:columns python -m tools.bench_gdn --once --cases verify --kernels cuda
 """
 
@@ -16,7 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +48,11 @@ def inputs(b: int, c: int, seed: int) -> dict[str, torch.Tensor]:
             "rate": -torch.rand(HV, device=dev, generator=g) * 2}
 
 
-def timed(row: dict[str, Any], calls: list[Callable[[], object]], reps: int, nbytes: int, bw: float) -> dict[str, Any]:
+def timed(row: dict[str, Any], calls: Sequence[Callable[[], object]], reps: int, nbytes: int,
+          bw: float) -> dict[str, Any]:
     """row with µs a call (tools.quant_products.graph_ms: one CUDA graph cycling over the calls) and that over the
     floor, `nbytes` at the copy bandwidth."""
-    us = 1e3 * graph_ms(calls, reps)
+    us = 1e3 * graph_ms(list(calls), reps)
     floor = 1e6 * nbytes / bw
     return {**row, "us": us, "floor_us": floor, "x_floor": us / floor}
 
@@ -117,10 +121,42 @@ def defer_cases(b: int, kept: int, bw: float, reps: int) -> list[dict[str, Any]]
     return [verify, replay, upper, lower, bounds]
 
 
+def conv_case(b: int, conv: str, bw: float, reps: int, once: bool) -> dict[str, Any]:
+    """A verify's conv (8 columns, each column's input recorded, the window left alone) of b lanes through the numba
+    or the CUDA C++ kernel (ignis.kernels.fused.CUDA_CONV), cycling over LAYERS layers' buffers as a round does, the
+    conv's input a view of the layer's projection."""
+    from ignis.kernels import fused
+
+    dev, c = torch.device("cuda"), 8
+    dim = 2 * HK * DK + HV * DV  # q | k | v channels
+    layers = []
+    for _ in range(LAYERS):
+        proj = torch.randn(b, c, dim + HV * DV + 2 * HV, device=dev).bfloat16()  # qkv | z | b a, as the projection
+        layers.append((torch.randn(b, 3, dim, device=dev).bfloat16(), proj[..., :dim],
+                       torch.randn(dim, 4, device=dev), proj[..., dim + HV * DV :],
+                       torch.empty(b, c, dim, device=dev).bfloat16()))
+    lanes = torch.arange(b, device=dev)
+    kept = fused.CUDA_CONV
+    fused.CUDA_CONV = conv == "cuda"
+    try:
+        calls = [partial(fused.conv, w, lanes, r, wt, ba, rec, key_heads=HK, dk=DK) for w, r, wt, ba, rec in layers]
+        row = {"case": "conv", "lanes": b, "cols": c, "kernel": conv}
+        if once:
+            calls[0]()
+            torch.cuda.synchronize()
+            return row
+        # read: the inputs and the window; written: the float32 output, the record and the gates in float32
+        nbytes = b * dim * 2 * (c + 3) + b * c * dim * (4 + 2) + b * c * 2 * HV * (2 + 4)
+        return timed(row, calls, reps, nbytes, bw)
+    finally:
+        fused.CUDA_CONV = kept
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.bench_gdn")
     ap.add_argument("--cases", default="decode,verify,replay",
-                    help="comma list of decode, verify, replay, defer (bounds on deferring the replay; numba only)")
+                    help="comma list of decode, verify, replay, defer (bounds on deferring the replay; numba only), "
+                         "conv (a verify's conv under each of --convs)")
     ap.add_argument("--kept", type=int, default=5, help="columns a round keeps, for the defer case")
     ap.add_argument("--lanes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
     ap.add_argument("--reps", type=int, default=40)
@@ -128,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernels", default="numba",
                     help="comma list of numba, cuda, cuda4, cuda5, cuda6: the decode's and verify's recurrence "
                          "kernel (tools.variants.recurrence_kernel), each timed in turn; the replay is numba's")
+    ap.add_argument("--convs", default="numba,cuda", help="comma list of numba, cuda: the conv case's kernels")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     cases = args.cases.split(",")
@@ -143,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({**replay_case(b, bw, args.reps, args.once), "kernel": "numba"})
             if "defer" in cases and kernel == "numba" and not args.once:
                 rows += [{**r, "kernel": "numba"} for r in defer_cases(b, args.kept, bw, args.reps)]
+    if "conv" in cases:
+        rows += [conv_case(b, conv, bw, args.reps, args.once) for conv in args.convs.split(",") for b in args.lanes]
     for r in rows:
         if r["case"] == "defer-saving":
             print(f"numba defer   {r['lanes']}x{r['cols']}  a round would save {r['saving_ms_round_min']:.3f} to "
