@@ -38,6 +38,8 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +122,22 @@ def decode_step(label: str, model: HybridModel, bw: float, context: int, iters: 
             "eager_ms": 1e3 * eager, "floor_ms": 1e3 * floor, "x_floor": graph / floor, "graph_top_kernels": top}
 
 
+def _ab(step: Callable[..., dict[str, Any]], key: str, module: Any, switch: str, values: tuple[int, ...],
+        what: str) -> dict[str, Any]:
+    """The int4-head decode step once with each of `values` set on module.`switch` (the same model), the switch put
+    back after: {f"{key}_{value}": the step's figures}."""
+    kept, out = getattr(module, switch), {}
+    try:
+        for v in values:
+            setattr(module, switch, type(kept)(v))
+            out[f"{key}_{v}"] = step(f"int4 head, {what} {v}")
+    finally:
+        setattr(module, switch, kept)
+    print(f"{what}: " + ", ".join(f"{v}: {r['graph_ms']:.3f} ms (replay {r['replay_ms']:.3f})"
+                                   for v, r in zip(values, out.values())), flush=True)
+    return out
+
+
 def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
                  profile: bool = False, side_gates_ab: bool = False) -> dict[str, Any]:
     """The 27B decode step in bf16, int4, int4 with the output head packed and fp8; with `swiglu_ab` the int4-head
@@ -142,25 +160,11 @@ def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
     if uses_mma(dev, torch.bfloat16):
         to_mma(model, torch.bfloat16)
     out["int4_head"] = decode_step("int4 head", model, bw, context, iters, profile)
+    step = partial(decode_step, model=model, bw=bw, context=context, iters=iters, profile=profile)
     if swiglu_ab:
-        kept = quant_linear.SWIGLU_ROWS
-        for rows in (8, 0):
-            quant_linear.SWIGLU_ROWS = rows
-            out[f"int4_head_swiglu_{rows}"] = decode_step(f"int4 head, SwiGLU store to {rows} rows", model, bw,
-                                                          context, iters, profile)
-        quant_linear.SWIGLU_ROWS = kept
-        print(f"SwiGLU in the store: {out['int4_head_swiglu_8']['graph_ms']:.3f} ms against "
-              f"{out['int4_head_swiglu_0']['graph_ms']:.3f} without", flush=True)
+        out.update(_ab(step, "int4_head_swiglu", quant_linear, "SWIGLU_ROWS", (8, 0), "SwiGLU in the store to rows"))
     if side_gates_ab:
-        kept_side = ops.SIDE_GATES
-        for on in (True, False):
-            ops.SIDE_GATES = on
-            out[f"int4_head_side_gates_{int(on)}"] = decode_step(f"int4 head, gates on a side stream {on}", model,
-                                                                 bw, context, iters, profile)
-        ops.SIDE_GATES = kept_side
-        a, b = out["int4_head_side_gates_1"], out["int4_head_side_gates_0"]
-        print(f"Gates on a side stream: {a['graph_ms']:.3f} ms (replay {a['replay_ms']:.3f}) against "
-              f"{b['graph_ms']:.3f} ({b['replay_ms']:.3f}) after the 4-bit product", flush=True)
+        out.update(_ab(step, "int4_head_side_gates", ops, "SIDE_GATES", (1, 0), "the gates on a side stream"))
     del model
     torch.cuda.empty_cache()
     model = random_model(C, seed=0, mtp=False, device=dev, dtype=torch.bfloat16)
