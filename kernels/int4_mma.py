@@ -137,15 +137,16 @@ def _step_chunks(ncols: int, group: int) -> int:
 
 
 @lru_cache(maxsize=1024)
-def choose(nout: int, ncols: int, group: int, sms: int, aim: int = AIM_WARPS_PER_SM) -> Shape:
+def choose(nout: int, ncols: int, group: int, sms: int) -> Shape:
     """The split of the input for a weight's shape, which fixes the order of its sums: into P = KS x KW parts where
-    the 16-feature blocks alone give the SMs fewer than `aim` warps each (at least 3: a warp alone on a block leaves
-    its loads' latency uncovered), no part shorter than 3 units, at most 8 warps a block of threads. Also the RG that
-    `launch` gives 33-64 rows: ROW_SPLIT where the weight has fewer than ROW_SPLIT_BELOW feature blocks an SM."""
+    the 16-feature blocks alone give the SMs fewer than AIM_WARPS_PER_SM warps each (at least 3: a warp alone on a
+    block leaves its loads' latency uncovered), no part shorter than 3 units, at most 8 warps a block of threads.
+    Also the RG that `launch` gives 33-64 rows: ROW_SPLIT where the weight has fewer than ROW_SPLIT_BELOW feature
+    blocks an SM."""
     unit = _step_chunks(ncols, group)
     units = ncols // (64 * unit)
     blocks = nout // 16
-    parts = max(1, min(max(3, math.ceil(aim * sms / blocks)), units // 3, 24))
+    parts = max(1, min(max(3, math.ceil(AIM_WARPS_PER_SM * sms / blocks)), units // 3, 24))
     ks = math.ceil(parts / 8)
     rg = ROW_SPLIT if blocks < ROW_SPLIT_BELOW * sms else 1
     return Shape(unit, 1, math.ceil(parts / ks), 1, 1, unit, ks, rg)
@@ -178,21 +179,20 @@ def launch(base: Shape, nt: int) -> Shape:
 
 
 _lock = threading.Lock()
-_functions: dict[tuple[torch.device, int, Shape, int, torch.dtype, torch.dtype, bool, bool, bool], object] = {}
+_functions: dict[tuple[torch.device, int, Shape, int, torch.dtype, torch.dtype, bool, bool], object] = {}
 
 
 def _function(device: torch.device, nt: int, shape: Shape, gpc: int, dtype: torch.dtype,
-              scale_dtype: torch.dtype, early: bool = False, swiglu: bool = False, dense: bool = False) -> object:
+              scale_dtype: torch.dtype, early: bool = False, swiglu: bool = False) -> object:
     from ignis.kernels.nvrtc import Function, arch_of, compile_cubin
 
-    key = (device, nt, shape, gpc, dtype, scale_dtype, early, swiglu, dense)
+    key = (device, nt, shape, gpc, dtype, scale_dtype, early, swiglu)
     with _lock:
         if key not in _functions:
             defines = (("NT", nt // shape.rg), ("F", shape.f), ("U", shape.u), ("AHEAD", shape.ahead),
                        ("KS", shape.ks), ("KW", shape.kw), ("RB", shape.rb), ("RG", shape.rg),
                        ("GPC", gpc), ("F16", int(dtype == torch.float16)),
-                       ("SBF16", int(scale_dtype == torch.bfloat16)), ("SWIGLU", int(swiglu)), ("PDL", int(early)),
-                       ("DENSE", int(dense)))
+                       ("SBF16", int(scale_dtype == torch.bfloat16)), ("SWIGLU", int(swiglu)), ("PDL", int(early)))
             _functions[key] = Function(compile_cubin(SOURCE, "int4_mma", arch_of(device), defines), "int4_mma", device)
         return _functions[key]
 
@@ -215,43 +215,33 @@ def int4_mma(x: torch.Tensor, w: MmaCodes, shape: Shape | None = None, swiglu: b
     (I a multiple of 16) and the result is silu(gate) * up [..., I], as the SwiGLU kernel makes it from the product's
     output. Asynchronous, on torch's current stream; no host read; allocates the output."""
     nout, ncols = w.shape
-    if (x.dtype != w.dtype or x.shape[-1] != ncols or not x.is_cuda or x.numel() > MAX_ROWS * ncols
+    lead = x.shape[:-1]
+    rows = x.reshape(-1, x.shape[-1])
+    if (x.dtype != w.dtype or x.shape[-1] != ncols or not x.is_cuda or rows.shape[0] > MAX_ROWS
             or w.codes.device != x.device):
         raise ValueError(f"int4_mma takes x [..., {ncols}] in {w.dtype} on the weight's CUDA device, at most "
                          f"{MAX_ROWS} rows; got {tuple(x.shape)} {x.dtype} on {x.device}")
-    base = choose(nout, ncols, w.group, sm_count(x.device))
-    return product(x, w.codes, w.zs, nout, w.group, w.scale_dtype, base, shape, swiglu, dense=False)
-
-
-def product(x: torch.Tensor, weight: torch.Tensor, zs: torch.Tensor, nout: int, group: int, scale_dtype: torch.dtype,
-            base: Shape, shape: Shape | None, swiglu: bool, dense: bool) -> torch.Tensor:
-    """The launch `int4_mma` and ignis.kernels.dense_mma share, their arguments checked: x [..., in] @ W^T for W
-    the packed codes and zs (dense False) or the 16-bit weight itself (dense True: zs unread), at `shape`, else
-    `launch(base, NT)` for x's rows (base: `choose`'s split of the weight)."""
-    ncols = x.shape[-1]
-    lead = x.shape[:-1]
-    rows = x.reshape(-1, ncols)
     if rows.stride(-1) != 1 or rows.stride(0) % 8 or rows.data_ptr() % 16:
         rows = rows.contiguous()  # 16-byte loads of x
     nrows = rows.shape[0]
     width = nout // 2 if swiglu else nout
     if swiglu and nout % 32:
-        raise ValueError(f"the SwiGLU product takes a gate | up weight of whole 16-feature blocks a half, got {nout}")
+        raise ValueError(f"int4_mma's SwiGLU takes a gate | up weight of whole 16-feature blocks a half, got {nout}")
     out = torch.empty((nrows, width), dtype=x.dtype, device=x.device)  # [rows, out] (or [rows, I])
     if nrows == 0:
         return out.reshape(*lead, width)
     nt = row_tiles(nrows)
-    s = shape if shape is not None else launch(base, nt)
+    s = shape if shape is not None else launch(choose(nout, ncols, w.group, sm_count(x.device)), nt)
     if swiglu:
         fused = swiglu_launch(s, nt)
         if fused is None:
-            raise ValueError(f"the SwiGLU product does not fit {s} at {nrows} rows (swiglu_launch)")
+            raise ValueError(f"int4_mma's SwiGLU does not fit {s} at {nrows} rows (swiglu_launch)")
         s = fused
     s = replace(s, rg=min(s.rg, nt))  # no block of threads without rows
     if s.rg not in ROW_TILES:
-        raise ValueError(f"the product splits the rows over 1, 2, 4 or 8 blocks of threads, got RG {s.rg}")
+        raise ValueError(f"int4_mma splits the rows over 1, 2, 4 or 8 blocks of threads, got RG {s.rg}")
     early = pdl(x.device)  # programmatic dependent launch (launch.PDL): the codes load while the kernel before ends
-    fn = _function(x.device, nt, s, group // 64, x.dtype, scale_dtype, early, swiglu, dense)
+    fn = _function(x.device, nt, s, w.group // 64, w.dtype, w.scale_dtype, early, swiglu)
     grid = (math.ceil(width // 16 / (s.rb * (s.f // 2 if swiglu else s.f))) * s.rg, s.ks, 1)
     if s.ks > 1:
         if grid[0] > SPLIT_COUNTERS:
@@ -261,5 +251,5 @@ def product(x: torch.Tensor, weight: torch.Tensor, zs: torch.Tensor, nout: int, 
     else:
         ws, cnt = out, out  # not read
     fn(grid, 32 * s.kw * s.rb,  # type: ignore[operator]
-       (weight, zs, rows, out, ws, cnt, nrows, nout, ncols, rows.stride(0), s.unit), early)
+       (w.codes, w.zs, rows, out, ws, cnt, nrows, nout, ncols, rows.stride(0), s.unit), early)
     return out.reshape(*lead, width)

@@ -1,9 +1,7 @@
-"""The CUDA C++ source of the 4-bit product on mma.sync with the weight as the 16-row operand, and of the same product
-over a 16-bit weight as it lies in memory (DENSE): `SOURCE`.
+"""The CUDA C++ source of the 4-bit product on mma.sync with the weight as the 16-row operand: `SOURCE`.
 
 Owns: the kernel body and the register layout it reads (`ignis.kernels.int4_mma.pack` writes it). Does not own: the
-packing, the launch shape, argument checks or the launch (ignis.kernels.int4_mma, ignis.kernels.dense_mma), nor
-compiling (ignis.kernels.nvrtc).
+packing, the launch shape, argument checks or the launch (ignis.kernels.int4_mma), nor compiling (ignis.kernels.nvrtc).
 
 mma.m16n8k16 computes a [16, 8] block of out^T: 16 output features (the weight's rows, the A operand) by 8
 activation rows (x, the B operand), over 16 input columns. Lane (g = lane / 4, t = lane % 4) holds A's features g and
@@ -30,23 +28,16 @@ workspace, a counter a feature block). The order of every sum depends on the wei
 never on F, U, RB, RG or the rows, so a row's result is the same whatever rows share the call and whatever launch the
 rows pick.
 
-DENSE (a bf16 or fp16 weight [N, K], row-major, as the model holds it): a lane reads, for each 64-column chunk, 16
-bytes of feature g at columns 8t .. 8t + 7, the same of feature g + 8, and both again at columns 32 + 8t .. 32 + 8t +
-7: four words that are the operands the 4-bit path dequantizes into, in the same order, with x read at the same
-columns. Each instruction of a warp reads 64 contiguous bytes of each of 8 features (two whole sectors), and the
-chunk's mma add straight into the total: no scales, no zero points, the sums' order again fixed by KS, KW and the unit.
-
 SWIGLU (a fused gate | up weight of an MLP): a warp's F blocks are F / 2 blocks of the gate half and, for each, the
 block N / 2 features on in the up half, so each thread holds a gate sum and its up sum; the store rounds both as the
 product's output would be, and writes silu(gate) * up as the SwiGLU kernel computes it: N / 2 outputs a row, one
 launch instead of two, and the gate | up rows never leave the registers.
 
 Compile-time macros: NT (row tiles a block), F, U, AHEAD (steps loaded ahead of the one computing), KS, KW, RB, RG
-(blocks of threads a feature block's rows are split over), GPC (64-column chunks a group), DENSE (1: a 16-bit row-major
-weight), F16 (1: fp16 activations, 0: bf16), SBF16 (1: the scales are bf16 bits, 0: fp16), SWIGLU (1: the output is
-silu(gate) * up; F even), PDL (1: launched with programmatic dependent launch, ignis.kernels.launch.PDL: the AHEAD steps
-of codes and scales load before griddepcontrol.wait, x and every store after it, and the next kernel may launch once the
-loop is done; 0 by default).
+(blocks of threads a feature block's rows are split over), GPC (64-column chunks a group), F16 (1: fp16 activations,
+0: bf16), SBF16 (1: the scales are bf16 bits, 0: fp16), SWIGLU (1: the output is silu(gate) * up; F even), PDL (1:
+launched with programmatic dependent launch, ignis.kernels.launch.PDL: the AHEAD steps of codes and scales load before
+griddepcontrol.wait, x and every store after it, and the next kernel may launch once the loop is done; 0 by default).
 """
 
 SOURCE = r"""
@@ -58,18 +49,6 @@ SOURCE = r"""
 #endif
 #ifndef SWIGLU
 #define SWIGLU 0
-#endif
-#ifndef DENSE
-#define DENSE 0
-#endif
-#if DENSE
-#undef GPC
-#define GPC 1  /* no groups: a chunk is its own */
-#define WORDS 4  /* 16-byte loads of the weight a lane makes for a chunk */
-#define XSECOND 32  /* the lane's second 8 activations of a chunk, from its first */
-#else
-#define WORDS 1
-#define XSECOND 8
 #endif
 #define FO (SWIGLU ? F / 2 : F)  /* output feature blocks a warp: with SWIGLU FO gate blocks and their up partners */
 
@@ -133,7 +112,7 @@ __device__ __forceinline__ void load_xs(uint4 xs[NT][2], const u16* p, int sx, i
         const int row = n * 8 + g;
         const u16* q = p + (size_t)(row < M ? row : 0) * sx;
         xs[n][0] = load_x(q, row < M);
-        xs[n][1] = load_x(q + XSECOND, row < M);
+        xs[n][1] = load_x(q + 8, row < M);
     }
 }
 
@@ -176,25 +155,9 @@ __device__ __forceinline__ u16 swiglu_of(float gate, float up) {
     return rounded(widened(rounded(g / (1.f + __expf(-g)))) * u);
 }
 
-// a lane's WORDS 16-byte loads of the weight for chunk c of the run at p (its words in the order of `dequant`'s
-// inputs): with DENSE, p is the lane's first (feature g, columns 8t..8t+7 of the run's first chunk) and the words are
-// feature g columns 8t.., feature g + 8 the same, then both for columns 32 + 8t..; else one word of packed codes
-__device__ __forceinline__ void load_weight(uint4 w[WORDS], const uint4* p, int c, int K) {
-#if DENSE
-    const uint4* q = p + c * 8;
-    w[0] = load_codes(q);
-    w[1] = load_codes(q + K);  // 8 features on: 8 rows of K / 8 words
-    w[2] = load_codes(q + 4);
-    w[3] = load_codes(q + K + 4);
-#else
-    w[0] = load_codes(p + c * 32);
-#endif
-}
-
-// codes [N/16, K/64, 32] uint4 (ignis.kernels.int4_mma.pack), or with DENSE the 16-bit weight [N, K] row-major;
-// zs [N/16, K/group, 8] uint2: for lane group g, feature g then g + 8, each (scale bits | -(magic + z) << 16), unread
-// with DENSE; x [M, sx-strided rows of K] 16-bit; out [M, N] 16-bit, or with SWIGLU [M, N/2]: silu(features
-// 0..N/2-1) * features N/2..N-1
+// codes [N/16, K/64, 32] uint4 (ignis.kernels.int4_mma.pack); zs [N/16, K/group, 8] uint2: for lane group g, feature
+// g then g + 8, each (scale bits | -(magic + z) << 16); x [M, sx-strided rows of K] 16-bit; out [M, N] 16-bit, or
+// with SWIGLU [M, N/2]: silu(features 0..N/2-1) * features N/2..N-1
 extern "C" __global__ void __launch_bounds__(32 * RB * KW)
 int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u16* __restrict__ x,
          u16* __restrict__ out, float* __restrict__ ws, int* __restrict__ cnt, int M, int N, int K, int sx, int unit)
@@ -231,16 +194,12 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
 #pragma unroll
         for (int f = 0; f < F; ++f) {
             const int rb = BLOCK_OF(f);
-#if DENSE
-            wp[f] = codes + ((size_t)(rb * 16 + g) * chunks + (size_t)s0 * U) * 8 + t;
-#else
             wp[f] = codes + ((size_t)rb * chunks + (size_t)s0 * U) * 32 + lane;
-#endif
             zp[f] = zs + ((size_t)rb * groups + (size_t)s0 * GS) * 8 + g;
         }
-        const u16* xp = x + (size_t)s0 * U * 64 + t * (DENSE ? 8 : 16);
+        const u16* xp = x + (size_t)s0 * U * 64 + t * 16;
         // AHEAD + 1 steps of codes and scales in registers: step s + AHEAD is loaded while step s computes
-        uint4 wq[AHEAD + 1][F][U][WORDS];
+        uint4 wq[AHEAD + 1][F][U];
         uint2 zq[AHEAD + 1][F][GS];
 #pragma unroll
         for (int a = 0; a < AHEAD; ++a) {
@@ -248,11 +207,9 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
 #pragma unroll
             for (int f = 0; f < F; ++f) {
 #pragma unroll
-                for (int u = 0; u < U; ++u) load_weight(wq[a][f][u], wp[f], d * U + u, K);
-#if !DENSE
+                for (int u = 0; u < U; ++u) wq[a][f][u] = load_codes(wp[f] + (d * U + u) * 32);
 #pragma unroll
                 for (int q = 0; q < GS; ++q) zq[a][f][q] = load_scales(zp[f] + (d * GS + q) * 8);
-#endif
             }
         }
 #if PDL
@@ -264,11 +221,9 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
 #pragma unroll
             for (int f = 0; f < F; ++f) {
 #pragma unroll
-                for (int u = 0; u < U; ++u) load_weight(wq[AHEAD][f][u], wp[f], d * U + u, K);
-#if !DENSE
+                for (int u = 0; u < U; ++u) wq[AHEAD][f][u] = load_codes(wp[f] + (d * U + u) * 32);
 #pragma unroll
                 for (int q = 0; q < GS; ++q) zq[AHEAD][f][q] = load_scales(zp[f] + (d * GS + q) * 8);
-#endif
             }
             // x: the step's activations before any of its mma when they fit in registers, else a chunk's at a time
             uint4 xs[XAHEAD ? U : 1][NT][2];
@@ -281,19 +236,7 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
                 if (!XAHEAD) load_xs(xs[0], xp + u * 64, sx, g, M);
 #pragma unroll
                 for (int f = 0; f < F; ++f) {
-#if DENSE
-                    // the 16-bit weight goes to the tensor cores as it is, the chunk's sum straight into the total
-                    const uint4 w0 = wq[0][f][u][0], w1 = wq[0][f][u][1], w2 = wq[0][f][u][2], w3 = wq[0][f][u][3];
-#pragma unroll
-                    for (int n = 0; n < NT; ++n) {
-                        const uint4 xa = xs[XAHEAD ? u : 0][n][0], xb = xs[XAHEAD ? u : 0][n][1];
-                        mma(acc[f][n], w0.x, w1.x, w0.y, w1.y, xa.x, xa.y);
-                        mma(acc[f][n], w0.z, w1.z, w0.w, w1.w, xa.z, xa.w);
-                        mma(acc[f][n], w2.x, w3.x, w2.y, w3.y, xb.x, xb.y);
-                        mma(acc[f][n], w2.z, w3.z, w2.w, w3.w, xb.z, xb.w);
-                    }
-#else
-                    const uint4 w = wq[0][f][u][0];
+                    const uint4 w = wq[0][f][u];
                     const uint2 z = zq[0][f][u / GPC];
                     const u32 nz0 = __byte_perm(z.x, 0, 0x3232), nz1 = __byte_perm(z.y, 0, 0x3232);
                     const float sg = scale_of(z.x), sg8 = scale_of(z.y);
@@ -316,7 +259,6 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
                         acc[f][n][2] += part[2] * sg8;
                         acc[f][n][3] += part[3] * sg8;
                     }
-#endif
                 }
             }
 #pragma unroll
@@ -324,15 +266,13 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
 #pragma unroll
                 for (int f = 0; f < F; ++f) {
 #pragma unroll
-                    for (int u = 0; u < U; ++u)
-#pragma unroll
-                        for (int i = 0; i < WORDS; ++i) wq[a][f][u][i] = wq[a + 1][f][u][i];
+                    for (int u = 0; u < U; ++u) wq[a][f][u] = wq[a + 1][f][u];
 #pragma unroll
                     for (int q = 0; q < GS; ++q) zq[a][f][q] = zq[a + 1][f][q];
                 }
 #pragma unroll
             for (int f = 0; f < F; ++f) {
-                wp[f] += U * (DENSE ? 8 : 32);
+                wp[f] += U * 32;
                 zp[f] += GS * 8;
             }
             xp += U * 64;

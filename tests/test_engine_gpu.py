@@ -153,32 +153,25 @@ def _greedy(engine, ids: list[int], n: int) -> tuple[list[int], list[dict[int, f
                 return tokens, logprobs
 
 
-def _prepared(monkeypatch: pytest.MonkeyPatch, kernels: str) -> None:
-    """Switch the kernels that wait on a round's measurement, or that a round measured no faster, on ("prepared": the
-    CUDA C++ recurrence holding a whole head with the gated norm, the CUDA C++ conv at every size, the streamed
-    products; "dense mma": the bf16 products of up to 64 rows through ignis.kernels.dense_mma, gate | up storing
-    SwiGLU's output), or leave them as they are ("default")."""
-    from ignis.kernels import fused, gdn
-    from ignis.model import ops
+def _prepared(monkeypatch: pytest.MonkeyPatch, on: bool) -> None:
+    """Switch the kernels that wait on a round's measurement, or that a round measured no faster (the CUDA C++
+    recurrence holding a whole head with the gated norm, the CUDA C++ conv at every size, the streamed products), on
+    or leave them as they are."""
+    if on:
+        from ignis.kernels import fused, gdn
+        from ignis.model import ops
 
-    if kernels == "prepared":
         monkeypatch.setattr(gdn, "CUDA_COLUMNS", True)
         monkeypatch.setattr(gdn, "CUDA_NORMED", True)
         monkeypatch.setattr(fused, "CUDA_CONV", True)
         monkeypatch.setattr(ops, "STREAMING", True)
-    elif kernels == "dense mma":
-        monkeypatch.setattr(ops, "DENSE_MMA_ROWS", 64)
-        monkeypatch.setattr(ops, "DENSE_SWIGLU", True)
 
 
-KERNELS = ["default", "prepared", "dense mma"]
-
-
-@pytest.mark.parametrize("kernels", ["default", "prepared"])  # fp32: the dense mma kernel takes 16-bit products only
+@pytest.mark.parametrize("prepared", [False, True], ids=["default kernels", "prepared kernels"])
 @pytest.mark.parametrize("backend,k", [("mtp", 3), ("dflash2", 7)])
-def test_speculative_greedy_equals_off_up_to_near_ties(backend: str, k: int, kernels: str,
+def test_speculative_greedy_equals_off_up_to_near_ties(backend: str, k: int, prepared: bool,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    _prepared(monkeypatch, kernels)
+    _prepared(monkeypatch, prepared)
     ids = Tokenizer.from_dir(BUILTIN).encode(PROMPT)
     fp32 = {"device": "cuda", "dtype": "float32"}
     off, off_lp = _greedy(make_engine(BUILTIN, "off", model=fp32, lanes=1), ids, 96)
@@ -197,15 +190,15 @@ def _heldout(n: int) -> list[list[int]]:
     return [tok.encode(json.loads(line)["prompt"])[-200:] for line in lines]
 
 
-@pytest.mark.parametrize("kernels", KERNELS)
+@pytest.mark.parametrize("prepared", [False, True], ids=["default kernels", "prepared kernels"])
 @pytest.mark.parametrize("backend,k", [("off", 0), ("mtp", 3), ("dflash2", 7)])
 @pytest.mark.parametrize("lanes", [1, 8])
-def test_graph_rounds_give_the_eager_rounds_tokens(backend: str, k: int, lanes: int, kernels: str,
+def test_graph_rounds_give_the_eager_rounds_tokens(backend: str, k: int, lanes: int, prepared: bool,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The captured round replays exactly the kernels the eager device round runs: same bf16 tokens."""
     from engines import run
 
-    _prepared(monkeypatch, kernels)
+    _prepared(monkeypatch, prepared)
     ps = _heldout(8)
     params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
     outs = []

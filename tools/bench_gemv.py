@@ -1,6 +1,5 @@
-"""The weight-streaming products (the Triton kernel of ignis.kernels.gemv_triton and the mma.sync kernel of
-ignis.kernels.dense_mma) against cuBLAS at a decode's and a verify's rows, their launch shapes swept, in one run on
-one GPU.
+"""The Triton weight-streaming product (ignis.kernels.gemv_triton) against cuBLAS at a decode's and a verify's rows,
+its launch shapes swept, in one run on one GPU.
 
 For each product of a Qwen3.5-27B decode step (the SHAPES of tools.bench_quant, plus the output head) and 1, 8 and
 64 rows: bf16 `F.linear` (cuBLAS; again with torch's preferred BLAS library set to cuBLASLt, and through TunableOp,
@@ -11,14 +10,8 @@ copies that none is read from L2 (tools.quant_products.graph_ms), in µs and ove
 bandwidth measured in the same run. The summary names, per product and row count, the fastest launch of each form
 and its ratio to cuBLAS: where the dense kernel beats cuBLAS, and which launch the fp8 kernel should take.
 
-The mma kernel (`--forms mma`) runs the bf16 weight as it lies at `dense_mma.choose`'s launch, at the input splits
-of MMA_AIMS warps an SM, and at MMA_STEPS's steps around the launch; its default again with programmatic dependent
-launch ("bf16 mma pdl": each call loads its first steps of weight while the one before it ends, as in a round); over
-gate_up, its SwiGLU store against cuBLAS and the SwiGLU kernel ("bf16 mma swiglu", "bf16 cublas swiglu").
-
     python -m tools.bench_gemv --out gemv.json
     python -m tools.bench_gemv --out gemv.json --shapes "mlp down,o_proj / gdn out_proj" --rows 1,8
-    python -m tools.bench_gemv --out gemv.json --forms cublas,mma
 """
 
 from __future__ import annotations
@@ -29,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -37,11 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ignis.kernels import dense_mma as mma
-from ignis.kernels import launch as kernel_launch
 from ignis.kernels.gemv_triton import Config, dense_gemv, fits, fp8_gemv, plan
-from ignis.kernels.int4_mma import Shape, row_tiles
-from ignis.kernels.int4_mma import launch as mma_launch
 from ignis.model.ops import blas_library
 from ignis.quant.fp8 import quantize_fp8
 from tools.quant_products import C, SHAPES, graph_ms, weight_copies
@@ -55,34 +44,6 @@ VARIANTS = [(32, 128, 4, 4, 4), (128, 128, 4, 8, 4), (64, 256, 4, 4, 4), (64, 25
 # the default launch's knobs and a few around them; (block_m, block_n, block_k, programs a SM, warps, stages)
 WIDE = [(32, 64, 128, 4, 4, 4), (64, 64, 128, 4, 4, 4), (64, 128, 128, 4, 8, 4), (64, 64, 128, 2, 4, 4),
         (64, 64, 64, 4, 4, 4), (64, 128, 64, 4, 8, 3), (64, 64, 128, 1, 4, 4)]
-
-
-MMA_AIMS = (4, 6, 8, 16, 23, 32)  # the mma kernel's input split: warps an SM it aims at (the default's is dense_mma's)
-MMA_STEPS = [(1, 1, 1), (1, 1, 2), (1, 1, 4), (1, 2, 1), (1, 2, 2), (1, 4, 1), (2, 1, 1), (2, 2, 1), (2, 1, 2)]  # (F, U, AHEAD)
-
-
-def mma_launches(nout: int, ncols: int, sms: int, rows: int) -> list[tuple[str, Shape]]:
-    """The mma kernel's launch for the rows first, then the other splits and the other steps (F, U, AHEAD) at its
-    split, each that the shape allows and the shared memory holds (duplicates dropped)."""
-    nt = row_tiles(rows)
-    base = mma_launch(mma.choose(nout, ncols, sms), nt)
-    found = [("default", base)]
-    for aim in MMA_AIMS:
-        found.append((f"aim {aim}", mma_launch(mma.choose(nout, ncols, sms, aim), nt)))
-    for f, u, ahead in MMA_STEPS:
-        if base.unit % u == 0 and (base.kw - 1) * f * (nt // min(base.rg, nt)) * 512 <= 48 * 1024:
-            found.append((f"F{f} U{u} A{ahead}", replace(base, f=f, u=u, ahead=ahead)))
-    seen: set[Shape] = set()
-    return [(n, s) for n, s in found if not (s in seen or seen.add(s))]  # type: ignore[func-returns-value]
-
-
-@contextmanager
-def pdl_on(on: bool) -> Iterator[None]:
-    before, kernel_launch.PDL = kernel_launch.PDL, on
-    try:
-        yield
-    finally:
-        kernel_launch.PDL = before
 
 
 def launches(nout: int, ncols: int, sms: int, rows: int) -> list[Config]:
@@ -129,37 +90,7 @@ def time_form(calls: list[Callable[[], object]], reps: int) -> dict[str, Any]:
         return {"error": repr(e)[:300]}
 
 
-def _record(out: list[dict[str, Any]], case: dict[str, Any], io: int, bw: float, reps: int, form: str, nbytes: int,
-            config: dict[str, Any] | None, default: bool | None, calls: list[Callable[[], object]],
-            pdl: bool = False) -> dict[str, Any]:
-    """One form of one case timed (its io bytes, x and out, join the floor), appended to `out` and printed."""
-    floor = (nbytes + io) / bw * 1e3
-    row: dict[str, Any] = {**case, "form": form, "floor_ms": floor, "config": config, "default": default}
-    with blas(form), pdl_on(pdl):
-        row.update(time_form(calls, reps))
-    if "ms" in row:
-        row["x_floor"] = row["ms"] / floor
-    out.append(row)
-    said = f"{1e3 * row['ms']:8.1f} us  x{row['x_floor']:5.2f}" if "ms" in row else f"failed: {row['error'][:80]}"
-    print(f"{case['product']:22s} rows {case['rows']:2d}  {form:19s} {config or ''!s:80s} {said}", flush=True)
-    return row
-
-
-def _fp8_copy(f8: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    return f8.weight.clone(), f8.scale.clone()
-
-
-def _swiglu_chain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    from ignis.kernels import fused
-
-    return fused.swiglu(F.linear(x, w))
-
-
-FORMS = ("cublas", "tunableop", "triton", "mma")  # --forms: cuBLAS and cuBLASLt, TunableOp, the Triton kernel, mma
-
-
-def sweep(bw: float, reps: int, names: list[str], row_counts: list[int],
-          wanted: tuple[str, ...] = FORMS) -> list[dict[str, Any]]:
+def sweep(bw: float, reps: int, names: list[str], row_counts: list[int]) -> list[dict[str, Any]]:
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     out: list[dict[str, Any]] = []
@@ -172,39 +103,30 @@ def sweep(bw: float, reps: int, names: list[str], row_counts: list[int],
         del w
         nb, n8 = wb.nbytes, f8.weight.nbytes + f8.scale.nbytes
         cb = weight_copies(nb, wb.clone)
-        c8 = weight_copies(n8, partial(_fp8_copy, f8)) if "triton" in wanted else []
+        c8 = weight_copies(n8, lambda: (f8.weight.clone(), f8.scale.clone()))
         for r in row_counts:
             x = torch.randn(r, ncols, device=dev).bfloat16()
-            case = {"product": name, "out": nout, "in": ncols, "rows": r}
-            record = partial(_record, out, case, (2 * r * (ncols + nout)), bw, reps)
-
-            blas_forms = (("bf16 cublas", "bf16 cublaslt") if "cublas" in wanted else ()) + (
-                ("bf16 tunableop",) if "tunableop" in wanted else ())
-            for form in blas_forms:
-                record(form, nb, None, None, [partial(F.linear, x, p) for p in cb])
-            if "triton" in wanted:
-                configs = launches(nout, ncols, sms, r)
-                for cfg in configs:
-                    record("bf16 triton", nb, asdict(cfg), cfg == configs[0],
-                           [partial(dense_gemv, x, p, cfg) for p in cb])
-                    record("fp8 triton", n8, asdict(cfg), cfg == configs[0],
-                           [partial(fp8_gemv, x, q, s, cfg) for q, s in c8])
-            if "mma" in wanted and mma.fits(nout, ncols):
-                timed = []
-                for label, shape in mma_launches(nout, ncols, sms, r):
-                    row = record("bf16 mma", nb, {"launch": label, **asdict(shape)}, label == "default",
-                                 [partial(mma.dense_mma, x, p, shape) for p in cb])
-                    timed.append((row.get("ms", float("inf")), label, shape))
-                best = min(timed, key=lambda t: t[0])
-                for label, shape in dict.fromkeys([("default", timed[0][2]), (best[1], best[2])]):
-                    record("bf16 mma pdl", nb, {"launch": label, **asdict(shape)}, label == "default",
-                           [partial(mma.dense_mma, x, p, shape) for p in cb], pdl=True)
-                if name == "mlp gate_up":
-                    record("bf16 cublas swiglu", nb, None, None, [partial(_swiglu_chain, x, p) for p in cb])
-                    record("bf16 mma swiglu", nb, {"launch": "default"}, True,
-                           [partial(mma.dense_mma, x, p, swiglu=True) for p in cb])
-                    record("bf16 mma swiglu pdl", nb, {"launch": "default"}, True,
-                           [partial(mma.dense_mma, x, p, swiglu=True) for p in cb], pdl=True)
+            io = 2 * r * (ncols + nout)
+            forms: list[tuple[str, int, Config | None, list[Callable[[], object]]]] = [
+                (form, nb, None, [partial(F.linear, x, p) for p in cb])
+                for form in ("bf16 cublas", "bf16 cublaslt", "bf16 tunableop")]
+            configs = launches(nout, ncols, sms, r)
+            for cfg in configs:
+                forms.append(("bf16 triton", nb, cfg, [partial(dense_gemv, x, p, cfg) for p in cb]))
+                forms.append(("fp8 triton", n8, cfg, [partial(fp8_gemv, x, q, s, cfg) for q, s in c8]))
+            for form, nbytes, cfg, calls in forms:
+                floor = (nbytes + io) / bw * 1e3
+                row: dict[str, Any] = {"product": name, "out": nout, "in": ncols, "rows": r, "form": form,
+                                       "floor_ms": floor, "config": asdict(cfg) if cfg else None,
+                                       "default": cfg == configs[0] if cfg else None}
+                with blas(form):
+                    row.update(time_form(calls, reps))
+                if "ms" in row:
+                    row["x_floor"] = row["ms"] / floor
+                out.append(row)
+                said = (f"{1e3 * row['ms']:8.1f} us  x{row['x_floor']:5.2f}" if "ms" in row
+                        else f"failed: {row['error'][:80]}")
+                print(f"{name:22s} rows {r:2d}  {form:14s} {str(asdict(cfg) if cfg else ''):80s} {said}", flush=True)
         del cb, c8
         torch.cuda.empty_cache()
     return out
@@ -220,8 +142,7 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
         if cublas is None:
             continue
         said = [f"{product} rows {nrows}: cuBLAS {1e3 * cublas['ms']:.1f} us (x{cublas['x_floor']:.2f})"]
-        for form in ("bf16 cublaslt", "bf16 tunableop", "bf16 triton", "fp8 triton", "bf16 mma", "bf16 mma pdl",
-                     "bf16 cublas swiglu", "bf16 mma swiglu", "bf16 mma swiglu pdl"):
+        for form in ("bf16 cublaslt", "bf16 tunableop", "bf16 triton", "fp8 triton"):
             runs = [r for r in mine if r["form"] == form]
             if not runs:
                 continue
@@ -242,11 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=10, help="graph replays a form (median)")
     ap.add_argument("--shapes", default=",".join(p[0] for p in PRODUCTS), help="comma list of product names")
     ap.add_argument("--rows", default="1,8,64", help="comma list of activation row counts")
-    ap.add_argument("--forms", default=",".join(FORMS), help=f"comma list of the forms to time, of {FORMS}")
     args = ap.parse_args(argv)
-    wanted = tuple(f.strip() for f in args.forms.split(","))
-    if set(wanted) - set(FORMS):
-        ap.error(f"--forms: unknown {sorted(set(wanted) - set(FORMS))}; known: {FORMS}")
     names = [n.strip() for n in args.shapes.split(",")]
     unknown = set(names) - {p[0] for p in PRODUCTS}
     if unknown:
@@ -254,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     bw = copy_bandwidth(torch.device("cuda"))
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}", flush=True)
-    rows = sweep(bw, args.reps, names, [int(r) for r in args.rows.split(",")], wanted)
+    rows = sweep(bw, args.reps, names, [int(r) for r in args.rows.split(",")])
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_tb_s": bw / 1e12,
               "rows": rows, "summary": summary(rows), "total_s": time.perf_counter() - t0}
     Path(args.out).write_text(json.dumps(result, indent=1))

@@ -15,7 +15,7 @@ same run. The drafter is not in the floor: "x floor" of a drafting round is agai
     python -m tools.bench_round --json round.json --md round.md
     python -m tools.bench_round --models 27b --cases verify --lanes 8 --conv-blocks 1024,8192 --blas cublas,cublaslt
 
-Kernel variants (`--conv-blocks`, `--blas`, `--stream`, `--gdn`, `--conv`, `--pdl`, `--dense-mma`: comma lists) run as every
+Kernel variants (`--conv-blocks`, `--blas`, `--stream`, `--gdn`, `--conv`, `--pdl`: comma lists) run as every
 combination on each model, built once.
 """
 
@@ -336,11 +336,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stream", default="on" if ops.STREAMING else "off",
                     help="comma list of off, on: whether the products ignis.model.ops.stream_shape picks run the "
                          "Triton weight-streaming kernel (ops.STREAMING)")
-    ap.add_argument("--dense-mma", default=(f"{ops.DENSE_MMA_ROWS}" + ("s" if ops.DENSE_SWIGLU else ""))
-                    if ops.DENSE_MMA_ROWS else "off",
-                    help="comma list of off, N, Ns (N up to 64): the bf16 products of at most N rows through the mma "
-                         "kernel (ignis.kernels.dense_mma) instead of cuBLAS, with s an MLP's gate | up storing "
-                         "SwiGLU's output (ops.DENSE_MMA_ROWS, ops.DENSE_SWIGLU)")
     ap.add_argument("--conv", default="auto",
                     help="comma list of auto, numba, cuda: the GDN conv kernel of decodes and verifies "
                          "(ignis.kernels.fused.CUDA_CONV; auto: by the round's rows)")

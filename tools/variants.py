@@ -17,7 +17,7 @@ from ignis.kernels import fused, gdn, gdn_cuda, launch
 from ignis.model import ops
 
 PDL_SWITCH = {"auto": None, "off": False, "on": True}  # --pdl's words: ignis.kernels.launch.PDL's values
-VARIANTS = ("conv_blocks", "blas", "stream", "gdn", "conv", "pdl", "dense_mma")  # what `apply_variant` sets, comma lists
+VARIANTS = ("conv_blocks", "blas", "stream", "gdn", "conv", "pdl")  # the options `apply_variant` sets, comma lists
 
 
 def combinations(args: argparse.Namespace) -> list[dict[str, str]]:
@@ -46,16 +46,6 @@ def recurrence_kernel(word: str) -> None:
     gdn_cuda.BLOCKS, gdn_cuda.KEEP_K = blocks, blocks <= 4  # part of the compiled kernels' key: no stale kernel runs
 
 
-def dense_products(word: str) -> None:
-    """Route the bf16 products of rounds: off, cuBLAS; N, the mma kernel (ignis.kernels.dense_mma) up to N rows; Ns,
-    the same with an MLP's gate | up storing SwiGLU's output (ops.DENSE_MMA_ROWS, ops.DENSE_SWIGLU)."""
-    rows = word[:-1] if word.endswith("s") else word
-    if word != "off" and not (rows.isdigit() and 0 < int(rows) <= 64):
-        raise ValueError(f"--dense-mma takes off, N or Ns for N in 1..64; got {word!r}")
-    ops.DENSE_MMA_ROWS = 0 if word == "off" else int(rows)
-    ops.DENSE_SWIGLU = word.endswith("s")
-
-
 def apply_variant(variant: dict[str, str]) -> None:
     """Set the kernels' module switches for one combination of the variant options."""
     fused.CONV_BLOCKS = int(variant["conv_blocks"])
@@ -64,4 +54,3 @@ def apply_variant(variant: dict[str, str]) -> None:
     recurrence_kernel(variant["gdn"])
     fused.CUDA_CONV = {"auto": None, "numba": False, "cuda": True}[variant["conv"]]
     launch.PDL = PDL_SWITCH[variant["pdl"]]
-    dense_products(variant.get("dense_mma", "off"))

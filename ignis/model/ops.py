@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ignis.kernels.int4_mma import MmaCodes
-from ignis.kernels.launch import nvrtc_installed, triton_installed
+from ignis.kernels.launch import triton_installed
 from ignis.model.batch import Segment
 from ignis.quant.fp8 import Fp8Linear, Fp8Weight, fp8_linear, fuse_fp8
 from ignis.quant.linear import (
@@ -41,12 +41,6 @@ STREAM_ROWS = 16  # the most rows of a dense product `streamed` may send to the 
 # Whether `linear` sends the products `streamed` picks to that kernel: off until a whole round measures it faster
 # (tools.bench_round --stream off,on); set once, before the engine captures its graphs.
 STREAMING = False
-# The most rows of a bf16/fp16 product `linear` sends to the mma weight-streaming kernel (ignis.kernels.dense_mma)
-# instead of cuBLAS on an sm_90 GPU, and whether an MLP's gate | up product then stores SwiGLU's output itself
-# (`swiglu_linear`). 0: none, until a whole round measures it faster (tools.bench_round --dense-mma); set once, before
-# the engine captures its graphs.
-DENSE_MMA_ROWS = 0
-DENSE_SWIGLU = False
 # a projection's weight: dense, 4-bit packed (the format's order or the mma kernel's) or fp8 (ignis.quant)
 Weight: TypeAlias = torch.Tensor | PackedWeight | MmaCodes | Fp8Weight
 
@@ -63,10 +57,6 @@ def linear(x: torch.Tensor, weight: Weight, exact: bool) -> torch.Tensor:
             return linear(x, weight.dequantize(x.dtype), True)
         return fp8_linear(x, weight)
     if not exact:
-        if dense_streamed(x, weight):
-            from ignis.kernels.dense_mma import dense_mma
-
-            return dense_mma(x, weight)
         if STREAMING and streamed(x, weight):
             from ignis.kernels.gemv_triton import dense_gemv
 
@@ -103,16 +93,6 @@ def streamed(x: torch.Tensor, weight: torch.Tensor) -> bool:
     ncols = x.shape[-1]
     return (x.is_cuda and x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16
             and stream_shape(x.numel() // max(ncols, 1), weight.shape[0], ncols) and triton_installed()
-            and _sm90(x.device.index if x.device.index is not None else torch.cuda.current_device()))
-
-
-def dense_streamed(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether x @ weight^T runs ignis.kernels.dense_mma: at most DENSE_MMA_ROWS rows in bf16 or fp16 on an sm_90
-    GPU (where it was measured) with NVRTC installed, over a contiguous weight of whole 16-row and 64-column tiles."""
-    ncols = x.shape[-1]
-    return (DENSE_MMA_ROWS > 0 and x.is_cuda and x.numel() <= DENSE_MMA_ROWS * ncols
-            and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype and weight.is_contiguous()
-            and weight.data_ptr() % 16 == 0 and weight.shape[0] % 16 == 0 and ncols % 64 == 0 and nvrtc_installed()
             and _sm90(x.device.index if x.device.index is not None else torch.cuda.current_device()))
 
 
@@ -210,19 +190,11 @@ def fuse_weights(*linears: nn.Module) -> Weight | None:
 
 def swiglu_linear(x: torch.Tensor, weight: Weight) -> torch.Tensor:
     """silu(gate) * up [..., I] of x @ weight^T for an MLP's fused gate | up weight [2 I, in]: one launch where a
-    repacked 4-bit weight takes it (ignis.quant.linear.packed_swiglu) or, with DENSE_SWIGLU, where a 16-bit one runs
-    the mma kernel (`dense_streamed`); else the product and the SwiGLU kernel."""
+    repacked 4-bit weight takes it (ignis.quant.linear.packed_swiglu), else the product and the SwiGLU kernel."""
     if isinstance(weight, MmaCodes):
         y = packed_swiglu(x, weight)
         if y is not None:
             return y
-    if DENSE_SWIGLU and isinstance(weight, torch.Tensor) and weight.shape[0] % 32 == 0 and dense_streamed(x, weight):
-        from ignis.kernels.dense_mma import swiglu_fits
-
-        if swiglu_fits(x, weight):
-            from ignis.kernels.dense_mma import dense_mma
-
-            return dense_mma(x, weight, swiglu=True)
     from ignis.kernels import fused
 
     return fused.swiglu(linear(x, weight, False))
