@@ -11,6 +11,7 @@ after every timing; with --graph-profile also the graph replay's own kernels, `g
 costs inside the round rather than after a slow eager launch), and the ratio to the floor: the bytes a round must move (the target's weights once, each lane's
 recurrent state read and written, its keys and values read) over the device-to-device copy bandwidth measured in the
 same run. The drafter is not in the floor: "x floor" of a drafting round is against the target's own floor.
+With --host-split, also where a round's time past its back-to-back replay goes (`host_split`).
 
     python -m tools.bench_round --json round.json --md round.md
     python -m tools.bench_round --models 27b --cases verify --lanes 8 --conv-blocks 1024,8192 --blas cublas,cublaslt
@@ -232,6 +233,53 @@ def time_replays(graph: torch.cuda.CUDAGraph, iters: int) -> float:
     return start.elapsed_time(end) / 1e3 / iters
 
 
+SLEEP_CYCLES = 8_000_000  # a sleep kernel of about 4 ms at the H200's clock: a graph launched behind it is queued
+
+
+def host_split(dr: DeviceRound, work: list[Decode], graph: torch.cuda.CUDAGraph, iters: int) -> dict[str, float]:
+    """Where a round's time past its back-to-back replay goes, ms medians of `iters` rounds each after 2 ms of an idle
+    device: `DeviceRound.run`'s steps (the inputs' write and upload, the graph's launch call, the read-back queued, the
+    wait, the read); one replay timed by CUDA events from an idle device; and one launched behind a sleep kernel, so
+    that the launch is done before the device reaches it. The first against the last is what launching onto an idle
+    device costs; the replay call against the wait, how much of the launch the device waits for."""
+    from ignis.engine.device_round import Launched, synchronize
+
+    bucket = next(b for b in dr.buckets if b >= len(work))
+    buf = dr.buffers[bucket]
+    steps: dict[str, list[float]] = {n: [] for n in ("load", "replay_call", "send", "wait", "collect")}
+    idle: list[float] = []
+    queued: list[float] = []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(iters):
+        torch.cuda.synchronize(dr.device)
+        time.sleep(0.002)
+        t = [time.perf_counter()]
+        buf.load(work, dr.sample_drafts)
+        t.append(time.perf_counter())
+        graph.replay()
+        t.append(time.perf_counter())
+        buf.send(0)
+        t.append(time.perf_counter())
+        synchronize(dr.device)
+        t.append(time.perf_counter())
+        dr.collect(Launched(work, buf, 1))
+        t.append(time.perf_counter())
+        for name, a, b in zip(steps, t, t[1:]):
+            steps[name].append(1e3 * (b - a))
+        for behind, out in ((False, idle), (True, queued)):
+            torch.cuda.synchronize(dr.device)
+            time.sleep(0.002)
+            if behind:
+                torch.cuda._sleep(SLEEP_CYCLES)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end))
+    split = {f"{name}_ms": statistics.median(v) for name, v in steps.items()}
+    return {**split, "replay_idle_ms": statistics.median(idle), "replay_queued_ms": statistics.median(queued)}
+
+
 def gpu_profile(fn: Callable[[], object], top: int = 25) -> tuple[float, int, list[dict[str, Any]]]:
     """(GPU time in s, kernels and copies, the `top` costliest kernel names with their count and total µs) of one
     call of fn after a warm one, from torch.profiler."""
@@ -275,6 +323,9 @@ def bench_model(label: str, model: HybridModel, path: Path, bw: float, args: arg
               f"{row['graph_ms']:8.2f} ms  replay {row['replay_ms']:8.2f} ms  gpu(eager) {row['gpu_ms_eager']:8.2f} ms  "
               f"kernels {row['kernels']:5d}  "
               f"floor {row['floor_ms']:7.2f} ms  x{row['x_floor']:5.2f}", flush=True)
+        if row["host_split"]:
+            print("    host split (ms): " + ", ".join(f"{k[:-3]} {v:.3f}" for k, v in row["host_split"].items()),
+                  flush=True)
     return rows
 
 
@@ -297,6 +348,7 @@ def bench_case(label: str, case: Case, model: HybridModel, path: Path, bw: float
     # with --graph-profile, the same round's kernels as the graph runs them: an eager round's small kernels start after
     # slow host launches onto an idle device, so their durations there are not what they cost in a replay (off by
     # default: the host's part of the rounds timed after a second profiler session grew by up to 0.5 ms)
+    split = host_split(dr, work, dr.graphs[(bucket, span, False)], args.iters) if args.host_split else {}
     graph_gpu, graph_top = 0.0, list[dict[str, Any]]()
     if args.graph_profile:
         graph_gpu, _, graph_top = gpu_profile(dr.graphs[(bucket, span, False)].replay, top=40)
@@ -305,7 +357,7 @@ def bench_case(label: str, case: Case, model: HybridModel, path: Path, bw: float
             "graph_ms": 1e3 * graph, "replay_ms": 1e3 * replay, "gpu_ms_eager": 1e3 * gpu, "kernels": kernels,
             "rounds_per_sync": rounds,
             "floor_ms": 1e3 * floor, "x_floor": graph / floor, "capture_s": capture_s, "top_kernels": top,
-            "graph_gpu_ms": 1e3 * graph_gpu, "graph_top_kernels": graph_top}
+            "graph_gpu_ms": 1e3 * graph_gpu, "graph_top_kernels": graph_top, "host_split": split}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -348,6 +400,9 @@ def main(argv: list[str] | None = None) -> int:
                          "more takes cuBLASLt whatever this says (ops.products_for)")
     ap.add_argument("--graph-profile", action="store_true",
                     help="also profile each case's graph replay: its own kernels' times, `graph_top_kernels`")
+    ap.add_argument("--host-split", action="store_true",
+                    help="also split each case's round past its replay into the host's steps and the launch onto an "
+                         "idle device (`host_split`)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None)
     args = ap.parse_args(argv)
