@@ -62,3 +62,40 @@ def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch:
     assert not gdn.CUDA_COLUMNS
     with pytest.raises(ValueError, match="--gdn"):
         kernel_variants.recurrence_kernel("cuda9")
+
+
+def test_every_case_is_timed_before_any_is_profiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round timed after a torch.profiler session shows a larger host part, so bench_model times every case before
+    it profiles any; a case that fails keeps the others, and a failed profile keeps its case's timings."""
+    from types import SimpleNamespace
+
+    import tools.bench_round as bench_round
+
+    events: list[str] = []
+
+    def fake_case(label, case, *_):  # type: ignore[no-untyped-def]
+        name = f"{case.name} {case.lanes}x{case.k + 1}"
+        if name == "verify 1x8":
+            raise RuntimeError("cannot run")
+        events.append(f"time {name}")
+
+        def profile() -> dict:  # type: ignore[type-arg]
+            events.append(f"profile {name}")
+            if name == "decode 8x1":
+                raise RuntimeError("no profile")
+            return {"gpu_ms_eager": 1.0, "kernels": 3, "top_kernels": [], "graph_gpu_ms": 0.0, "graph_top_kernels": []}
+
+        row = {"model": label, "case": case.name, "lanes": case.lanes, "cols": case.k + 1, "eager_ms": 2.0,
+               "graph_ms": 1.0, "replay_ms": 1.0, "floor_ms": 1.0, "x_floor": 1.0, "host_split": {}}
+        return row, profile
+
+    monkeypatch.setattr(bench_round, "bench_case", fake_case)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    rope = SimpleNamespace(precompute=lambda *a: None)
+    model = SimpleNamespace(embed_tokens=SimpleNamespace(weight=torch.zeros(1)), rope=rope, mtp=None)
+    args = argparse.Namespace(cases="decode,verify", lanes=[1, 8], context=64)
+    rows = bench_round.bench_model("m", model, Path("."), 1.0, args, torch.device("cpu"))  # type: ignore[arg-type]
+    timed = [e for e in events if e.startswith("time")]
+    assert events[: len(timed)] == timed and len(timed) == 3, events
+    assert [r["case"] + str(r["lanes"]) for r in rows] == ["decode1", "decode8", "verify1", "verify8"]  # cases' order
+    assert rows[0]["kernels"] == 3 and "profile_error" in rows[1] and rows[1]["graph_ms"] == 1.0 and "error" in rows[2]

@@ -7,7 +7,7 @@ own, a random one of SHORTLIST_TOKENS rows for the 27B; dflash2-sl-fp8 and dflas
 projections in fp8 or 4-bit, spec.draft_weights) at 1 and 8 lanes: ms a round through `DeviceRound.run` (host work and
 the one read-back included), the graph's replays back to back (CUDA events: the device's time with the gaps between
 kernels, without the host's part), GPU kernel time and kernels per round from the profiler (an eager round, profiled
-after every timing; with --graph-profile also the graph replay's own kernels, `graph_top_kernels`: what a kernel
+after every case's timings; with --graph-profile also the graph replay's own kernels, `graph_top_kernels`: what a kernel
 costs inside the round rather than after a slow eager launch), and the ratio to the floor: the bytes a round must move (the target's weights once, each lane's
 recurrent state read and written, its keys and values read) over the device-to-device copy bandwidth measured in the
 same run. The drafter is not in the floor: "x floor" of a drafting round is against the target's own floor.
@@ -308,29 +308,45 @@ def bench_model(label: str, model: HybridModel, path: Path, bw: float, args: arg
         rope.precompute(args.context + 16, device, dtype)
     cases = [c for c in CASES if c.name in args.cases.split(",") and c.lanes in args.lanes]
     lanes = max(c.lanes for c in cases)
+    # every case's timings first, then every case's profiles: the host's part of a round timed after a profiler
+    # session had run grew (0.07 -> 0.37 ms at 1 x 1 on the H200), so no timing follows one
+    timed: list[tuple[dict[str, Any], Callable[[], dict[str, Any]] | None]] = []
     for case in cases:
         try:
-            row = bench_case(label, case, model, path, bw, args, lanes, device, dtype)
+            row, profile = bench_case(label, case, model, path, bw, args, lanes, device, dtype)
         except Exception as e:  # noqa: BLE001 - a case that cannot run is a result; the cases after it still run
-            rows.append({"model": label, "case": case.name, "lanes": case.lanes, "cols": case.k + 1,
-                         "error": repr(e)[:500]})
+            timed.append(({"model": label, "case": case.name, "lanes": case.lanes, "cols": case.k + 1,
+                           "error": repr(e)[:500]}, None))
             print(f"{label:8s} {case.name:10s} {case.lanes}x{case.k + 1}  failed: {e!r}", flush=True)
-            continue
-        finally:
             torch.cuda.empty_cache()
+            continue
+        timed.append((row, profile))
+    for row, profiler in timed:
+        if profiler is None:
+            rows.append(row)
+            continue
+        try:
+            row.update(profiler())
+        except Exception as e:  # noqa: BLE001 - the case's timings stand without its profile
+            row.update(gpu_ms_eager=float("nan"), kernels=0, top_kernels=[], graph_gpu_ms=0.0, graph_top_kernels=[],
+                       profile_error=repr(e)[:500])
         rows.append(row)
-        print(f"{label:8s} {case.name:10s} {case.lanes}x{case.k + 1}  eager {row['eager_ms']:8.2f} ms  graph "
+        print(f"{label:8s} {row['case']:10s} {row['lanes']}x{row['cols']}  eager {row['eager_ms']:8.2f} ms  graph "
               f"{row['graph_ms']:8.2f} ms  replay {row['replay_ms']:8.2f} ms  gpu(eager) {row['gpu_ms_eager']:8.2f} ms  "
               f"kernels {row['kernels']:5d}  "
               f"floor {row['floor_ms']:7.2f} ms  x{row['x_floor']:5.2f}", flush=True)
         if row["host_split"]:
             print("    host split (ms): " + ", ".join(f"{k[:-3]} {v:.3f}" for k, v in row["host_split"].items()),
                   flush=True)
+    del timed
+    torch.cuda.empty_cache()
     return rows
 
 
 def bench_case(label: str, case: Case, model: HybridModel, path: Path, bw: float, args: argparse.Namespace,
-               lanes: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+               lanes: int, device: torch.device, dtype: torch.dtype
+               ) -> tuple[dict[str, Any], Callable[[], dict[str, Any]]]:
+    """The case's timings, and a call that profiles it (to run after every case's timings: `bench_model`)."""
     backend = build_backend(case.backend, case.k, model, path, lanes, args.context, device, dtype)
     cache = LaneCache(model.config, lanes=lanes, context=args.context, max_cols=case.k + 1, device=device, dtype=dtype)
     dr = DeviceRound(model, cache, backend, device, sample_drafts=True, rounds_per_sync=args.rounds_per_sync)
@@ -342,22 +358,23 @@ def bench_case(label: str, case: Case, model: HybridModel, path: Path, bw: float
     capture_s = dr.capture([(bucket, span, False)])
     graph = time_rounds(dr, work, args.iters, rounds)
     replay = time_replays(dr.graphs[(bucket, span, False)], args.iters)  # it replays one round's inputs again
-    # last, so that no timing follows it: on the H200 the host's part of a 1 x 1 decode timed after torch.profiler had
-    # run was 0.37 ms, against 0.07 in a process it never ran in (at 8 x 8 the two stayed within the runs' spread)
-    gpu, kernels, top = gpu_profile(partial(eager_round, dr, work))
-    # with --graph-profile, the same round's kernels as the graph runs them: an eager round's small kernels start after
-    # slow host launches onto an idle device, so their durations there are not what they cost in a replay (off by
-    # default: the host's part of the rounds timed after a second profiler session grew by up to 0.5 ms)
     split = host_split(dr, work, dr.graphs[(bucket, span, False)], args.iters) if args.host_split else {}
-    graph_gpu, graph_top = 0.0, list[dict[str, Any]]()
-    if args.graph_profile:
-        graph_gpu, _, graph_top = gpu_profile(dr.graphs[(bucket, span, False)].replay, top=40)
     floor = floor_bytes(model, case.lanes, case.k + 1, args.position) / bw
-    return {"model": label, "case": case.name, "lanes": case.lanes, "cols": case.k + 1, "eager_ms": 1e3 * eager,
-            "graph_ms": 1e3 * graph, "replay_ms": 1e3 * replay, "gpu_ms_eager": 1e3 * gpu, "kernels": kernels,
-            "rounds_per_sync": rounds,
-            "floor_ms": 1e3 * floor, "x_floor": graph / floor, "capture_s": capture_s, "top_kernels": top,
-            "graph_gpu_ms": 1e3 * graph_gpu, "graph_top_kernels": graph_top, "host_split": split}
+    row = {"model": label, "case": case.name, "lanes": case.lanes, "cols": case.k + 1, "eager_ms": 1e3 * eager,
+           "graph_ms": 1e3 * graph, "replay_ms": 1e3 * replay, "rounds_per_sync": rounds,
+           "floor_ms": 1e3 * floor, "x_floor": graph / floor, "capture_s": capture_s, "host_split": split}
+
+    def profile() -> dict[str, Any]:
+        gpu, kernels, top = gpu_profile(partial(eager_round, dr, work))
+        # with --graph-profile, the same round's kernels as the graph runs them: an eager round's small kernels start
+        # after slow host launches onto an idle device, so their durations there are not what they cost in a replay
+        graph_gpu, graph_top = 0.0, list[dict[str, Any]]()
+        if args.graph_profile:
+            graph_gpu, _, graph_top = gpu_profile(dr.graphs[(bucket, span, False)].replay, top=40)
+        return {"gpu_ms_eager": 1e3 * gpu, "kernels": kernels, "top_kernels": top, "graph_gpu_ms": 1e3 * graph_gpu,
+                "graph_top_kernels": graph_top}
+
+    return row, profile
 
 
 def main(argv: list[str] | None = None) -> int:
