@@ -69,7 +69,7 @@ def test_every_case_is_timed_before_any_is_profiled(monkeypatch: pytest.MonkeyPa
     it profiles any; a case that fails keeps the others, and a failed profile keeps its case's timings."""
     from types import SimpleNamespace
 
-    import tools.bench_round as bench_round
+    from tools import bench_round
 
     events: list[str] = []
 
@@ -78,18 +78,18 @@ def test_every_case_is_timed_before_any_is_profiled(monkeypatch: pytest.MonkeyPa
         if name == "verify 1x8":
             raise RuntimeError("cannot run")
         events.append(f"time {name}")
+        return {"model": label, "case": case.name, "lanes": case.lanes, "cols": case.k + 1, "eager_ms": 2.0,
+                "graph_ms": 1.0, "replay_ms": 1.0, "floor_ms": 1.0, "x_floor": 1.0, "host_split": {}}
 
-        def profile() -> dict:  # type: ignore[type-arg]
-            events.append(f"profile {name}")
-            if name == "decode 8x1":
-                raise RuntimeError("no profile")
-            return {"gpu_ms_eager": 1.0, "kernels": 3, "top_kernels": [], "graph_gpu_ms": 0.0, "graph_top_kernels": []}
-
-        row = {"model": label, "case": case.name, "lanes": case.lanes, "cols": case.k + 1, "eager_ms": 2.0,
-               "graph_ms": 1.0, "replay_ms": 1.0, "floor_ms": 1.0, "x_floor": 1.0, "host_split": {}}
-        return row, profile
+    def fake_profile(case, *_):  # type: ignore[no-untyped-def]
+        name = f"{case.name} {case.lanes}x{case.k + 1}"
+        events.append(f"profile {name}")
+        if name == "decode 8x1":
+            raise RuntimeError("no profile")
+        return {"gpu_ms_eager": 1.0, "kernels": 3, "top_kernels": [], "graph_gpu_ms": 0.0, "graph_top_kernels": []}
 
     monkeypatch.setattr(bench_round, "bench_case", fake_case)
+    monkeypatch.setattr(bench_round, "profile_case", fake_profile)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     rope = SimpleNamespace(precompute=lambda *a: None)
     model = SimpleNamespace(embed_tokens=SimpleNamespace(weight=torch.zeros(1)), rope=rope, mtp=None)

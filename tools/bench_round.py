@@ -236,16 +236,16 @@ def time_replays(graph: torch.cuda.CUDAGraph, iters: int) -> float:
 SLEEP_CYCLES = 8_000_000  # a sleep kernel of about 4 ms at the H200's clock: a graph launched behind it is queued
 
 
-def host_split(dr: DeviceRound, work: list[Decode], graph: torch.cuda.CUDAGraph, iters: int) -> dict[str, float]:
+def host_split(dr: DeviceRound, work: list[Decode], bucket: int, span: int, iters: int) -> dict[str, float]:
     """Where a round's time past its back-to-back replay goes, ms medians of `iters` rounds each after 2 ms of an idle
     device: `DeviceRound.run`'s steps (the inputs' write and upload, the graph's launch call, the read-back queued, the
     wait, the read); one replay timed by CUDA events from an idle device; and one launched behind a sleep kernel, so
     that the launch is done before the device reaches it. The first against the last is what launching onto an idle
-    device costs; the replay call against the wait, how much of the launch the device waits for."""
+    device costs; the replay call against the wait, how much of the launch the device waits for. The round's graph for
+    (bucket, span) is captured."""
     from ignis.engine.device_round import Launched, synchronize
 
-    bucket = next(b for b in dr.buckets if b >= len(work))
-    buf = dr.buffers[bucket]
+    buf, graph = dr.buffers[bucket], dr.graphs[(bucket, span, False)]
     steps: dict[str, list[float]] = {n: [] for n in ("load", "replay_call", "send", "wait", "collect")}
     idle: list[float] = []
     queued: list[float] = []
@@ -310,71 +310,78 @@ def bench_model(label: str, model: HybridModel, path: Path, bw: float, args: arg
     lanes = max(c.lanes for c in cases)
     # every case's timings first, then every case's profiles: the host's part of a round timed after a profiler
     # session had run grew (0.07 -> 0.37 ms at 1 x 1 on the H200), so no timing follows one
-    timed: list[tuple[dict[str, Any], Callable[[], dict[str, Any]] | None]] = []
+    timed: list[tuple[Case, dict[str, Any]]] = []
     for case in cases:
         try:
-            row, profile = bench_case(label, case, model, path, bw, args, lanes, device, dtype)
+            timed.append((case, bench_case(label, case, model, path, bw, args, lanes, device, dtype)))
         except Exception as e:  # noqa: BLE001 - a case that cannot run is a result; the cases after it still run
-            timed.append(({"model": label, "case": case.name, "lanes": case.lanes, "cols": case.k + 1,
-                           "error": repr(e)[:500]}, None))
+            timed.append((case, {"model": label, "case": case.name, "lanes": case.lanes, "cols": case.k + 1,
+                                 "error": repr(e)[:500]}))
             print(f"{label:8s} {case.name:10s} {case.lanes}x{case.k + 1}  failed: {e!r}", flush=True)
+        finally:
             torch.cuda.empty_cache()
-            continue
-        timed.append((row, profile))
-    for row, profiler in timed:
-        if profiler is None:
-            rows.append(row)
+    for case, row in timed:
+        rows.append(row)
+        if "error" in row:
             continue
         try:
-            row.update(profiler())
+            row.update(profile_case(case, model, path, args, lanes, device, dtype))
         except Exception as e:  # noqa: BLE001 - the case's timings stand without its profile
             row.update(gpu_ms_eager=float("nan"), kernels=0, top_kernels=[], graph_gpu_ms=0.0, graph_top_kernels=[],
                        profile_error=repr(e)[:500])
-        rows.append(row)
-        print(f"{label:8s} {row['case']:10s} {row['lanes']}x{row['cols']}  eager {row['eager_ms']:8.2f} ms  graph "
+        finally:
+            torch.cuda.empty_cache()
+        print(f"{label:8s} {case.name:10s} {case.lanes}x{case.k + 1}  eager {row['eager_ms']:8.2f} ms  graph "
               f"{row['graph_ms']:8.2f} ms  replay {row['replay_ms']:8.2f} ms  gpu(eager) {row['gpu_ms_eager']:8.2f} ms  "
               f"kernels {row['kernels']:5d}  "
               f"floor {row['floor_ms']:7.2f} ms  x{row['x_floor']:5.2f}", flush=True)
         if row["host_split"]:
             print("    host split (ms): " + ", ".join(f"{k[:-3]} {v:.3f}" for k, v in row["host_split"].items()),
                   flush=True)
-    del timed
-    torch.cuda.empty_cache()
     return rows
 
 
-def bench_case(label: str, case: Case, model: HybridModel, path: Path, bw: float, args: argparse.Namespace,
-               lanes: int, device: torch.device, dtype: torch.dtype
-               ) -> tuple[dict[str, Any], Callable[[], dict[str, Any]]]:
-    """The case's timings, and a call that profiles it (to run after every case's timings: `bench_model`)."""
+def case_round(case: Case, model: HybridModel, path: Path, args: argparse.Namespace, lanes: int,
+               device: torch.device, dtype: torch.dtype) -> tuple[DeviceRound, list[Decode], int, int]:
+    """A fresh device round for the case: (the round, its lanes' work, the bucket and key span its graph is keyed by)."""
     backend = build_backend(case.backend, case.k, model, path, lanes, args.context, device, dtype)
     cache = LaneCache(model.config, lanes=lanes, context=args.context, max_cols=case.k + 1, device=device, dtype=dtype)
     dr = DeviceRound(model, cache, backend, device, sample_drafts=True, rounds_per_sync=args.rounds_per_sync)
-    work = decodes(case.lanes, case.k, args.position)
+    span = dr.span_for(args.position + 1, args.rounds_per_sync)  # the lanes hold position + 1 tokens (decodes)
+    bucket = next(b for b in dr.buckets if b >= case.lanes)
+    return dr, decodes(case.lanes, case.k, args.position), bucket, span
+
+
+def bench_case(label: str, case: Case, model: HybridModel, path: Path, bw: float, args: argparse.Namespace,
+               lanes: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """The case's timings (its profile is `profile_case`'s, run after every case's timings: `bench_model`)."""
+    dr, work, bucket, span = case_round(case, model, path, args, lanes, device, dtype)
     eager = time_rounds(dr, work, max(3, args.iters // 4))
     rounds = args.rounds_per_sync
-    span = dr.span_for(args.position + 1, rounds)  # the lanes hold position + 1 tokens (decodes)
-    bucket = next(b for b in dr.buckets if b >= case.lanes)
     capture_s = dr.capture([(bucket, span, False)])
     graph = time_rounds(dr, work, args.iters, rounds)
     replay = time_replays(dr.graphs[(bucket, span, False)], args.iters)  # it replays one round's inputs again
-    split = host_split(dr, work, dr.graphs[(bucket, span, False)], args.iters) if args.host_split else {}
+    split = host_split(dr, work, bucket, span, args.iters) if args.host_split else {}
     floor = floor_bytes(model, case.lanes, case.k + 1, args.position) / bw
-    row = {"model": label, "case": case.name, "lanes": case.lanes, "cols": case.k + 1, "eager_ms": 1e3 * eager,
-           "graph_ms": 1e3 * graph, "replay_ms": 1e3 * replay, "rounds_per_sync": rounds,
-           "floor_ms": 1e3 * floor, "x_floor": graph / floor, "capture_s": capture_s, "host_split": split}
+    return {"model": label, "case": case.name, "lanes": case.lanes, "cols": case.k + 1, "eager_ms": 1e3 * eager,
+            "graph_ms": 1e3 * graph, "replay_ms": 1e3 * replay, "rounds_per_sync": rounds,
+            "floor_ms": 1e3 * floor, "x_floor": graph / floor, "capture_s": capture_s, "host_split": split}
 
-    def profile() -> dict[str, Any]:
-        gpu, kernels, top = gpu_profile(partial(eager_round, dr, work))
-        # with --graph-profile, the same round's kernels as the graph runs them: an eager round's small kernels start
-        # after slow host launches onto an idle device, so their durations there are not what they cost in a replay
-        graph_gpu, graph_top = 0.0, list[dict[str, Any]]()
-        if args.graph_profile:
-            graph_gpu, _, graph_top = gpu_profile(dr.graphs[(bucket, span, False)].replay, top=40)
-        return {"gpu_ms_eager": 1e3 * gpu, "kernels": kernels, "top_kernels": top, "graph_gpu_ms": 1e3 * graph_gpu,
-                "graph_top_kernels": graph_top}
 
-    return row, profile
+def profile_case(case: Case, model: HybridModel, path: Path, args: argparse.Namespace, lanes: int,
+                 device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """The case's round profiled, on a round built again (one case's buffers and drafter on the device at a time):
+    an eager round's kernels and, with --graph-profile, the same round's kernels as the graph runs them (an eager
+    round's small kernels start after slow host launches onto an idle device, so their durations there are not what
+    they cost in a replay)."""
+    dr, work, bucket, span = case_round(case, model, path, args, lanes, device, dtype)
+    gpu, kernels, top = gpu_profile(partial(eager_round, dr, work))
+    graph_gpu, graph_top = 0.0, list[dict[str, Any]]()
+    if args.graph_profile:
+        dr.capture([(bucket, span, False)])
+        graph_gpu, _, graph_top = gpu_profile(dr.graphs[(bucket, span, False)].replay, top=40)
+    return {"gpu_ms_eager": 1e3 * gpu, "kernels": kernels, "top_kernels": top, "graph_gpu_ms": 1e3 * graph_gpu,
+            "graph_top_kernels": graph_top}
 
 
 def main(argv: list[str] | None = None) -> int:
