@@ -123,14 +123,14 @@ def decode_step(label: str, model: HybridModel, bw: float, context: int, iters: 
 
 
 def _ab(step: Callable[..., dict[str, Any]], key: str, module: Any, switch: str, values: tuple[int, ...],
-        what: str, form: str = "int4 head") -> dict[str, Any]:
-    """The decode step of `form` (the model `step` holds) once with each of `values` set on module.`switch`, the switch
-    put back after: {f"{key}_{value}": the step's figures}."""
+        what: str) -> dict[str, Any]:
+    """The int4-head decode step once with each of `values` set on module.`switch` (the same model), the switch put
+    back after: {f"{key}_{value}": the step's figures}."""
     kept, out = getattr(module, switch), {}
     try:
         for v in values:
             setattr(module, switch, type(kept)(v))
-            out[f"{key}_{v}"] = step(f"{form}, {what} {v}")
+            out[f"{key}_{v}"] = step(f"int4 head, {what} {v}")
     finally:
         setattr(module, switch, kept)
     print(f"{what}: " + ", ".join(f"{v}: {r['graph_ms']:.3f} ms (replay {r['replay_ms']:.3f})"
@@ -139,21 +139,16 @@ def _ab(step: Callable[..., dict[str, Any]], key: str, module: Any, switch: str,
 
 
 def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
-                 profile: bool = False, side_gates_ab: bool = False, prefetch_ab: bool = False) -> dict[str, Any]:
+                 profile: bool = False, side_gates_ab: bool = False) -> dict[str, Any]:
     """The 27B decode step in bf16, int4, int4 with the output head packed and fp8; with `swiglu_ab` the int4-head
     step again with SwiGLU in the gate | up product's store (SWIGLU_ROWS 8) and without (0), and with `side_gates_ab`
-    with the Gated DeltaNet's gates product on a side stream (ops.SIDE_GATES) and without, on the same model; with
-    `prefetch_ab` the bf16 and int4-head steps with each layer's output projection prefetched into L2 (ops.PREFETCH)
-    and without."""
+    with the Gated DeltaNet's gates product on a side stream (ops.SIDE_GATES) and without, on the same model."""
     from ignis.model.random import random_model
 
     dev = torch.device("cuda")
     out: dict[str, Any] = {}
     model = random_model(C, seed=0, mtp=False, device=dev, dtype=torch.bfloat16)
     out["bf16"] = decode_step("bf16", model, bw, context, iters, profile)
-    if prefetch_ab:
-        out.update(_ab(partial(decode_step, model=model, bw=bw, context=context, iters=iters, profile=profile),
-                       "bf16_prefetch", ops, "PREFETCH", (1, 0), "output projections prefetched", "bf16"))
     t0 = time.perf_counter()
     packed = to_int4(model, GROUP)
     if uses_mma(dev, torch.bfloat16):  # as the loader holds a quantized model for the mma kernel
@@ -170,8 +165,6 @@ def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
         out.update(_ab(step, "int4_head_swiglu", quant_linear, "SWIGLU_ROWS", (8, 0), "SwiGLU in the store to rows"))
     if side_gates_ab:
         out.update(_ab(step, "int4_head_side_gates", ops, "SIDE_GATES", (1, 0), "the gates on a side stream"))
-    if prefetch_ab:
-        out.update(_ab(step, "int4_head_prefetch", ops, "PREFETCH", (1, 0), "output projections prefetched"))
     del model
     torch.cuda.empty_cache()
     model = random_model(C, seed=0, mtp=False, device=dev, dtype=torch.bfloat16)
@@ -347,9 +340,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--side-gates-ab", action="store_true",
                     help="also time the int4-head decode step with the Gated DeltaNet's gates product on a side stream "
                          "(ignis.model.ops.SIDE_GATES) and without, on the same model")
-    ap.add_argument("--prefetch-ab", action="store_true",
-                    help="also time the bf16 and int4-head decode steps with each layer's output projection prefetched "
-                         "into L2 (ignis.model.ops.PREFETCH) and without, on the same models")
     ap.add_argument("--graph-profile", action="store_true",
                     help="also profile each decode step's graph replay: its own kernels' times")
     args = ap.parse_args(argv)
@@ -381,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
              ("policies", lambda: policies(bw, args.reps)),
              ("layouts", lambda: layouts(bw, args.reps)),
              ("decode", lambda: decode_steps(bw, args.context, args.iters, args.swiglu_ab, args.graph_profile,
-                                                args.side_gates_ab, args.prefetch_ab)),
+                                                args.side_gates_ab)),
              ("quality", lambda: quality(args.prompts, args.tokens, args.accept_prompts, args.max_tokens))]
     for name, step in steps:
         if name in skip:

@@ -16,7 +16,7 @@ With --host-split, also where a round's time past its back-to-back replay goes (
     python -m tools.bench_round --json round.json --md round.md
     python -m tools.bench_round --models 27b --cases verify --lanes 8 --conv-blocks 1024,8192 --blas cublas,cublaslt
 
-Kernel variants (`--conv-blocks`, `--blas`, `--stream`, `--gdn`, `--conv`, `--pdl`, `--prefetch`: comma lists) run as every
+Kernel variants (`--conv-blocks`, `--blas`, `--stream`, `--gdn`, `--conv`, `--pdl`: comma lists) run as every
 combination on each model, built once.
 """
 
@@ -422,9 +422,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma list of torch's preferred BLAS library for the products (cublas, cublaslt: "
                          "torch.backends.cuda.preferred_blas_library); a round of ignis.model.ops.LT_MIN_ROWS rows or "
                          "more takes cuBLASLt whatever this says (ops.products_for)")
-    ap.add_argument("--prefetch", default="on" if ops.PREFETCH else "off",
-                    help="comma list of off, on: whether each layer's output projection is brought into L2 while the "
-                         "layer's small kernels run (ignis.model.ops.PREFETCH)")
     ap.add_argument("--graph-profile", action="store_true",
                     help="also profile each case's graph replay: its own kernels' times, `graph_top_kernels`")
     ap.add_argument("--host-split", action="store_true",

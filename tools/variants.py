@@ -17,7 +17,7 @@ from ignis.kernels import fused, gdn, gdn_cuda, launch
 from ignis.model import ops
 
 PDL_SWITCH = {"auto": None, "off": False, "on": True}  # --pdl's words: ignis.kernels.launch.PDL's values
-VARIANTS = ("conv_blocks", "blas", "stream", "gdn", "conv", "pdl", "prefetch")  # the options `apply_variant` sets, comma lists
+VARIANTS = ("conv_blocks", "blas", "stream", "gdn", "conv", "pdl")  # the options `apply_variant` sets, comma lists
 
 
 def combinations(args: argparse.Namespace) -> list[dict[str, str]]:
@@ -54,4 +54,3 @@ def apply_variant(variant: dict[str, str]) -> None:
     recurrence_kernel(variant["gdn"])
     fused.CUDA_CONV = {"auto": None, "numba": False, "cuda": True}[variant["conv"]]
     launch.PDL = PDL_SWITCH[variant["pdl"]]
-    ops.PREFETCH = variant["prefetch"] == "on"

@@ -19,7 +19,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from ignis.kernels import attention, fused
-from ignis.model import ops
 from ignis.model.cache import AttnState
 from ignis.model.config import ModelConfig
 from ignis.model.decode import DecodeStep
@@ -32,6 +31,7 @@ from ignis.model.ops import (
     linear,
     sigmoid,
 )
+
 
 PLANLESS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
@@ -88,15 +88,12 @@ class GatedAttention(nn.Module):
             qkv = linear(x, self.qkv_proj, False)
         else:
             qkv = torch.cat([linear(x, m.weight, False) for m in (self.q_proj, self.k_proj, self.v_proj)], dim=-1)
-        fetched = ops.prefetch(self.o_proj.weight, x.device)  # while the norms, RoPE and attention run
         # q/k norms, RoPE and the K/V write, one launch on CUDA; queries come back as [B, nkv, group*C, hd]: the
         # query heads of one KV head attend together as group*C rows, with no copy of K/V per query head.
         qh = fused.qk_rope_write(qkv, _scale(self.q_norm), _scale(self.k_norm), self.q_norm.eps, step.cos, step.sin,
                                  cache.k, cache.v, cache.table, step.lanes, step.positions, nh, nkv)
         o = attention.attend(qh, cache.k, cache.v, cache.table, step.lanes, step.positions, step.mask, self.scale, qkv,
                              nh)
-        if fetched is not None:
-            fetched()
         return linear(o, self.o_proj.weight, False)  # o: the gated heads [B*C, nh * hd]
 
     def _attend_exact(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:

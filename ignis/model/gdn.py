@@ -154,7 +154,6 @@ class GatedDeltaNet(nn.Module):
             qkv, z = linear(x, self.in_proj_qkv.weight, False), linear(x, self.in_proj_z.weight, False)
             ba = torch.cat([F.linear(x, self.in_proj_b.weight), F.linear(x, self.in_proj_a.weight)], dim=-1)
         qkv = qkv.reshape(b, c, -1)  # [B, C, conv_dim] raw conv input
-        fetched = ops.prefetch(self.out_proj.weight, x.device)  # while the conv and the recurrence run
         rate = self.decay_rate if self.decay_rate is not None else -torch.exp(self.A_log.float())
         weight = self.conv_weight if self.conv_weight is not None else self.conv1d.weight[:, 0, :].float()
         # silu(conv) as float32 and the raw beta and decay projections as float32 (the recurrence applies the gates)
@@ -176,8 +175,6 @@ class GatedDeltaNet(nn.Module):
             y = gdn_kernels.columns_normed(cache.state, lanes, mixed, ba, self.dt_bias.float(), rate,
                                            cache.rec_kv if step.record else None, z, self.norm.weight, self.eps,
                                            key_heads=self.hk, write_state=not step.record, normalised=True)
-        if fetched is not None:
-            fetched()
         return linear(y, self.out_proj.weight, False)
 
     def _fla_piece(self, fla: object, mixed: torch.Tensor, ba: torch.Tensor, rate: torch.Tensor, cache: GDNState,

@@ -224,18 +224,14 @@ SIDE_GATES = False
 _side_streams: dict[torch.device, torch.cuda.Stream] = {}
 
 
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    side = _side_streams.get(device)
-    if side is None:
-        side = _side_streams[device] = torch.cuda.Stream(device)
-    return side
-
-
 def alongside(fn: Callable[[], torch.Tensor], device: torch.device) -> Callable[[], torch.Tensor]:
     """Start fn's kernels on a side stream of `device` after the work queued so far on the current stream, and return
     a join: calling it makes the current stream wait for them and returns fn's result. The work queued between the two
     may run beside fn's; a CUDA graph being captured records the fork and the join as edges."""
-    main, side = torch.cuda.current_stream(device), _side_stream(device)
+    main = torch.cuda.current_stream(device)
+    side = _side_streams.get(device)
+    if side is None:
+        side = _side_streams[device] = torch.cuda.Stream(device)
     side.wait_stream(main)
     with torch.cuda.stream(side):
         out = fn()
@@ -246,56 +242,6 @@ def alongside(fn: Callable[[], torch.Tensor], device: torch.device) -> Callable[
         return out
 
     return join
-
-
-# Whether a decode or verify round brings the weight of each layer's output projection (a Gated DeltaNet's out_proj,
-# an attention layer's o_proj) into L2 on a side stream while the layer's conv, recurrence or attention run, which
-# leave the memory bus idle (ignis.kernels.l2_prefetch; sm_90 and later). PREFETCH_BYTES: the most leading bytes of
-# one weight asked for (the H200's L2 holds 50 MB). Set once, before the engine captures its graphs.
-PREFETCH = False
-PREFETCH_BYTES = 32 << 20
-
-
-def weight_tensors(weight: Weight) -> tuple[torch.Tensor, ...]:
-    """The tensors a product with `weight` reads, largest first."""
-    if isinstance(weight, MmaCodes):
-        return weight.codes, weight.zs
-    if isinstance(weight, PackedWeight):
-        return weight.qweight, weight.scales, weight.qzeros
-    if isinstance(weight, Fp8Weight):
-        return weight.weight, weight.scale
-    return (weight,)
-
-
-def prefetch(weight: Weight, device: torch.device) -> Callable[[], None] | None:
-    """With PREFETCH on a CUDA device of sm_90 or later: starts bringing `weight` (its first PREFETCH_BYTES) into L2 on
-    a side stream and returns the join to call before the product that reads it; None elsewhere."""
-    if not PREFETCH or device.type != "cuda":
-        return None
-    from ignis.kernels import l2_prefetch
-
-    if not l2_prefetch.supported(device):
-        return None
-
-    def issue() -> None:
-        left = PREFETCH_BYTES
-        for t in weight_tensors(weight):
-            if left <= 0 or not t.is_contiguous():
-                break
-            l2_prefetch.prefetch(t, left)
-            left -= t.numel() * t.element_size()
-
-    return beside(issue, device)
-
-
-def beside(fn: Callable[[], None], device: torch.device) -> Callable[[], None]:
-    """`alongside` for side work with no result: fn's kernels start on the side stream after the work queued so far,
-    and the join makes the current stream wait for them."""
-    main, side = torch.cuda.current_stream(device), _side_stream(device)
-    side.wait_stream(main)
-    with torch.cuda.stream(side):
-        fn()
-    return lambda: main.wait_stream(side)
 
 
 def fuse_rows(*linears: nn.Linear) -> torch.Tensor:
