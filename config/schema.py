@@ -103,6 +103,10 @@ class SpecSection:
     # top-p and min-p ("sampled"), or take its argmax, a one-hot q ("greedy"). Both keep the output exact; q that
     # follows the target accepts more.
     draft_sampling: str = choice("sampled", "sampled", "greedy")
+    # How a sampled lane's drafts are judged: as one block ("block": block verification, ignis.engine.accept; as exact
+    # as the token rule and never keeps fewer drafts on average) or draft by draft ("token": the classic rejection
+    # rule). Greedy lanes keep the longest run equal to the argmax either way.
+    verify: str = choice("block", "block", "token")
     drafter: str = text("")  # "" = <model>/drafter
 
     def __post_init__(self) -> None:

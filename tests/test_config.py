@@ -146,6 +146,7 @@ BAD: list[tuple[str, Any, str]] = [
     ("model.path", 3, "a string"),
     ("spec.draft_tokens", 8, "0 (unset) or 1..7"),
     ("spec.draft_head", "top", '"full", "shortlist"'),
+    ("spec.verify", "tree", '"block", "token"'),
     ("server.port", 70000, "an integer from 0 to 65535"),
     ("server.frontends", 0, "an integer from 1 to 64"),
     ("server.transport", "udp", '"ipc", "tcp"'),

@@ -2,7 +2,9 @@
 
 Vectorised over lanes, the device rules must shape probabilities as `target_probs` does, accept greedily as
 `accept_greedy` does, and keep the target distribution under rejection sampling for one-hot and real q (checked by
-total variation over many lanes at once, the same bound as the host rule's test, which a wrong residual breaks).
+total variation over many lanes at once, the same bound as the host rule's test, which a wrong residual breaks);
+block verification keeps what the host rule's thresholds keep for the same uniforms, and emits its token from the same
+residual.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from ignis.engine import accept as host
 from ignis.engine.device_sampling import (
     STREAM_ACCEPT,
     STREAM_BONUS,
+    accept_block,
     accept_greedy,
     accept_sampled,
     draw,
@@ -117,3 +120,60 @@ def test_the_bound_catches_a_residual_taken_from_p() -> None:
     q = torch.softmax(torch.randn(k, vocab, generator=g) * 1.5, dim=-1)
     first, _, _ = _emitted(p, q, 20000, broken=True)
     assert _tv(first, p[0]) > 0.03
+
+
+@pytest.mark.parametrize("real_q", [False, True])
+def test_block_verification_equals_the_host_rule_for_the_same_uniforms(real_q: bool) -> None:
+    from ignis.engine.accept import _residual, block_thresholds
+
+    g = torch.Generator().manual_seed(2)
+    n, k, vocab = 400, 4, 5
+    p = torch.softmax(torch.randn(n, k + 1, vocab, generator=g) * 2.0, dim=-1)
+    p = torch.where(torch.rand(n, k + 1, vocab, generator=g) < 0.15, 0.0, p)  # zeros, as top-k and top-p leave
+    p = p / p.sum(-1, keepdim=True)
+    q = torch.softmax(torch.randn(n, k, vocab, generator=g) * 2.0, dim=-1)
+    q = torch.where(torch.rand(n, 1, 1, generator=g) < 0.2, p[:, :k], q)  # some lanes draft with q = p
+    drafts = torch.stack([draw(q[:, j], torch.rand(n, generator=g, dtype=torch.float64)) for j in range(k)], dim=1)
+    if not real_q:
+        drafts = p[:, :k].argmax(dim=-1)
+    u = torch.rand(n, k, generator=g, dtype=torch.float64)
+    u_token = torch.rand(n, generator=g, dtype=torch.float64)
+    allowed = torch.randint(0, k + 1, (n,), generator=g)
+    accepted, token = accept_block(drafts, p, q if real_q else None, u, u_token, allowed)
+    for i in range(n):
+        a = int(allowed[i])
+        mine = drafts[i, :a].tolist()
+        qi = q[i, :a] if real_q else None
+        h, w = block_thresholds(mine, p[i, : a + 1], qi)
+        kept = next((j for j in range(a, 0, -1) if float(u[i, j - 1]) < h[j]), 0)
+        assert int(accepted[i]) == kept
+        last = p[i, a] if kept == a else _residual(w[kept], p[i, kept], None if qi is None else qi[kept], mine[kept])
+        if float(last.sum()) <= 0.0:
+            last = p[i, kept]
+        assert int(token[i]) == int(draw(last[None], u_token[i : i + 1])[0])
+
+
+def test_block_verification_draws_the_target_stream() -> None:
+    """With the same p and q at every context, the output stream's first two tokens (a second verification where the
+    first emitted one token) are independent draws from p, over many lanes at once."""
+    g = torch.Generator().manual_seed(0)
+    vocab, k, lanes = 5, 3, 30000
+    p1 = torch.softmax(torch.randn(vocab, generator=g) * 1.5, dim=-1)
+    q1 = torch.softmax(torch.randn(vocab, generator=g) * 1.5, dim=-1)
+    seeds = torch.arange(lanes)
+    emitted, kept = [], []
+    for start in (5, 6):  # two verifications a lane, at two anchor positions
+        pos = torch.full((lanes,), start)
+        du = uniforms(seeds, pos, 7, k)
+        drafts = torch.stack([draw(q1.expand(lanes, vocab), du[:, j]) for j in range(k)], dim=1)
+        accepted, token = accept_block(drafts, p1.expand(lanes, k + 1, vocab), q1.expand(lanes, k, vocab),
+                                       uniforms(seeds, pos, STREAM_ACCEPT, k),
+                                       uniforms(seeds, pos, STREAM_BONUS, 1)[:, 0], torch.full((lanes,), k))
+        row = torch.cat([drafts, torch.zeros(lanes, 1, dtype=torch.long)], 1)
+        emitted.append(row.scatter(1, accepted[:, None], token[:, None]))
+        kept.append(accepted)
+    first = emitted[0]
+    second = torch.where(kept[0] >= 1, first[:, 1], emitted[1][:, 0])
+    pairs = torch.bincount(first[:, 0] * vocab + second, minlength=vocab * vocab).double() / lanes
+    assert _tv(pairs.view(vocab, vocab).sum(1), p1) < 0.02 and _tv(pairs.view(vocab, vocab).sum(0), p1) < 0.02
+    assert _tv(pairs, torch.outer(p1, p1).flatten()) < 0.04

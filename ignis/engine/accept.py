@@ -11,12 +11,21 @@ i.e. when u * q_i(d) < p_i(d) for u ~ U[0,1). At the first rejection emit a toke
 norm(max(0, p_i - q_i)) and stop; if every draft is accepted, emit the bonus from p_K. Each emitted token is then
 distributed exactly as p, whatever q is. A one-hot q (a deterministic drafter) makes the rule "accept with
 probability p_i(d)" and the residual "p_i with d removed".
+
+Block verification (Sun et al., "Block Verification Accelerates Speculative Decoding", ICLR 2025) judges the drafts as
+one block: a draft the token rule would turn down may still be kept when the drafts after it are likelier under p than
+under q. With w_0 = 1 and w_j = min(1, w_{j-1} p_{j-1}(d_{j-1}) / q_{j-1}(d_{j-1})) for the a drafts, the residual
+mass r_j = sum max(0, w_j p_j - q_j) and h_j = r_j / (r_j + 1 - w_j) for 0 < j < a, h_a = w_a, it keeps the longest
+prefix of length j with u_j < h_j (j = 1..a, every u_j drawn) and emits a token from norm(max(0, w_j p_j - q_j)), or
+from p_a after all a. Each emitted sequence is distributed exactly as under p, and the expected drafts kept are the
+most any rule that sees only these conditionals can keep: never fewer than the token rule's (tests/test_accept.py
+checks both by exact enumeration).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -108,3 +117,58 @@ def accept_sampled(
             residual = p[i]
         return Verdict(i, draw(residual / residual.sum(), generator))
     return Verdict(len(drafts), draw(p[len(drafts)], generator))
+
+
+Rule = Literal["block", "token"]  # spec.verify: how a sampled lane's drafts are judged
+
+
+def block_thresholds(
+    drafts: list[int],
+    p: torch.Tensor,  # [a+1, V] float32
+    q: torch.Tensor | None,  # [a, V] float32; None = one-hot at the drafts
+) -> tuple[list[float], list[float]]:
+    """(h, w) of block verification for the a drafts: h[j] for j = 1..a (h[0] = 1 is not used: the empty prefix is
+    always kept) and the weights w[0..a]."""
+    a = len(drafts)
+    w = [1.0]
+    for j, d in enumerate(drafts):
+        p_d = float(p[j, d])
+        q_d = 1.0 if q is None else float(q[j, d])
+        w.append(min(1.0, w[-1] * (p_d / q_d)) if q_d > 0.0 else 0.0)
+    h = [1.0]
+    for j in range(1, a):
+        mass = float(_residual(w[j], p[j], q[j] if q is not None else None, drafts[j]).sum())
+        room = mass + 1.0 - w[j]
+        h.append(mass / room if room > 0.0 else 0.0)
+    if a:
+        h.append(w[a])
+    return h, w
+
+
+def _residual(w: float, p: torch.Tensor, q: torch.Tensor | None, d: int) -> torch.Tensor:
+    """max(0, w p - q) over the vocabulary; a one-hot q at d."""
+    if q is None:
+        out = w * p
+        out[d] = max(0.0, w * float(p[d]) - 1.0)
+        return out
+    return torch.clamp(w * p - q, min=0.0)
+
+
+def accept_block(
+    drafts: list[int],
+    p: torch.Tensor,  # [k+1, V] float32, as accept_sampled takes it
+    q: torch.Tensor | None,  # [k, V] float32; None = one-hot at the drafts
+    generator: torch.Generator,
+) -> Verdict:
+    """Block verification of one lane's drafts (the module's docstring): every u_j is drawn, u_1 first, then the
+    emitted token."""
+    a = len(drafts)
+    h, w = block_thresholds(drafts, p, q)
+    u = [uniform(generator) for _ in range(a)]
+    kept = next((j for j in range(a, 0, -1) if u[j - 1] < h[j]), 0)
+    if kept == a:
+        return Verdict(a, draw(p[a], generator))
+    residual = _residual(w[kept], p[kept], q[kept] if q is not None else None, drafts[kept])
+    if float(residual.sum()) <= 0.0:  # only by rounding: a kept length with no residual has probability 0
+        residual = p[kept]
+    return Verdict(kept, draw(residual / residual.sum(), generator))

@@ -100,7 +100,7 @@ class Engine:
         graphs = prefill_graphs = 0
         if not self.model.exact and getattr(self.backend, "graph_safe", False):
             device_round = DeviceRound(self.model, cache, self.backend, device, sample_drafts=sample_drafts,
-                                       rounds_per_sync=ec.rounds_per_sync)
+                                       rounds_per_sync=ec.rounds_per_sync, verify=config.spec.verify)
             device_prefill = DevicePrefill(self.model, cache, self.backend, device)
             if device.type == "cuda" and ec.cuda_graphs:
                 device_round.capture()
@@ -109,7 +109,7 @@ class Engine:
         report("warmup", 1, 1)
         self.store = LaneStore(cache, self.backend, device)
         self.runner = Runner(self.model, cache, self.backend, device, sample_drafts, device_round, self.store,
-                             device_prefill)
+                             device_prefill, verify=config.spec.verify)
         retained = Retained(ec.retained_host_memory, self.store.state_bytes) if self.store.retains else None
         self.pages = Pages(pages=pool.pages, page=pool.page, lanes=ec.lanes, width=lane_pages)
         self.scheduler = Scheduler(

@@ -33,10 +33,12 @@ from typing import Any, TypeVar
 import torch
 
 from ignis.backends.base import Choice, Committed, SpecBackend
+from ignis.engine.accept import Rule
 from ignis.engine.device_sampling import (
     STREAM_ACCEPT,
     STREAM_BONUS,
     STREAM_DRAFT,
+    accept_block,
     accept_greedy,
     accept_sampled,
     shape_probs,
@@ -179,10 +181,13 @@ class DeviceRound:
         *,
         sample_drafts: bool,
         rounds_per_sync: int = 1,
+        verify: Rule = "block",
     ) -> None:
-        """rounds_per_sync: the most rounds queued before one read (engine.rounds_per_sync)."""
+        """rounds_per_sync: the most rounds queued before one read (engine.rounds_per_sync); verify: how sampled lanes'
+        drafts are judged (spec.verify)."""
         self.model, self.cache, self.backend, self.device = model, cache, backend, device
         self.sample_drafts = sample_drafts
+        self.accept_sampled = accept_block if verify == "block" else accept_sampled
         self.k = backend.draft_tokens
         self.cols = self.k + 1
         self.offsets = torch.arange(self.cols, dtype=torch.int64, device=device)  # [C] int64, device
@@ -282,8 +287,8 @@ class DeviceRound:
             p = shape_probs(logits.reshape(b * c, -1), buf.temperature.repeat_interleave(c),
                             buf.top_k.repeat_interleave(c), buf.top_p.repeat_interleave(c),
                             buf.min_p.repeat_interleave(c)).view(b, c, -1)
-            a_s, t_s = accept_sampled(drafts, p, q, uniforms(buf.seeds, start, STREAM_ACCEPT, k),
-                                      uniforms(buf.seeds, start, STREAM_BONUS, 1)[:, 0], buf.allowed)
+            a_s, t_s = self.accept_sampled(drafts, p, q, uniforms(buf.seeds, start, STREAM_ACCEPT, k),
+                                           uniforms(buf.seeds, start, STREAM_BONUS, 1)[:, 0], buf.allowed)
             greedy = buf.greedy.bool()
             accepted, token = torch.where(greedy, accepted, a_s), torch.where(greedy, token, t_s)
         # 4. commit

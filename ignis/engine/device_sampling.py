@@ -2,7 +2,7 @@
 
 Owns: per-request counter-based uniforms, per-row probability shaping (temperature, top-k, top-p and min-p held as
 tensors), drawing by inverse CDF, greedy longest-prefix acceptance and speculative rejection sampling over [B, K]
-drafts. Does not own: the host reference these follow (ignis.engine.accept, ignis.engine.sampling: the same rules,
+drafts, draft by draft or as a block. Does not own: the host reference these follow (ignis.engine.accept, ignis.engine.sampling: the same rules,
 one lane at a time) or which rows are sampled (ignis.engine.device_round).
 
 Randomness: a uniform is a hash of (request seed, the anchor's position, stream, slot). A lane's anchor position grows
@@ -129,3 +129,51 @@ def accept_sampled(
         residual = torch.clamp(p_a - q_a, min=0.0)
     residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p_a)
     return accepted, draw(torch.where(rejected[:, None], residual, p_a), u_token)
+
+
+def accept_block(
+    drafts: torch.Tensor,  # [B, K] int64
+    p: torch.Tensor,  # [B, K+1, V] float32
+    q: torch.Tensor | None,  # [B, K, V] float32; None = one-hot at the drafts
+    u: torch.Tensor,  # [B, K] float64: u_j of the block of j + 1 drafts
+    u_token: torch.Tensor,  # [B] float64
+    allowed: torch.Tensor,  # [B] int64: a lane's block is its first `allowed` drafts
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(accepted [B], token [B]) by block verification (ignis.engine.accept's docstring, `accept_block` there the
+    reference): the longest block of j drafts with u_{j-1} < h_j, then a token from norm(max(0, w_j p_j - q_j)), or
+    from p_j after all `allowed`."""
+    b, k = drafts.shape
+    vocab = p.shape[-1]
+    if k == 0:
+        return allowed.new_zeros(b), draw(p[:, 0], u_token)
+    p_d = p[:, :k].gather(2, drafts[..., None])[..., 0].double()  # [B, K]
+    q_d = torch.ones_like(p_d) if q is None else q.gather(2, drafts[..., None])[..., 0].double()
+    ratio = torch.where(q_d > 0, p_d / q_d.clamp(min=1e-300), 0.0)
+    weights = [torch.ones_like(ratio[:, 0])]
+    for j in range(k):
+        weights.append(torch.clamp(weights[-1] * ratio[:, j], max=1.0))
+    w = torch.stack(weights, dim=1)  # [B, K+1]: w_0 .. w_K
+    # h_j for blocks of j = 1..K-1 drafts: the residual mass after them over itself plus what w_j leaves
+    mid = _residual(w[:, 1:k], p[:, 1:k], None if q is None else q[:, 1:k], drafts[:, 1:k]).sum(dim=-1).double()
+    room = mid + 1.0 - w[:, 1:k]
+    h = torch.cat([torch.where(room > 0, mid / room.clamp(min=1e-300), 0.0), w[:, k:]], dim=1)  # [B, K]: h_1 .. h_K
+    sizes = torch.arange(1, k + 1, device=drafts.device)
+    h = torch.where(sizes[None, :] == allowed[:, None], w[:, 1:], torch.where(sizes[None, :] < allowed[:, None], h, 0.0))
+    accepted = torch.where(u < h, sizes[None, :], 0).max(dim=1).values  # [B]: the longest block kept
+    p_a = p.gather(1, accepted[:, None, None].expand(b, 1, vocab))[:, 0]  # [B, V]
+    at = accepted.clamp(max=k - 1)
+    q_a = None if q is None else q.gather(1, at[:, None, None].expand(b, 1, vocab))[:, 0]
+    w_a = w.gather(1, accepted[:, None])[:, 0]  # [B]
+    residual = _residual(w_a, p_a, q_a, drafts.gather(1, at[:, None])[:, 0])
+    residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p_a)
+    return accepted, draw(torch.where((accepted < allowed)[:, None], residual, p_a), u_token)
+
+
+def _residual(w: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None, d: torch.Tensor) -> torch.Tensor:
+    """max(0, w p - q) over the last dimension, in p's dtype; w and d have p's shape without it; q None: one-hot at
+    d."""
+    wp = w.to(p.dtype)[..., None] * p
+    if q is None:
+        at = d[..., None]
+        return wp.scatter(-1, at, torch.clamp(wp.gather(-1, at) - 1.0, min=0.0))
+    return torch.clamp(wp - q, min=0.0)

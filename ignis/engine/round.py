@@ -30,7 +30,9 @@ import torch
 from ignis.backends.base import Observation, Proposal, ProposeIn, SpecBackend
 from ignis.engine.accept import (
     Anatomy,
+    Rule,
     Verdict,
+    accept_block,
     accept_greedy,
     accept_sampled,
     teacher_forced,
@@ -76,9 +78,12 @@ class Runner:
         device_round: DeviceRound | None = None,
         store: LaneStore | None = None,
         device_prefill: DevicePrefill | None = None,
+        verify: Rule = "block",
     ) -> None:
         """store: where retained lane states go to the host and come back (None: plans move none); device_prefill:
-        where the prompts it takes prefill (None: every prompt prefills in the host round)."""
+        where the prompts it takes prefill (None: every prompt prefills in the host round); verify: how sampled lanes'
+        drafts are judged (spec.verify)."""
+        self.accept_sampled = accept_block if verify == "block" else accept_sampled
         self.device_prefill = device_prefill
         self.store = store
         self.sample_drafts = sample_drafts  # False: one-hot drafts (the drafter's argmax) for sampled requests too
@@ -221,7 +226,7 @@ class Runner:
             else:
                 p = target_probs(logits, r.params)
                 q = proposal.q[i, : d.drafts] if proposal.q is not None else None
-                v = accept_sampled(mine, p, q, r.generator)
+                v = self.accept_sampled(mine, p, q, r.generator)
                 if self.anatomy is not None and q is not None:
                     self.anatomy.add(p, q, min(v.accepted + 1, len(mine)))
             verdicts.append(v if r.forced is None else teacher_forced(v, mine, r.forced, r.generated))

@@ -32,7 +32,7 @@ router = APIRouter()
 
 # The engine settings the panel offers, in the order it shows them; each needs a restart.
 KEYS = (
-    "spec.backend", "spec.draft_tokens", "spec.draft_head", "spec.draft_sampling",
+    "spec.backend", "spec.draft_tokens", "spec.draft_head", "spec.draft_sampling", "spec.verify",
     "engine.lanes", "engine.context", "engine.max_waiting", "server.frontends",
 )
 
