@@ -2,8 +2,8 @@
 
 Owns: per-request counter-based uniforms, per-row probability shaping (temperature, top-k, top-p and min-p held as
 tensors), drawing by inverse CDF, greedy longest-prefix acceptance and speculative rejection sampling over [B, K]
-drafts, draft by draft or as a block. Does not own: the host reference these follow (ignis.engine.accept, ignis.engine.sampling: the same rules,
-one lane at a time) or which rows are sampled (ignis.engine.device_round).
+drafts, draft by draft or as a block. Does not own: the host reference these follow (ignis.engine.accept,
+ignis.engine.sampling: the same rules, one lane at a time) or which rows are sampled (ignis.engine.device_round).
 
 Randomness: a uniform is a hash of (request seed, the anchor's position, stream, slot). A lane's anchor position grows
 every round, so no number is drawn twice, and a request draws the same numbers alone or beside any other requests.
@@ -158,7 +158,8 @@ def accept_block(
     room = mid + 1.0 - w[:, 1:k]
     h = torch.cat([torch.where(room > 0, mid / room.clamp(min=1e-300), 0.0), w[:, k:]], dim=1)  # [B, K]: h_1 .. h_K
     sizes = torch.arange(1, k + 1, device=drafts.device)
-    h = torch.where(sizes[None, :] == allowed[:, None], w[:, 1:], torch.where(sizes[None, :] < allowed[:, None], h, 0.0))
+    h = torch.where(sizes[None, :] == allowed[:, None], w[:, 1:],  # a lane's last draft: h = w
+                    torch.where(sizes[None, :] < allowed[:, None], h, 0.0))
     accepted = torch.where(u < h, sizes[None, :], 0).max(dim=1).values  # [B]: the longest block kept
     p_a = p.gather(1, accepted[:, None, None].expand(b, 1, vocab))[:, 0]  # [B, V]
     at = accepted.clamp(max=k - 1)
