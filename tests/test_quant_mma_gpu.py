@@ -202,34 +202,3 @@ def test_the_swiglu_store_gives_the_product_then_swiglu(shape: tuple[int, int],
         assert torch.allclose(got.float(), chain.float(), rtol=2**-7, atol=1e-6), (shape, rows)
     monkeypatch.setattr(quant_linear, "SWIGLU_ROWS", 8)
     assert quant_linear.packed_swiglu(x, w) is None
-
-
-@pytest.mark.parametrize("lanes", [1, 8])
-def test_the_gates_on_a_side_stream_keep_a_quantized_models_tokens(lanes: int, tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """ops.SIDE_GATES: a quantized Gated DeltaNet's gates product forked onto a side stream and joined before the conv
-    gives the tokens of the same engine without it, in eager rounds and in captured graphs."""
-    import json
-
-    from engines import make_engine, run
-    from ignis.artifact import BUILTIN
-    from ignis.model import ops
-    from ignis.params import SamplingParams
-    from ignis.quant.convert import convert
-    from ignis.tokenizer import Tokenizer
-
-    path = tmp_path / "int4"
-    convert(BUILTIN, path, group=128)
-    tok = Tokenizer.from_dir(BUILTIN)
-    lines = (BUILTIN / "heldout_prompts.jsonl").read_text().splitlines()[:lanes]
-    prompts = [tok.encode(json.loads(line)["prompt"])[-200:] for line in lines]
-    params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
-    forks: list[int] = []
-    alongside = ops.alongside
-    monkeypatch.setattr(ops, "alongside", lambda fn, device: (forks.append(1), alongside(fn, device))[1])
-    outs = []
-    for side, graphs in ((False, False), (True, False), (True, True)):
-        monkeypatch.setattr(ops, "SIDE_GATES", side)
-        engine = make_engine(path, "off", profile="h200", lanes=lanes, context=1024, cuda_graphs=graphs)
-        outs.append({rid: d.token_ids for rid, d in run(engine, prompts, params).items()})
-    assert outs[0] == outs[1] == outs[2] and forks

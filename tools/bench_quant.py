@@ -48,7 +48,6 @@ from torch import nn
 
 from ignis.artifact import BUILTIN
 from ignis.kernels import launch
-from ignis.model import ops
 from ignis.model.model import HybridModel
 from ignis.quant.format import quantize, quantized_name
 from ignis.quant.fp8 import Fp8Linear, to_fp8
@@ -139,10 +138,9 @@ def _ab(step: Callable[..., dict[str, Any]], key: str, module: Any, switch: str,
 
 
 def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
-                 profile: bool = False, side_gates_ab: bool = False) -> dict[str, Any]:
+                 profile: bool = False) -> dict[str, Any]:
     """The 27B decode step in bf16, int4, int4 with the output head packed and fp8; with `swiglu_ab` the int4-head
-    step again with SwiGLU in the gate | up product's store (SWIGLU_ROWS 8) and without (0), and with `side_gates_ab`
-    with the Gated DeltaNet's gates product on a side stream (ops.SIDE_GATES) and without, on the same model."""
+    step again with SwiGLU in the gate | up product's store (SWIGLU_ROWS 8) and without (0), on the same model."""
     from ignis.model.random import random_model
 
     dev = torch.device("cuda")
@@ -163,8 +161,6 @@ def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
     step = partial(decode_step, model=model, bw=bw, context=context, iters=iters, profile=profile)
     if swiglu_ab:
         out.update(_ab(step, "int4_head_swiglu", quant_linear, "SWIGLU_ROWS", (8, 0), "SwiGLU in the store to rows"))
-    if side_gates_ab:
-        out.update(_ab(step, "int4_head_side_gates", ops, "SIDE_GATES", (1, 0), "the gates on a side stream"))
     del model
     torch.cuda.empty_cache()
     model = random_model(C, seed=0, mtp=False, device=dev, dtype=torch.bfloat16)
@@ -337,9 +333,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--swiglu-rows", type=int, default=None,
                     help="rows up to which a 4-bit MLP's gate | up runs SwiGLU in the product's store "
                          "(ignis.quant.linear.SWIGLU_ROWS; default: as set there)")
-    ap.add_argument("--side-gates-ab", action="store_true",
-                    help="also time the int4-head decode step with the Gated DeltaNet's gates product on a side stream "
-                         "(ignis.model.ops.SIDE_GATES) and without, on the same model")
     ap.add_argument("--graph-profile", action="store_true",
                     help="also profile each decode step's graph replay: its own kernels' times")
     args = ap.parse_args(argv)
@@ -370,8 +363,7 @@ def main(argv: list[str] | None = None) -> int:
              ("sweep_mma_loads", lambda: sweep_mma(bw, args.reps, loads=True)),
              ("policies", lambda: policies(bw, args.reps)),
              ("layouts", lambda: layouts(bw, args.reps)),
-             ("decode", lambda: decode_steps(bw, args.context, args.iters, args.swiglu_ab, args.graph_profile,
-                                                args.side_gates_ab)),
+             ("decode", lambda: decode_steps(bw, args.context, args.iters, args.swiglu_ab, args.graph_profile)),
              ("quality", lambda: quality(args.prompts, args.tokens, args.accept_prompts, args.max_tokens))]
     for name, step in steps:
         if name in skip:

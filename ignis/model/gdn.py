@@ -16,7 +16,7 @@ from torch import nn
 
 from ignis.kernels import fused
 from ignis.kernels import gdn as gdn_kernels
-from ignis.model import delta_rule, ops
+from ignis.model import delta_rule
 from ignis.model.batch import Segment
 from ignis.model.cache import GDNState
 from ignis.model.config import ModelConfig
@@ -146,10 +146,9 @@ class GatedDeltaNet(nn.Module):
         elif self.in_proj_qkvz is not None and self.in_proj_ba is not None:
             gates = self.in_proj_ba
             assert isinstance(gates, torch.Tensor)  # the gates keep their precision
-            joined = ops.alongside(lambda: gate_linear(x, gates), x.device) if ops.SIDE_GATES and x.is_cuda else None
             qkv, z = torch.split(linear(x, self.in_proj_qkvz, False), [self.key_dim * 2 + self.value_dim,
                                                                       self.value_dim], dim=-1)
-            ba = joined() if joined is not None else gate_linear(x, gates)
+            ba = gate_linear(x, gates)
         else:
             qkv, z = linear(x, self.in_proj_qkv.weight, False), linear(x, self.in_proj_z.weight, False)
             ba = torch.cat([F.linear(x, self.in_proj_b.weight), F.linear(x, self.in_proj_a.weight)], dim=-1)

@@ -14,7 +14,7 @@ kernels use the vector path everywhere. Elementwise arithmetic and last-dim redu
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeAlias
@@ -213,35 +213,6 @@ def gate_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
         return dense_gemv(x, weight)
     return F.linear(x, weight)
-
-
-# Whether a quantized Gated DeltaNet's gates product (b | a, bf16, a few rows of output) runs on a side stream beside
-# the layer's 4-bit qkv | z product, which it does not depend on, instead of after it: its latency-bound 5 us a layer
-# (the 27B decode step's profile) would then overlap the larger product. Off: the 4-bit decode step with the output
-# head packed took 6.16 ms with it against 6.10 without on the H200 (tools.bench_quant --side-gates-ab, BENCHMARKS.md).
-# Set once, before the engine captures its graphs.
-SIDE_GATES = False
-_side_streams: dict[torch.device, torch.cuda.Stream] = {}
-
-
-def alongside(fn: Callable[[], torch.Tensor], device: torch.device) -> Callable[[], torch.Tensor]:
-    """Start fn's kernels on a side stream of `device` after the work queued so far on the current stream, and return
-    a join: calling it makes the current stream wait for them and returns fn's result. The work queued between the two
-    may run beside fn's; a CUDA graph being captured records the fork and the join as edges."""
-    main = torch.cuda.current_stream(device)
-    side = _side_streams.get(device)
-    if side is None:
-        side = _side_streams[device] = torch.cuda.Stream(device)
-    side.wait_stream(main)
-    with torch.cuda.stream(side):
-        out = fn()
-
-    def join() -> torch.Tensor:
-        main.wait_stream(side)
-        out.record_stream(main)  # made on the side stream, read on this one: its memory waits for both
-        return out
-
-    return join
 
 
 def fuse_rows(*linears: nn.Linear) -> torch.Tensor:
