@@ -243,3 +243,32 @@ def test_accept_block_draws_the_target_stream(real_q: bool) -> None:
     pairs /= trials
     assert _tv(pairs.sum(1), p1) < 0.03 and _tv(pairs.sum(0), p1) < 0.03
     assert _tv(pairs.flatten(), torch.outer(p1, p1).flatten()) < 0.05
+
+
+def test_expected_kept_averages_to_each_rules_drafts_kept() -> None:
+    """expected_kept over every draft sequence, weighted by q: the token rule's and block verification's drafts
+    kept a verification (the paper's example: 10/9 and 11/9; random conditionals: what the enumeration gives)."""
+    import itertools
+
+    from ignis.engine.accept import expected_kept
+
+    def mean_kept(a: int, p_of, q_of, vocab: int) -> tuple[float, float]:
+        token = block = 0.0
+        for drafts in itertools.product(range(vocab), repeat=a):
+            chance = 1.0
+            for j, d in enumerate(drafts):
+                chance *= float(q_of(drafts[:j])[d])
+            if chance:
+                p = torch.stack([p_of(drafts[:j]) for j in range(a + 1)])
+                q = torch.stack([q_of(drafts[:j]) for j in range(a)])
+                t, b = expected_kept(list(drafts), p, q)
+                token, block = token + chance * t, block + chance * b
+        return token, block
+
+    p, q = torch.tensor([1 / 3, 2 / 3], dtype=torch.float64), torch.tensor([2 / 3, 1 / 3], dtype=torch.float64)
+    token, block = mean_kept(2, lambda ctx: p, lambda ctx: q, 2)
+    assert abs(token - 10 / 9) < 1e-12 and abs(block - 11 / 9) < 1e-12
+    p_of, q_of = _conditionals(5, 3, equal_share=0.3)
+    token, block = mean_kept(3, p_of, q_of, 3)
+    enumerated = sum(c * (len(e) - 1) for e, c in _block_outcomes((), 3, p_of, q_of, 3).items())
+    assert abs(block - enumerated) < 1e-9 and block >= token - 1e-12

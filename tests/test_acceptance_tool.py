@@ -170,3 +170,5 @@ def test_anatomy_reports_every_drafted_position_of_a_sampled_run(tmp_path: Path)
     assert all(0 <= r["kept"] <= 1 and 0 <= r["p_outside_q"] <= 1 - r["kept"] + 1e-6 for r in rows)
     assert all(a["reached"] >= b["reached"] for a, b in itertools.pairwise(rows))
     assert abs(rows[0]["kept"] - row["per_position"][0]) < 0.25
+    expected = row["expected_kept"]  # both rules on the run's own verifies
+    assert expected["verifies"] == rows[0]["reached"] and 0 <= expected["token"] <= 7 and 0 <= expected["block"] <= 7

@@ -23,7 +23,8 @@ that equal it, plus the next recorded token). Turns are recorded from the target
 
 With --anatomy, each sampled run also reports where its drafts are lost, position by position (ignis.engine.accept
 .Anatomy, recorded in the host round, so on the CPU): the chance the verifier keeps a draft from q, sum min(p, q),
-and the target's mass on tokens q cannot propose after the request's cuts:
+and the target's mass on tokens q cannot propose after the request's cuts; and the drafts the token rule and block
+verification (spec.verify) would keep in expectation on the same verifies:
 
     python -m tools.acceptance --suite sampled --backend dflash2:7 --seeds 2 --anatomy
 
@@ -213,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:8s} k={runs[0].k} {suite:8s} mean of seeds {args.seed}-{args.seed + args.seeds - 1}: "
                   f"tokens/round={statistics.fmean(per_seed):.3f}{_spread(per_seed)}", flush=True)
     if args.json:
-        rows = [{**t.as_dict(), **({"anatomy": anatomies[id(t)].rows()} if id(t) in anatomies else {})}
-                for t in results]
+        rows = [{**t.as_dict(), **({"anatomy": anatomies[id(t)].rows(), "expected_kept": anatomies[id(t)].expected()}
+                                   if id(t) in anatomies else {})} for t in results]
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0
 
@@ -227,6 +228,10 @@ def _print_anatomy(a: Anatomy) -> None:
         print(f"  position {r['position']}: reached {r['reached']}, chance kept {r['kept']:.3f}, p outside q's "
               f"support {r['p_outside_q']:.3f}, tokens in q's support {r['q_support']:.1f}, in p's "
               f"{r['p_support']:.1f}", flush=True)
+    e = a.expected()
+    if e["verifies"]:
+        print(f"  expected drafts kept a verify, both rules on these {e['verifies']} verifies: token rule "
+              f"{e['token']:.3f}, block verification {e['block']:.3f}", flush=True)
 
 
 def _spread(per_seed: list[float]) -> str:

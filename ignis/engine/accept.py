@@ -44,13 +44,33 @@ class Anatomy:
     """Where sampled drafts are lost, draft position by position, over the verifies it is shown: the chance the
     verifier keeps a draft drawn from q, sum min(p, q), which is what a position keeps on average given the drafts
     before it were kept; the target's mass on tokens q cannot propose (outside q's support after the request's cuts);
-    and the sizes of both supports. A diagnostic of the host round (tools.acceptance --anatomy)."""
+    and the sizes of both supports. Also, over the same verifies, the drafts each rule would keep in expectation
+    (`expected_kept`): a paired comparison of the rules without their draws' noise. A diagnostic of the host round
+    (tools.acceptance --anatomy)."""
 
     reached: list[int] = field(default_factory=list)  # verifies that reached position i
     kept: list[float] = field(default_factory=list)  # sums of sum min(p, q) at position i
     outside: list[float] = field(default_factory=list)  # sums of p's mass where q is 0
     q_support: list[float] = field(default_factory=list)
     p_support: list[float] = field(default_factory=list)
+    judged: int = 0  # verifies `judge` saw
+    token_kept: float = 0.0  # sums of the expected drafts kept, by rule
+    block_kept: float = 0.0
+
+    def judge(self, drafts: list[int], p: torch.Tensor, q: torch.Tensor | None) -> None:
+        """One verify's expected drafts kept under each rule (p [a+1, V], q [a, V] or None for one-hot drafts); a
+        verify without drafts is not counted."""
+        if not drafts:
+            return
+        token, block = expected_kept(drafts, p, q)
+        self.judged += 1
+        self.token_kept += token
+        self.block_kept += block
+
+    def expected(self) -> dict[str, float]:
+        """The verifies judged and the mean expected drafts kept a verify under each rule."""
+        n = max(self.judged, 1)
+        return {"verifies": self.judged, "token": self.token_kept / n, "block": self.block_kept / n}
 
     def add(self, p: torch.Tensor, q: torch.Tensor, reached: int) -> None:
         """p [>= reached, V] and q [>= reached, V] float32 of one verify whose first `reached` positions were drawn
@@ -172,3 +192,20 @@ def accept_block(
     if float(residual.sum()) <= 0.0:  # only by rounding: a kept length with no residual has probability 0
         residual = p[kept]
     return Verdict(kept, draw(residual / residual.sum(), generator))
+
+
+def expected_kept(drafts: list[int], p: torch.Tensor, q: torch.Tensor | None) -> tuple[float, float]:
+    """The drafts the token rule and block verification keep in expectation over their uniforms, for these drafts
+    (p [a+1, V], q [a, V] or None for one-hot drafts): sum over j of the chance that the first j are kept, that is
+    the products of min(1, p/q) for the token rule, and 1 - prod_{i >= j} (1 - h_i) for the block rule."""
+    token, run = 0.0, 1.0
+    for j, d in enumerate(drafts):
+        q_d = 1.0 if q is None else float(q[j, d])
+        run *= min(1.0, float(p[j, d]) / q_d) if q_d > 0.0 else 0.0
+        token += run
+    h, _ = block_thresholds(drafts, p, q)
+    block, none_from = 0.0, 1.0
+    for j in range(len(drafts), 0, -1):
+        none_from *= 1.0 - h[j]
+        block += 1.0 - none_from
+    return token, block

@@ -229,6 +229,7 @@ class Runner:
                 v = self.accept_sampled(mine, p, q, r.generator)
                 if self.anatomy is not None and q is not None:
                     self.anatomy.add(p, q, min(v.accepted + 1, len(mine)))
+                    self.anatomy.judge(mine, p, q)
             verdicts.append(v if r.forced is None else teacher_forced(v, mine, r.forced, r.generated))
         return verdicts
 
