@@ -99,3 +99,37 @@ def test_every_case_is_timed_before_any_is_profiled(monkeypatch: pytest.MonkeyPa
     assert events[: len(timed)] == timed and len(timed) == 3, events
     assert [r["case"] + str(r["lanes"]) for r in rows] == ["decode1", "decode8", "verify1", "verify8"]  # cases' order
     assert rows[0]["kernels"] == 3 and "profile_error" in rows[1] and rows[1]["graph_ms"] == 1.0 and "error" in rows[2]
+
+
+def test_clocks_summarise_what_nvml_reported_while_a_case_was_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tools.gpu_clocks.Clocks against a fake NVML: medians, the lowest SM clock, the hottest reading and the capping
+    reasons seen (idle aside); without NVML it records nothing and the benchmark goes on."""
+    import sys
+    import time
+    from types import SimpleNamespace
+
+    from tools import gpu_clocks
+
+    readings = iter([(1980, 0x0), (1755, 0x4), (1980, 0x1)] * 1000)
+    state = {"sm": 1980, "bits": 0}
+
+    def clock(handle, which):  # type: ignore[no-untyped-def]
+        if which == "sm":
+            state["sm"], state["bits"] = next(readings)
+            return state["sm"]
+        return 3201
+
+    fake = SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: i, NVML_CLOCK_SM="sm",
+                           NVML_CLOCK_MEM="mem", NVML_TEMPERATURE_GPU=0, nvmlDeviceGetClockInfo=clock,
+                           nvmlDeviceGetPowerUsage=lambda h: 412_000, nvmlDeviceGetTemperature=lambda h, s: 61,
+                           nvmlDeviceGetCurrentClocksEventReasons=lambda h: state["bits"])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    with gpu_clocks.Clocks(0, period=0.001) as clocks:
+        time.sleep(0.05)
+    s = clocks.summary()
+    assert s["samples"] >= 3 and s["sm_mhz_min"] == 1755 and s["mem_mhz"] == 3201 and s["power_w"] == 412.0
+    assert s["temp_c_max"] == 61 and s["capped_by"] == ["sw_power_cap"]
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed: import fails
+    with gpu_clocks.Clocks(0) as clocks:
+        pass
+    assert clocks.summary() == {}

@@ -11,7 +11,9 @@ after every case's timings; with --graph-profile also the graph replay's own ker
 costs inside the round rather than after a slow eager launch), and the ratio to the floor: the bytes a round must move (the target's weights once, each lane's
 recurrent state read and written, its keys and values read) over the device-to-device copy bandwidth measured in the
 same run. The drafter is not in the floor: "x floor" of a drafting round is against the target's own floor.
-With --host-split, also where a round's time past its back-to-back replay goes (`host_split`).
+With --host-split, also where a round's time past its back-to-back replay goes (`host_split`). Each row also holds the
+SM and memory clocks, power and temperature NVML reported while its graph rounds were timed (tools.gpu_clocks), and
+what capped the clock if anything did.
 
     python -m tools.bench_round --json round.json --md round.md
     python -m tools.bench_round --models 27b --cases verify --lanes 8 --conv-blocks 1024,8192 --blas cublas,cublaslt
@@ -52,6 +54,7 @@ from ignis.model.loader import load_model
 from ignis.model import ops
 from ignis.model.model import HybridModel
 from ignis.kernels import attention, fused, launch
+from tools.gpu_clocks import Clocks
 from tools.variants import PDL_SWITCH, apply_variant, combinations
 from ignis.model.random import random_model
 from ignis.train.shortlist import build as build_shortlist
@@ -335,6 +338,11 @@ def bench_model(label: str, model: HybridModel, path: Path, bw: float, args: arg
               f"{row['graph_ms']:8.2f} ms  replay {row['replay_ms']:8.2f} ms  gpu(eager) {row['gpu_ms_eager']:8.2f} ms  "
               f"kernels {row['kernels']:5d}  "
               f"floor {row['floor_ms']:7.2f} ms  x{row['x_floor']:5.2f}", flush=True)
+        c = row.get("clocks")
+        if c:
+            print(f"    clocks: SM {c['sm_mhz']:.0f} MHz (lowest {c['sm_mhz_min']}), memory {c['mem_mhz']:.0f} MHz, "
+                  f"{c['power_w']} W, up to {c['temp_c_max']} C" + (f", capped by {', '.join(c['capped_by'])}"
+                                                                   if c["capped_by"] else ""), flush=True)
         if row["host_split"]:
             print("    host split (ms): " + ", ".join(f"{k[:-3]} {v:.3f}" for k, v in row["host_split"].items()),
                   flush=True)
@@ -359,13 +367,15 @@ def bench_case(label: str, case: Case, model: HybridModel, path: Path, bw: float
     eager = time_rounds(dr, work, max(3, args.iters // 4))
     rounds = args.rounds_per_sync
     capture_s = dr.capture([(bucket, span, False)])
-    graph = time_rounds(dr, work, args.iters, rounds)
+    with Clocks(device.index or 0) as clocks:  # the SM clock the graph rounds ran at, and what capped it
+        graph = time_rounds(dr, work, args.iters, rounds)
     replay = time_replays(dr.graphs[(bucket, span, False)], args.iters)  # it replays one round's inputs again
     split = host_split(dr, work, bucket, span, args.iters) if args.host_split else {}
     floor = floor_bytes(model, case.lanes, case.k + 1, args.position) / bw
     return {"model": label, "case": case.name, "lanes": case.lanes, "cols": case.k + 1, "eager_ms": 1e3 * eager,
             "graph_ms": 1e3 * graph, "replay_ms": 1e3 * replay, "rounds_per_sync": rounds,
-            "floor_ms": 1e3 * floor, "x_floor": graph / floor, "capture_s": capture_s, "host_split": split}
+            "floor_ms": 1e3 * floor, "x_floor": graph / floor, "capture_s": capture_s, "host_split": split,
+            "clocks": clocks.summary()}
 
 
 def profile_case(case: Case, model: HybridModel, path: Path, args: argparse.Namespace, lanes: int,
