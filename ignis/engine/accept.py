@@ -151,10 +151,8 @@ def block_thresholds(
     always kept) and the weights w[0..a]."""
     a = len(drafts)
     w = [1.0]
-    for j, d in enumerate(drafts):
-        p_d = float(p[j, d])
-        q_d = 1.0 if q is None else float(q[j, d])
-        w.append(min(1.0, w[-1] * (p_d / q_d)) if q_d > 0.0 else 0.0)
+    for ratio in _ratios(drafts, p, q):
+        w.append(min(1.0, w[-1] * ratio))
     h = [1.0]
     for j in range(1, a):
         mass = float(_residual(w[j], p[j], q[j] if q is not None else None, drafts[j]).sum())
@@ -163,6 +161,15 @@ def block_thresholds(
     if a:
         h.append(w[a])
     return h, w
+
+
+def _ratios(drafts: list[int], p: torch.Tensor, q: torch.Tensor | None) -> list[float]:
+    """p_j(d_j) / q_j(d_j) for each draft (q one-hot at the drafts where None); 0 where q gives the draft nothing."""
+    out = []
+    for j, d in enumerate(drafts):
+        q_d = 1.0 if q is None else float(q[j, d])
+        out.append(float(p[j, d]) / q_d if q_d > 0.0 else 0.0)
+    return out
 
 
 def _residual(w: float, p: torch.Tensor, q: torch.Tensor | None, d: int) -> torch.Tensor:
@@ -199,9 +206,8 @@ def expected_kept(drafts: list[int], p: torch.Tensor, q: torch.Tensor | None) ->
     (p [a+1, V], q [a, V] or None for one-hot drafts): sum over j of the chance that the first j are kept, that is
     the products of min(1, p/q) for the token rule, and 1 - prod_{i >= j} (1 - h_i) for the block rule."""
     token, run = 0.0, 1.0
-    for j, d in enumerate(drafts):
-        q_d = 1.0 if q is None else float(q[j, d])
-        run *= min(1.0, float(p[j, d]) / q_d) if q_d > 0.0 else 0.0
+    for ratio in _ratios(drafts, p, q):
+        run *= min(1.0, ratio)
         token += run
     h, _ = block_thresholds(drafts, p, q)
     block, none_from = 0.0, 1.0
