@@ -30,16 +30,22 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ignis.kernels.gemv_triton import Config, dense_gemv, fits, fp8_gemv, plan
+from ignis.kernels.gemv_triton import NARROW_OUT, Config, dense_gemv, fits, fp8_gemv, plan
 from ignis.model.ops import blas_library
 from ignis.quant.fp8 import quantize_fp8
 from tools.quant_products import C, SHAPES, graph_ms, weight_copies
 from tools.bench_round import copy_bandwidth
 
-PRODUCTS = [*SHAPES, ("output head", C["vocab_size"], C["hidden_size"])]
+# the 27B's products, its output head, and a quantized Gated DeltaNet's gates b | a (dense beside 4-bit projections)
+PRODUCTS = [*SHAPES, ("output head", C["vocab_size"], C["hidden_size"]),
+            ("gdn gates b | a", 2 * C["linear_num_value_heads"], C["hidden_size"])]
 # (block_n, block_k, programs a SM, warps, stages) around the default launch (64, 128, 4, 4, 4), one knob at a time
 VARIANTS = [(32, 128, 4, 4, 4), (128, 128, 4, 8, 4), (64, 256, 4, 4, 4), (64, 256, 4, 8, 3), (64, 128, 2, 4, 4),
             (64, 128, 8, 4, 4), (64, 128, 4, 8, 4), (64, 128, 4, 4, 6)]
+# Narrow tiles for a weight of at most gemv_triton.NARROW_OUT output rows, which the wide tiles spread over few
+# programs (the gates' 96 rows: 20); (block_n, block_k, programs a SM, warps, stages)
+NARROW = [(16, 64, 4, 4, 3), (16, 64, 4, 2, 3), (16, 128, 4, 4, 4), (16, 128, 4, 2, 3), (32, 64, 4, 4, 3),
+          (32, 128, 4, 4, 4), (16, 256, 4, 4, 2)]
 # Wider row tiles for calls of more than 16 rows (a verify's 64: 16-row tiles read each weight tile four times), with
 # the default launch's knobs and a few around them; (block_m, block_n, block_k, programs a SM, warps, stages)
 WIDE = [(32, 64, 128, 4, 4, 4), (64, 64, 128, 4, 4, 4), (64, 128, 128, 4, 8, 4), (64, 64, 128, 2, 4, 4),
@@ -49,7 +55,8 @@ WIDE = [(32, 64, 128, 4, 4, 4), (64, 64, 128, 4, 4, 4), (64, 128, 128, 4, 8, 4),
 def launches(nout: int, ncols: int, sms: int, rows: int) -> list[Config]:
     """The default launch first, then each variant that fits the shape and the rows (duplicates dropped)."""
     found = [plan(nout, ncols, sms)]
-    knobs = [(16, *v) for v in VARIANTS] + [w for w in WIDE if w[0] < 2 * rows]
+    narrow = NARROW if nout <= NARROW_OUT else []
+    knobs = [(16, *v) for v in VARIANTS + narrow] + [w for w in WIDE if w[0] < 2 * rows]
     for bm, bn, bk, pps, warps, stages in knobs:
         if ncols % bk:
             continue
