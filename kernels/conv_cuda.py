@@ -13,7 +13,7 @@ import threading
 import torch
 
 from ignis.kernels.conv_cuda_kernel import CMAX, SOURCE
-from ignis.kernels.launch import nvrtc_installed
+from ignis.kernels.launch import gdn_pdl, nvrtc_installed
 
 _lock = threading.Lock()
 _functions: dict[tuple[tuple[tuple[str, int], ...], torch.device], object] = {}
@@ -24,8 +24,10 @@ def threads(dk: int) -> int:
     return max(32, 1 << (dk - 1).bit_length())
 
 
-def defines(dtype: torch.dtype, dk: int, taps: int) -> tuple[tuple[str, int], ...]:
-    return (("DKT", threads(dk)), ("KC", taps), ("CMAX", CMAX), ("BF16", int(dtype == torch.bfloat16)))
+def defines(dtype: torch.dtype, dk: int, taps: int, early: bool = False) -> tuple[tuple[str, int], ...]:
+    """The source's sizes; early: launched programmatic-dependent (launch.gdn_pdl)."""
+    return (("DKT", threads(dk)), ("KC", taps), ("CMAX", CMAX), ("BF16", int(dtype == torch.bfloat16)),
+            ("PDL", int(early)))
 
 
 def fits(raw: torch.Tensor, window: torch.Tensor, record: torch.Tensor | None, ba: torch.Tensor, weight: torch.Tensor,
@@ -38,10 +40,10 @@ def fits(raw: torch.Tensor, window: torch.Tensor, record: torch.Tensor | None, b
             and weight.is_contiguous() and nvrtc_installed())
 
 
-def _function(dtype: torch.dtype, dk: int, taps: int, device: torch.device) -> object:
+def _function(dtype: torch.dtype, dk: int, taps: int, early: bool, device: torch.device) -> object:
     from ignis.kernels.nvrtc import Function, arch_of, compile_cubin
 
-    key = (defines(dtype, dk, taps), device)
+    key = (defines(dtype, dk, taps, early), device)
     with _lock:
         if key not in _functions:
             _functions[key] = Function(compile_cubin(SOURCE, "gdn_conv", arch_of(device), key[0]), "gdn_conv", device)
@@ -70,8 +72,9 @@ def conv(
     strides = (*window.stride()[:2], *raw.stride()[:2], *rec.stride()[:2], *ba.stride()[:2])
     if max(strides) >= 2**31:
         raise ValueError(f"conv_cuda.conv takes strides below 2**31 (the kernel's int offsets); got {strides}")
-    kernel = _function(raw.dtype, dk, weight.shape[1], raw.device)
+    early = gdn_pdl(raw.device)
+    kernel = _function(raw.dtype, dk, weight.shape[1], early, raw.device)
     kernel(((dim + dk - 1) // dk, b, 1), threads(dk),  # type: ignore[operator]
            (window, lanes, raw, weight, mixed, rec, ba, ba_out, c, dim, dk, 2 * key_heads, dk**-0.5,
-            int(record is not None), *strides, ba.shape[2]))
+            int(record is not None), *strides, ba.shape[2]), early)
     return mixed, ba_out

@@ -3,7 +3,8 @@ ignis.kernels.nvrtc, launched from ignis.kernels.conv_cuda).
 
 Owns: `SOURCE` and its compile-time sizes (DKT: the threads of a block, one channel each, at least the key head's
 width; KC: the conv's taps; CMAX: the most columns a launch takes; BF16: whether elements are bf16 bits, else
-float32). Does not own: the launch, its checks or when it runs (ignis.kernels.conv_cuda, ignis.kernels.fused).
+float32; PDL: launched with programmatic dependent launch, ignis.kernels.launch.PDL: the window and the taps load
+before the kernel waits for the projection ahead). Does not own: the launch, its checks or when it runs (ignis.kernels.conv_cuda, ignis.kernels.fused).
 
 The work of the numba kernel `conv` of ignis.kernels.fused_kernel, in its order of operations: silu of the causal
 depthwise conv over [window | this round's inputs], q and k l2-normalised per head of channels (q then scaled), the
@@ -19,6 +20,9 @@ from __future__ import annotations
 CMAX = 8  # the most columns a launch takes: a verify of up to 7 drafts, or a decode's one
 
 SOURCE = r"""
+#ifndef PDL
+#define PDL 0
+#endif
 #define KC1 (KC - 1)
 #define SEQ (KC1 + CMAX)
 #define WARPS (DKT / 32)
@@ -49,22 +53,30 @@ gdn_conv(elem* __restrict__ window, const long long* __restrict__ lanes, const e
     const int ch = head * dk + t;
     const long long lane = lanes[b];
     const bool active = t < dk && ch < dim;
+    float xs[SEQ], w[KC];
+#pragma unroll
+    for (int i = 0; i < KC1; ++i) xs[i] = active ? load(window[lane * win_l + i * win_t + ch]) : 0.f;
+#pragma unroll
+    for (int tap = 0; tap < KC; ++tap) w[tap] = active ? weight[ch * KC + tap] : 0.f;
+#if PDL
+    // Launched ahead of the kernel before it (a projection): the window and the taps are not its output and loaded
+    // above while it finished; raw and ba are, so wait before reading them.
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
     if (head == 0) {
         for (int i = t; i < cols * nba; i += DKT) {
             const int j = i / nba, n = i % nba;
             ba_out[((long long)b * cols + j) * nba + n] = load(ba[(long long)b * ba_b + j * ba_c + n]);
         }
     }
-    float xs[SEQ], w[KC];
 #pragma unroll
-    for (int i = 0; i < SEQ; ++i) {
+    for (int i = KC1; i < SEQ; ++i) {
         xs[i] = 0.f;
-        if (active && i < KC1 + cols)
-            xs[i] = i < KC1 ? load(window[lane * win_l + i * win_t + ch])
-                            : load(raw[(long long)b * raw_b + (i - KC1) * raw_c + ch]);
+        if (active && i < KC1 + cols) xs[i] = load(raw[(long long)b * raw_b + (i - KC1) * raw_c + ch]);
     }
-#pragma unroll
-    for (int tap = 0; tap < KC; ++tap) w[tap] = active ? weight[ch * KC + tap] : 0.f;
+#if PDL
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // the recurrence may launch; it waits for us
+#endif
     float acc[CMAX];
 #pragma unroll
     for (int j = 0; j < CMAX; ++j) {

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ignis.kernels.launch import launch, triton_installed
+from ignis.kernels.launch import gdn_pdl, launch, triton_installed
 from ignis.kernels.gdn import normalise_qk
 from ignis.model.ops import apply_rope
 
@@ -29,7 +29,8 @@ CONV_BLOCKS = 1024  # conv: the fewest blocks worth fewer columns a block (each 
 # of the numba one: True or False for every call, None (the default) for those of at least CUDA_CONV_ROWS rows (lanes
 # x columns). On the H200 at the 27B shape, in CUDA graphs of 48 layers' calls: 1 x 8 numba 4.6 us, CUDA C++ 5.4;
 # 8 x 8 numba 10.3 us, CUDA C++ 7.8, and the 8 x 8 verify round 0.12-0.14 ms faster (tools.bench_round --conv
-# numba,cuda); between, unmeasured. Set once, before the engine captures its graphs.
+# numba,cuda); between, unmeasured. Where launch.gdn_pdl holds, every row count (the numba kernel cannot launch
+# programmatic-dependent). Set once, before the engine captures its graphs.
 CUDA_CONV: bool | None = None
 CUDA_CONV_ROWS = 32
 
@@ -164,7 +165,7 @@ def conv(
     if not raw.is_cuda:
         return conv_reference(window, lanes, raw, weight, ba, record, key_heads, dk)
     b, c, dim = raw.shape
-    if CUDA_CONV if CUDA_CONV is not None else b * c >= CUDA_CONV_ROWS:
+    if CUDA_CONV if CUDA_CONV is not None else b * c >= CUDA_CONV_ROWS or gdn_pdl(raw.device):
         from ignis.kernels import conv_cuda
 
         if conv_cuda.fits(raw, window, record, ba, weight, dk):

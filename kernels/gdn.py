@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ignis.kernels.launch import launch
+from ignis.kernels.launch import gdn_pdl, launch
 from ignis.model.ops import l2norm
 
 
@@ -123,10 +123,12 @@ VERIFY_TILE = 8  # the staging tile of a verify (at most 8 columns: spec.draft_t
 # SM: gdn_cuda.BLOCKS) followed by the norm's own launch. On the H200 at the 27B shape (tools.bench_gdn, µs a layer,
 # numba / the whole head / the recurrence alone at six blocks): decode 1 x 1 5.8 / 5.4 / 5.4, verify 1 x 8 9.6 / 8.9
 # / 9.1, decode 8 x 1 20.3 / 19.5 / 19.6, verify 8 x 8 33.0 / 32.0 / 28.9; the 8 x 8 verify round 0.2 ms faster
-# (tools.bench_round --gdn numba,cuda6), the others within their spread. Set once, before the engine captures its
-# graphs.
+# (tools.bench_round --gdn numba,cuda6), the others within their spread. CUDA_NORMED None (the default): the whole
+# head where the round launches the GDN's kernels programmatic-dependent (ignis.kernels.launch.gdn_pdl), so the
+# product after it loads its weight while the recurrence ends (the 4-bit decode step 5.93 -> 5.76 ms); the
+# recurrence alone elsewhere. Set once, before the engine captures its graphs.
 CUDA_COLUMNS = True
-CUDA_NORMED = False
+CUDA_NORMED: bool | None = None
 
 
 def _compiled(dk: int, dv: int, cols: int) -> Any:
@@ -213,7 +215,7 @@ def columns_normed(
 
     b, c = mixed.shape[:2]
     hv, dk, dv = state.shape[1], state.shape[2], state.shape[3]
-    if CUDA_COLUMNS and CUDA_NORMED and state.is_cuda:
+    if CUDA_COLUMNS and state.is_cuda and (CUDA_NORMED if CUDA_NORMED is not None else gdn_pdl(state.device)):
         from ignis.kernels import gdn_cuda
 
         if gdn_cuda.fits_normed(state, c, record, z):

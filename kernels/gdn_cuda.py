@@ -16,7 +16,7 @@ import threading
 import torch
 
 from ignis.kernels.gdn_cuda_kernel import CMAX, SOURCE
-from ignis.kernels.launch import nvrtc_installed
+from ignis.kernels.launch import gdn_pdl, nvrtc_installed
 
 TV = 32  # state columns a block of the recurrence alone (128 threads)
 RS = 4  # threads a state column
@@ -32,11 +32,13 @@ _lock = threading.Lock()
 _functions: dict[tuple[tuple[tuple[str, int], ...], torch.device], object] = {}
 
 
-def defines(dk: int, dv: int, normed: bool = False, dtype: torch.dtype = torch.float32) -> tuple[tuple[str, int], ...]:
-    """The source's sizes: a block of TV state columns, or the whole head (DV) where it applies the norm too."""
+def defines(dk: int, dv: int, normed: bool = False, dtype: torch.dtype = torch.float32,
+            early: bool = False) -> tuple[tuple[str, int], ...]:
+    """The source's sizes: a block of TV state columns, or the whole head (DV) where it applies the norm too; early:
+    launched programmatic-dependent (launch.gdn_pdl)."""
     return (("DK", dk), ("DV", dv), ("CMAX", CMAX), ("TV", dv if normed else TV), ("NORMED", int(normed)),
             ("BF16", int(dtype == torch.bfloat16)), ("MINB", 1 if normed else BLOCKS),
-            ("KEEP_K", int(KEEP_K or normed)))
+            ("KEEP_K", int(KEEP_K or normed)), ("PDL", int(early)))
 
 
 def fits(state: torch.Tensor, cols: int, record: torch.Tensor | None) -> bool:
@@ -75,18 +77,19 @@ def _launch(state: torch.Tensor, lanes: torch.Tensor, mixed: torch.Tensor, ba: t
     if record is not None and record.shape[1] < c:
         raise ValueError(f"the record holds {record.shape[1]} columns, fewer than {c}")
     rec = record if record is not None else out  # a placeholder of the right type when nothing is recorded
+    early = gdn_pdl(state.device)
     if normed is None:
         z = weight = y = out  # placeholders: not read
         z_row, eps, tv = 0, 0.0, TV
-        key = defines(dk, dv)
+        key = defines(dk, dv, early=early)
     else:
         z, weight, y, eps = normed
         z_row, tv = z.stride(0), dv
-        key = defines(dk, dv, True, z.dtype)
+        key = defines(dk, dv, True, z.dtype, early)
     kernel = _function(key, state.device)
     kernel(((dv + tv - 1) // tv, hv, b), tv * RS,  # type: ignore[operator]
            (state, lanes, mixed, ba, dt_bias, rate, out, rec, z, weight, y, c, hv, width, key_heads * dk,
-            hv // key_heads, rec.shape[1], int(write_state), int(record is not None), z_row, float(eps)))
+            hv // key_heads, rec.shape[1], int(write_state), int(record is not None), z_row, float(eps)), early)
 
 
 def columns(

@@ -5,7 +5,8 @@ Owns: `SOURCE` and its compile-time sizes (DK, DV: the head's key and value widt
 takes; TV: state columns a block; MINB: the blocks an SM the registers are bounded for; KEEP_K: whether a thread
 holds its rows of a column's k in registers between the column's two passes, or reads them from shared memory again
 (fewer registers, so more blocks an SM); NORMED: whether the block, then holding the whole head, also applies the gated
-output norm and writes its result; BF16: the element type of the gate, the norm's weight and that result). Does not
+output norm and writes its result; BF16: the element type of the gate, the norm's weight and that result; PDL: launched
+with programmatic dependent launch, ignis.kernels.launch.PDL: the state loads before the kernel waits for the conv). Does not
 own: the launch, its checks or when it runs (ignis.kernels.gdn_cuda, ignis.kernels.gdn).
 
 The same work as the numba kernel `columns` of ignis.kernels.gdn_kernel (its docstring has the layout), but for the
@@ -23,6 +24,9 @@ from __future__ import annotations
 CMAX = 8  # the most columns a launch takes: a verify of up to 7 drafts, or a decode's one
 
 SOURCE = r"""
+#ifndef PDL
+#define PDL 0
+#endif
 #define RS 4
 #define THREADS (TV * RS)
 #define WARPS (THREADS / 32)
@@ -103,6 +107,11 @@ gdn_columns(float* __restrict__ state, const long long* __restrict__ lanes, cons
     for (int j = 0; j < CMAX; ++j)
         zr[j] = (j < ncols && live && s == 0) ? load(z[((size_t)b * ncols + j) * z_row + h * DV + c]) : 0.f;
 #endif
+#if PDL
+    // Launched ahead of the kernel before it (the conv): the state, the gate and the norm's weight are not its output
+    // and loaded above while it finished; mixed and ba are, so wait before the staging reads them.
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 
     // Stage every column's q and k (a thread a channel), the block's v and the gates: loads before stores.
     for (int e = t; e < DK; e += THREADS) {
@@ -138,6 +147,9 @@ gdn_columns(float* __restrict__ state, const long long* __restrict__ lanes, cons
         }
     }
     __syncthreads();
+#if PDL
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // the next kernel may launch; it waits for us
+#endif
 
 #pragma unroll 1
     for (int j = 0; j < ncols; ++j) {

@@ -65,7 +65,22 @@ def nvrtc_installed() -> bool:
 # (tools.bench_round --pdl, tools.bench_quant --pdl).
 PDL: bool | None = None
 PACKED_PDL_ROWS = 8
+# Whether the Gated DeltaNet's CUDA C++ kernels (the conv and the recurrence) launch programmatic-dependent, loading
+# the conv's window and taps, and the recurrence's state, while the kernel ahead finishes (the conv then takes its
+# CUDA C++ kernel at every row count, since the numba one launches only plainly): None (the default) where `pdl` says
+# kernels do; True or False in every round (tools.bench_round --gdn-pdl). On the H200, the 27B-shape decode step with
+# 4-bit weights and the output head packed: 6.09 ms without, 5.93 with, 5.76 with the recurrence applying the gated
+# norm as well (gdn.CUDA_NORMED, which follows this switch; BENCHMARKS.md).
+GDN_PDL: bool | None = None
 _round_pdl = False  # what the round running or being captured asked for (`dependent_launches`)
+
+
+def gdn_pdl(device: torch.device) -> bool:
+    """Whether the Gated DeltaNet's CUDA C++ kernels on `device` launch programmatic-dependent: as `pdl` says where
+    GDN_PDL is None, else GDN_PDL on a CUDA device of compute capability 9.0 or later."""
+    if GDN_PDL is None:
+        return pdl(device)
+    return GDN_PDL and device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
 def pdl(device: torch.device) -> bool:

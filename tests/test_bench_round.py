@@ -37,11 +37,11 @@ def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch:
     from tools import variants as kernel_variants
 
     args = argparse.Namespace(conv_blocks="256,1024", blas="cublas", stream="off,on", gdn="numba,cuda", conv="cuda",
-                              pdl="off,on")
+                              pdl="off,on", gdn_pdl="auto")
     variants = kernel_variants.combinations(args)
     assert len(variants) == 16 and len({tuple(v.values()) for v in variants}) == 16
     assert variants[0] == {"conv_blocks": "256", "blas": "cublas", "stream": "off", "gdn": "numba", "conv": "cuda",
-                           "pdl": "off"}
+                           "pdl": "off", "gdn_pdl": "auto"}
     libraries: list[str] = []
     monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", libraries.append)
     for name in ("CONV_BLOCKS", "CUDA_CONV"):
@@ -52,6 +52,7 @@ def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch:
         monkeypatch.setattr(gdn_cuda, name, getattr(gdn_cuda, name))
     monkeypatch.setattr(ops, "STREAMING", ops.STREAMING)
     monkeypatch.setattr(launch, "PDL", launch.PDL)
+    monkeypatch.setattr(launch, "GDN_PDL", launch.GDN_PDL)
     kernel_variants.apply_variant(variants[-1])
     assert (fused.CONV_BLOCKS, libraries, ops.STREAMING, gdn.CUDA_COLUMNS, fused.CUDA_CONV, launch.PDL) == (
         1024, ["cublas"], True, True, True, True)

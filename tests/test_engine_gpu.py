@@ -4,6 +4,7 @@ speculative greedy output equals plain decoding up to near-ties. Needs CUDA; CI 
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 import torch
@@ -252,6 +253,38 @@ def test_an_int4_drafter_in_graph_rounds_gives_the_eager_rounds_tokens(lanes: in
         packed = [m for m in engine.runner.backend.model.modules() if isinstance(m, QuantLinear)]
         assert packed and all(m.mma is not None for m in packed)
         assert bool(engine.runner.device_round.graphs) == graphs
+        outs.append({rid: d.token_ids for rid, d in run(engine, ps, params).items()})
+    assert outs[0] == outs[1]
+
+
+@pytest.fixture(scope="module")
+def int4_builtin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The built-in model converted to 4 bits (groups of 128, `ignis quantize`), its drafter beside it."""
+    from ignis.quant.convert import convert
+
+    path = tmp_path_factory.mktemp("int4") / "builtin-int4"
+    convert(BUILTIN, path, group=128)
+    return path
+
+
+@pytest.mark.parametrize("backend,k", [("off", 0), ("dflash2", 7)])
+@pytest.mark.parametrize("lanes", [1, 8])
+def test_a_4bit_targets_graph_rounds_give_the_eager_rounds_tokens(backend: str, k: int, lanes: int,
+                                                                 int4_builtin: Path) -> None:
+    """A 4-bit target's rounds of at most 8 rows launch programmatic-dependent, the Gated DeltaNet's conv and
+    recurrence (with its gated norm) among them: the captured rounds give the eager device rounds' tokens."""
+    from engines import run
+    from ignis.kernels import launch
+
+    ps = _heldout(8)
+    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+    outs = []
+    for graphs in (True, False):
+        engine = make_engine(int4_builtin, backend, draft_tokens=k, profile="h200", lanes=lanes, context=1024,
+                             cuda_graphs=graphs)
+        dr = engine.runner.device_round
+        assert dr is not None and dr.pdl_rows == launch.PACKED_PDL_ROWS  # a repacked target's rounds
+        assert bool(dr.graphs) == graphs
         outs.append({rid: d.token_ids for rid, d in run(engine, ps, params).items()})
     assert outs[0] == outs[1]
 

@@ -501,3 +501,46 @@ def test_programmatic_dependent_launch_keeps_the_mlp_chain_bit_for_bit(rows: int
 
     with torch.inference_mode():
         same_bits_with_pdl(chain, x, inputs, monkeypatch)
+
+
+@pytest.mark.parametrize("c", [1, 8])
+def test_programmatic_dependent_launch_keeps_the_gdn_chain_bit_for_bit(c: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With launch.PDL on, the CUDA C++ conv and recurrence load the window, the taps and the state before they wait
+    for the kernel ahead: a graph of the 27B Gated DeltaNet's chain (the qkv projection by cuBLAS, the gates by the
+    Triton product, the conv, the recurrence recording its columns) gives the bits it gives with PDL off, eagerly and
+    replayed on new inputs."""
+    import torch.nn.functional as F
+
+    from ignis.kernels import conv_cuda, fused, gdn, gdn_cuda
+    from ignis.kernels.gemv_triton import dense_gemv
+    from tests.pdl import same_bits_with_pdl
+
+    monkeypatch.setattr(fused, "CUDA_CONV", True)  # the kernel PDL routes to, with PDL off as well
+    monkeypatch.setattr(gdn, "CUDA_COLUMNS", True)
+    convs, recurrences = _counted(monkeypatch, conv_cuda, "conv"), _counted(monkeypatch, gdn_cuda, "columns")
+    g = torch.Generator(device="cuda").manual_seed(c)
+    hidden, hk, hv, dk, dv, lanes = 5120, 16, 48, 128, 128, 3
+    dim = 2 * hk * dk + hv * dv
+    bf = torch.bfloat16
+    w_in = (torch.randn(dim, hidden, device="cuda", generator=g) * hidden**-0.5).to(bf)
+    w_ba = (torch.randn(2 * hv, hidden, device="cuda", generator=g) * hidden**-0.5).to(bf)
+    window = torch.randn(lanes, 3, dim, device="cuda", generator=g).to(bf)
+    taps = torch.randn(dim, 4, device="cuda", generator=g) * 0.5
+    state = torch.randn(lanes, hv, dk, dv, device="cuda", generator=g) * 0.1
+    dt_bias, rate = torch.randn(hv, device="cuda", generator=g), -torch.rand(hv, device="cuda", generator=g)
+    ids = torch.tensor([2], device="cuda")
+    conv_rec = torch.zeros(lanes, 8, dim, device="cuda", dtype=bf)
+    gdn_rec = torch.zeros(lanes, 8, hv, gdn.record_width(dk, dv), device="cuda")
+    x = torch.randn(c, hidden, device="cuda", generator=g).to(bf)
+    inputs = [torch.randn(c, hidden, device="cuda", generator=g).to(bf) for _ in range(3)]
+
+    def chain() -> tuple[torch.Tensor, ...]:
+        raw, ba = F.linear(x, w_in).view(1, c, dim), dense_gemv(x, w_ba).view(1, c, 2 * hv)
+        mixed, ba32 = fused.conv(window, ids, raw, taps, ba, conv_rec, key_heads=hk, dk=dk)
+        out = gdn.columns(state, ids, mixed, ba32, dt_bias, rate, gdn_rec, key_heads=hk, write_state=False,
+                          normalised=True)
+        return mixed, out, conv_rec[2, :c].clone(), gdn_rec[2, :c].clone()
+
+    with torch.inference_mode():
+        same_bits_with_pdl(chain, x, inputs, monkeypatch)
+    assert convs and recurrences  # the CUDA C++ kernels ran

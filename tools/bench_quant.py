@@ -161,11 +161,35 @@ def _gates_ab(step: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+# --gdn-pdl-ab's arms: (launch.GDN_PDL, gdn.CUDA_NORMED), None as shipped (the round decides); the first again last
+GDN_PDL_ARMS: tuple[tuple[bool | None, bool | None], ...] = ((False, False), (None, False), (None, None), (False, False))
+
+
+def _gdn_pdl_ab(step: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    """The int4-head decode step with the Gated DeltaNet's CUDA C++ conv and recurrence launched programmatic-dependent
+    and not (launch.GDN_PDL), and with the recurrence applying the gated norm itself (gdn.CUDA_NORMED), the same
+    model; the switches put back after: {"gdn_pdl_<i>": the step's figures with its arm}."""
+    from ignis.kernels import gdn
+
+    kept, out = (launch.GDN_PDL, gdn.CUDA_NORMED), {}
+    try:
+        for i, (early, normed) in enumerate(GDN_PDL_ARMS):
+            launch.GDN_PDL, gdn.CUDA_NORMED = early, normed
+            out[f"gdn_pdl_{i}"] = {**step(f"int4 head, gdn pdl {early} normed {normed}"),
+                                   "gdn_pdl": early, "normed": normed}
+    finally:
+        launch.GDN_PDL, gdn.CUDA_NORMED = kept
+    print("gdn pdl, normed: " + ", ".join(f"{r['gdn_pdl']} {r['normed']}: {r['graph_ms']:.3f} ms (replay "
+                                          f"{r['replay_ms']:.3f})" for r in out.values()), flush=True)
+    return out
+
+
 def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
-                 profile: bool = False, gates_ab: bool = False) -> dict[str, Any]:
+                 profile: bool = False, gates_ab: bool = False, gdn_pdl_ab: bool = False) -> dict[str, Any]:
     """The 27B decode step in bf16, int4, int4 with the output head packed and fp8; with `swiglu_ab` the int4-head
     step again with SwiGLU in the gate | up product's store (SWIGLU_ROWS 8) and without (0), on the same model; with
-    `gates_ab` the int4-head step with each of GATE_LAUNCHES for the gates' dense product."""
+    `gates_ab` the int4-head step with each of GATE_LAUNCHES for the gates' dense product; with `gdn_pdl_ab` each of
+    GDN_PDL_ARMS."""
     from ignis.model.random import random_model
 
     dev = torch.device("cuda")
@@ -188,6 +212,8 @@ def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
         out.update(_ab(step, "int4_head_swiglu", quant_linear, "SWIGLU_ROWS", (8, 0), "SwiGLU in the store to rows"))
     if gates_ab:
         out.update(_gates_ab(step))
+    if gdn_pdl_ab:
+        out.update(_gdn_pdl_ab(step))
     del model
     torch.cuda.empty_cache()
     model = random_model(C, seed=0, mtp=False, device=dev, dtype=torch.bfloat16)
@@ -362,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
                          "(ignis.quant.linear.SWIGLU_ROWS; default: as set there)")
     ap.add_argument("--gates-ab", action="store_true",
                     help="time the int4-head decode step with each of GATE_LAUNCHES for the gates' dense product")
+    ap.add_argument("--gdn-pdl-ab", action="store_true",
+                    help="time the int4-head decode step with each of GDN_PDL_ARMS (the GDN's conv and recurrence "
+                         "launched programmatic-dependent or not, the recurrence applying the gated norm or not)")
     ap.add_argument("--graph-profile", action="store_true",
                     help="also profile each decode step's graph replay: its own kernels' times")
     args = ap.parse_args(argv)
@@ -393,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
              ("policies", lambda: policies(bw, args.reps)),
              ("layouts", lambda: layouts(bw, args.reps)),
              ("decode", lambda: decode_steps(bw, args.context, args.iters, args.swiglu_ab, args.graph_profile,
-                                                  args.gates_ab)),
+                                                  args.gates_ab, args.gdn_pdl_ab)),
              ("quality", lambda: quality(args.prompts, args.tokens, args.accept_prompts, args.max_tokens))]
     for name, step in steps:
         if name in skip:

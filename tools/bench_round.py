@@ -18,7 +18,7 @@ what capped the clock if anything did.
     python -m tools.bench_round --json round.json --md round.md
     python -m tools.bench_round --models 27b --cases verify --lanes 8 --conv-blocks 1024,8192 --blas cublas,cublaslt
 
-Kernel variants (`--conv-blocks`, `--blas`, `--stream`, `--gdn`, `--conv`, `--pdl`: comma lists) run as every
+Kernel variants (`--conv-blocks`, `--blas`, `--stream`, `--gdn`, `--conv`, `--pdl`, `--gdn-pdl`: comma lists) run as every
 combination on each model, built once.
 """
 
@@ -419,6 +419,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma list of auto, off, on: programmatic dependent launch of the kernels that take it "
                          "(ignis.kernels.launch.PDL; auto: as the round decides, on for a 4-bit target's rounds of "
                          "few rows; with --stream on, the streamed products load weights early)")
+    ap.add_argument("--gdn-pdl", default=next(k for k, v in PDL_SWITCH.items() if v is launch.GDN_PDL),
+                    help="comma list of auto, off, on: programmatic dependent launch of the Gated DeltaNet's CUDA C++ "
+                         "conv and recurrence (ignis.kernels.launch.GDN_PDL; auto: where --pdl's kernels launch so; on: "
+                         "every round)")
     ap.add_argument("--stream", default="on" if ops.STREAMING else "off",
                     help="comma list of off, on: whether the products ignis.model.ops.stream_shape picks run the "
                          "Triton weight-streaming kernel (ops.STREAMING)")

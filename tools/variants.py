@@ -17,7 +17,8 @@ from ignis.kernels import fused, gdn, gdn_cuda, launch
 from ignis.model import ops
 
 PDL_SWITCH = {"auto": None, "off": False, "on": True}  # --pdl's words: ignis.kernels.launch.PDL's values
-VARIANTS = ("conv_blocks", "blas", "stream", "gdn", "conv", "pdl")  # the options `apply_variant` sets, comma lists
+# the options `apply_variant` sets, comma lists
+VARIANTS = ("conv_blocks", "blas", "stream", "gdn", "conv", "pdl", "gdn_pdl")
 
 
 def combinations(args: argparse.Namespace) -> list[dict[str, str]]:
@@ -54,3 +55,4 @@ def apply_variant(variant: dict[str, str]) -> None:
     recurrence_kernel(variant["gdn"])
     fused.CUDA_CONV = {"auto": None, "numba": False, "cuda": True}[variant["conv"]]
     launch.PDL = PDL_SWITCH[variant["pdl"]]
+    launch.GDN_PDL = PDL_SWITCH[variant["gdn_pdl"]]
