@@ -43,11 +43,6 @@ BLOCK_M = 16  # rows a program by default: mma.sync's tile (a 64-row wgmma tile 
 PROGRAMS_PER_SM = 4  # what the K split aims at
 MIN_SPLIT_STEPS = 4  # K steps a split reads at least
 MAX_SPLITS = 16
-# A weight of at most NARROW_OUT output rows (a quantized Gated DeltaNet's 96 gate rows) fills few 64-row tiles, so
-# the split alone must spread it over the device; NARROW, when set, is the (block_n, block_k, warps, stages) its
-# launch takes instead of the wide tiles: smaller tiles, more programs, fewer bytes each. None keeps the wide tiles.
-NARROW_OUT = 256
-NARROW: tuple[int, int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -70,12 +65,7 @@ def fits(nout: int, ncols: int) -> bool:
 @lru_cache(maxsize=256)
 def choose(nout: int, ncols: int, sms: int) -> Config:
     """64 output rows and 128 input columns a step (8 KiB of codes a stage, four stages in flight) and the split
-    `plan` gives them: the launch every product takes, but a narrow weight's when NARROW is set (read at each new
-    shape: `choose.cache_clear()` after changing it)."""
-    if NARROW is not None and nout <= NARROW_OUT:
-        block_n, block_k, warps, stages = NARROW
-        if ncols % block_k == 0:
-            return plan(nout, ncols, sms, block_n=block_n, block_k=block_k, warps=warps, stages=stages)
+    `plan` gives them: the launch every product takes."""
     return plan(nout, ncols, sms)
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ignis.kernels.gemv_triton import NARROW_OUT, Config, dense_gemv, fits, fp8_gemv, plan
+from ignis.kernels.gemv_triton import Config, dense_gemv, fits, fp8_gemv, plan
 from ignis.model.ops import blas_library
 from ignis.quant.fp8 import quantize_fp8
 from tools.quant_products import C, SHAPES, graph_ms, weight_copies
@@ -42,8 +42,9 @@ PRODUCTS = [*SHAPES, ("output head", C["vocab_size"], C["hidden_size"]),
 # (block_n, block_k, programs a SM, warps, stages) around the default launch (64, 128, 4, 4, 4), one knob at a time
 VARIANTS = [(32, 128, 4, 4, 4), (128, 128, 4, 8, 4), (64, 256, 4, 4, 4), (64, 256, 4, 8, 3), (64, 128, 2, 4, 4),
             (64, 128, 8, 4, 4), (64, 128, 4, 8, 4), (64, 128, 4, 4, 6)]
-# Narrow tiles for a weight of at most gemv_triton.NARROW_OUT output rows, which the wide tiles spread over few
+# Narrow tiles for a weight of at most NARROW_OUT output rows, which the default's 64-row tiles spread over few
 # programs (the gates' 96 rows: 20); (block_n, block_k, programs a SM, warps, stages)
+NARROW_OUT = 256
 NARROW = [(16, 64, 4, 4, 3), (16, 64, 4, 2, 3), (16, 128, 4, 4, 4), (16, 128, 4, 2, 3), (32, 64, 4, 4, 3),
           (32, 128, 4, 4, 4), (16, 256, 4, 4, 2)]
 # Wider row tiles for calls of more than 16 rows (a verify's 64: 16-row tiles read each weight tile four times), with

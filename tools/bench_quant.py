@@ -137,30 +137,6 @@ def _ab(step: Callable[..., dict[str, Any]], key: str, module: Any, switch: str,
     return out
 
 
-# The gates' launches --gates-ab times (ignis.kernels.gemv_triton.NARROW: None is the wide tiles); the first again last
-GATE_LAUNCHES: tuple[tuple[int, int, int, int] | None, ...] = (
-    None, (16, 64, 4, 3), (16, 128, 4, 4), (32, 64, 4, 3), (16, 64, 2, 3), None)
-
-
-def _gates_ab(step: Callable[..., dict[str, Any]]) -> dict[str, Any]:
-    """The int4-head decode step with each of GATE_LAUNCHES as the gates' launch (gemv_triton.NARROW, the same model),
-    the launch put back after: {"gates_<i>": the step's figures with its "narrow"}."""
-    from ignis.kernels import gemv_triton
-
-    kept, out = gemv_triton.NARROW, {}
-    try:
-        for i, v in enumerate(GATE_LAUNCHES):
-            gemv_triton.NARROW = v
-            gemv_triton.choose.cache_clear()
-            out[f"gates_{i}"] = {**step(f"int4 head, gates {v}"), "narrow": v}
-    finally:
-        gemv_triton.NARROW = kept
-        gemv_triton.choose.cache_clear()
-    print("gates' launch: " + ", ".join(f"{r['narrow']}: {r['graph_ms']:.3f} ms (replay {r['replay_ms']:.3f})"
-                                        for r in out.values()), flush=True)
-    return out
-
-
 # --gdn-pdl-ab's arms: (launch.GDN_PDL, gdn.CUDA_NORMED), None as shipped (the round decides); the first again last
 GDN_PDL_ARMS: tuple[tuple[bool | None, bool | None], ...] = ((False, False), (None, False), (None, None), (False, False))
 
@@ -185,11 +161,10 @@ def _gdn_pdl_ab(step: Callable[..., dict[str, Any]]) -> dict[str, Any]:
 
 
 def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
-                 profile: bool = False, gates_ab: bool = False, gdn_pdl_ab: bool = False) -> dict[str, Any]:
+                 profile: bool = False, gdn_pdl_ab: bool = False) -> dict[str, Any]:
     """The 27B decode step in bf16, int4, int4 with the output head packed and fp8; with `swiglu_ab` the int4-head
     step again with SwiGLU in the gate | up product's store (SWIGLU_ROWS 8) and without (0), on the same model; with
-    `gates_ab` the int4-head step with each of GATE_LAUNCHES for the gates' dense product; with `gdn_pdl_ab` each of
-    GDN_PDL_ARMS."""
+    `gdn_pdl_ab` the int4-head step with each of GDN_PDL_ARMS."""
     from ignis.model.random import random_model
 
     dev = torch.device("cuda")
@@ -210,8 +185,6 @@ def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
     step = partial(decode_step, model=model, bw=bw, context=context, iters=iters, profile=profile)
     if swiglu_ab:
         out.update(_ab(step, "int4_head_swiglu", quant_linear, "SWIGLU_ROWS", (8, 0), "SwiGLU in the store to rows"))
-    if gates_ab:
-        out.update(_gates_ab(step))
     if gdn_pdl_ab:
         out.update(_gdn_pdl_ab(step))
     del model
@@ -386,8 +359,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--swiglu-rows", type=int, default=None,
                     help="rows up to which a 4-bit MLP's gate | up runs SwiGLU in the product's store "
                          "(ignis.quant.linear.SWIGLU_ROWS; default: as set there)")
-    ap.add_argument("--gates-ab", action="store_true",
-                    help="time the int4-head decode step with each of GATE_LAUNCHES for the gates' dense product")
     ap.add_argument("--gdn-pdl-ab", action="store_true",
                     help="time the int4-head decode step with each of GDN_PDL_ARMS (the GDN's conv and recurrence "
                          "launched programmatic-dependent or not, the recurrence applying the gated norm or not)")
@@ -422,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
              ("policies", lambda: policies(bw, args.reps)),
              ("layouts", lambda: layouts(bw, args.reps)),
              ("decode", lambda: decode_steps(bw, args.context, args.iters, args.swiglu_ab, args.graph_profile,
-                                                  args.gates_ab, args.gdn_pdl_ab)),
+                                                  args.gdn_pdl_ab)),
              ("quality", lambda: quality(args.prompts, args.tokens, args.accept_prompts, args.max_tokens))]
     for name, step in steps:
         if name in skip:
