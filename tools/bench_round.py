@@ -13,7 +13,9 @@ recurrent state read and written, its keys and values read) over the device-to-d
 same run. The drafter is not in the floor: "x floor" of a drafting round is against the target's own floor.
 With --host-split, also where a round's time past its back-to-back replay goes (`host_split`). Each row also holds the
 SM and memory clocks, power and temperature NVML reported while its graph rounds were timed (tools.gpu_clocks), and
-what capped the clock if anything did.
+what capped the clock if anything did, and `x_read_floor`: the same bytes over the bandwidth at which a one-row
+product reads a 2 GiB weight in the same run (`read_bandwidth`), which tells a machine's slower reads apart from the
+round's own losses.
 
     python -m tools.bench_round --json round.json --md round.md
     python -m tools.bench_round --models 27b --cases verify --lanes 8 --conv-blocks 1024,8192 --blas cublas,cublaslt
@@ -136,6 +138,24 @@ def copy_bandwidth(device: torch.device) -> float:
         if i >= 5:
             times.append(a.elapsed_time(b) / 1000)
     return 2 * x.nbytes / statistics.median(times)
+
+
+def read_bandwidth(device: torch.device) -> float:
+    """Bytes per second of reading a 2 GiB bf16 weight once as a one-row product does (cuBLAS, [16384, 65536] @ [65536,
+    1]), median of 20. A round reads its weights this way, and machines whose copies run alike have been seen to
+    differ here: beside the copy bandwidth that the floors use, it tells the machine's share of a ratio apart."""
+    w = torch.randn(2**14, 2**16, device=device, dtype=torch.bfloat16)
+    v = torch.randn(2**16, 1, device=device, dtype=torch.bfloat16)
+    times = []
+    for i in range(25):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        torch.mm(w, v)
+        b.record()
+        b.synchronize()
+        if i >= 5:
+            times.append(a.elapsed_time(b) / 1000)
+    return w.nbytes / statistics.median(times)
 
 
 def floor_bytes(model: HybridModel, lanes: int, cols: int, position: int = POSITION) -> int:
@@ -449,7 +469,9 @@ def main(argv: list[str] | None = None) -> int:
     # every combination of the variant options, each model built once; with more than one, a row's model names it
     variants = combinations(args)
     bw = copy_bandwidth(device)
-    print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
+    read_bw = read_bandwidth(device)
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s, a weight read by a one-row product {read_bw / 1e12:.2f} TB/s",
+          flush=True)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:  # the 27B's random drafter and shortlist
         for label in args.models.split(","):
@@ -465,6 +487,10 @@ def main(argv: list[str] | None = None) -> int:
             del model
             torch.cuda.empty_cache()
     timed = [r for r in rows if "error" not in r]
+    for r in timed:  # the same bytes over the read bandwidth: what the round's ratio would be on the reads alone
+        r["x_read_floor"] = r["graph_ms"] / (r["floor_ms"] * bw / read_bw)
+        print(f"{r['model']:8s} {r['case']:9s} {r['lanes']}x{r['cols']}  x{r['x_floor']:5.2f} the copy floor, "
+              f"x{r['x_read_floor']:5.2f} the read floor", flush=True)
     projected = {}
     for label in {r["model"] for r in timed}:
         for lanes in (1, 8):
@@ -472,7 +498,8 @@ def main(argv: list[str] | None = None) -> int:
             spec = [r for r in timed if r["model"] == label and r["case"] == "dflash2" and r["lanes"] == lanes]
             if off and spec:
                 projected[f"{label}:{lanes}"] = args.tokens_per_round * off[0]["graph_ms"] / spec[0]["graph_ms"]
-    result = {"device": torch.cuda.get_device_name(), "copy_tb_s": bw / 1e12, "context": args.context,
+    result = {"device": torch.cuda.get_device_name(), "copy_tb_s": bw / 1e12, "read_tb_s": read_bw / 1e12,
+              "context": args.context,
               "attention": args.attention, "position": args.position, "rows": rows, "projected_speedup": projected}
     print(json.dumps(projected))
     if args.json:
