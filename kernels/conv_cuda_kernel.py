@@ -3,8 +3,9 @@ ignis.kernels.nvrtc, launched from ignis.kernels.conv_cuda).
 
 Owns: `SOURCE` and its compile-time sizes (DKT: the threads of a block, one channel each, at least the key head's
 width; KC: the conv's taps; CMAX: the most columns a launch takes; BF16: whether elements are bf16 bits, else
-float32; PDL: launched with programmatic dependent launch, ignis.kernels.launch.PDL: the window and the taps load
-before the kernel waits for the projection ahead). Does not own: the launch, its checks or when it runs (ignis.kernels.conv_cuda, ignis.kernels.fused).
+float32; PDL: launched programmatic-dependent, ignis.kernels.launch.gdn_pdl: the window and the taps load before the
+kernel waits for the projection ahead). Does not own: the launch, its checks or when it runs (ignis.kernels.conv_cuda,
+ignis.kernels.fused).
 
 The work of the numba kernel `conv` of ignis.kernels.fused_kernel, in its order of operations: silu of the causal
 depthwise conv over [window | this round's inputs], q and k l2-normalised per head of channels (q then scaled), the

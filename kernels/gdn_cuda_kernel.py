@@ -6,7 +6,7 @@ takes; TV: state columns a block; MINB: the blocks an SM the registers are bound
 holds its rows of a column's k in registers between the column's two passes, or reads them from shared memory again
 (fewer registers, so more blocks an SM); NORMED: whether the block, then holding the whole head, also applies the gated
 output norm and writes its result; BF16: the element type of the gate, the norm's weight and that result; PDL: launched
-with programmatic dependent launch, ignis.kernels.launch.PDL: the state loads before the kernel waits for the conv). Does not
+programmatic-dependent, ignis.kernels.launch.gdn_pdl: the state loads before the kernel waits for the conv). Does not
 own: the launch, its checks or when it runs (ignis.kernels.gdn_cuda, ignis.kernels.gdn).
 
 The same work as the numba kernel `columns` of ignis.kernels.gdn_kernel (its docstring has the layout), but for the

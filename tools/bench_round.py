@@ -20,8 +20,8 @@ round's own losses.
     python -m tools.bench_round --json round.json --md round.md
     python -m tools.bench_round --models 27b --cases verify --lanes 8 --conv-blocks 1024,8192 --blas cublas,cublaslt
 
-Kernel variants (`--conv-blocks`, `--blas`, `--stream`, `--gdn`, `--conv`, `--pdl`, `--gdn-pdl`: comma lists) run as every
-combination on each model, built once.
+Kernel variants (`--conv-blocks`, `--blas`, `--stream`, `--gdn`, `--conv`, `--pdl`, `--gdn-pdl`: comma lists) run as
+every combination on each model, built once.
 """
 
 from __future__ import annotations
