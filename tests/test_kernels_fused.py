@@ -282,3 +282,16 @@ def test_the_cuda_conv_compiles_for_sm90_without_spills(dtype: torch.dtype, dk: 
 
     cubin = compile_cubin(SOURCE, "gdn_conv", "sm_90", defines(dtype, dk, 4))
     assert cubin.spills == cubin.stack == 0 and 0 < cubin.registers <= 64, (cubin.registers, cubin.spills, cubin.stack)
+
+
+def test_the_cuda_conv_compiles_for_an_early_launch_without_spills() -> None:
+    # launched programmatic-dependent (launch.gdn_pdl), the conv loads its window and taps before it waits
+    pytest.importorskip("cuda.bindings")
+    from ignis.kernels.conv_cuda import defines
+    from ignis.kernels.conv_cuda_kernel import SOURCE
+    from ignis.kernels.nvrtc import compile_cubin
+
+    plain = compile_cubin(SOURCE, "gdn_conv", "sm_90", defines(torch.bfloat16, 128, 4))
+    early = compile_cubin(SOURCE, "gdn_conv", "sm_90", defines(torch.bfloat16, 128, 4, early=True))
+    assert early.image != plain.image
+    assert early.spills == early.stack == 0 and 0 < early.registers <= 64, (early.registers, early.spills)

@@ -162,3 +162,20 @@ def test_the_cuda_recurrence_compiles_for_sm90_in_its_launch_bound(dk: int, dv: 
         # bounded for BLOCKS blocks an SM, the recurrence alone spills a few staging values (40 bytes at dk 128): the
         # order that spills none read the state after the staging and measured slower (gdn_cuda_kernel)
         assert 0 < cubin.registers <= 65536 // (128 * BLOCKS) and cubin.spills <= 64, (cubin.registers, cubin.spills)
+
+
+@pytest.mark.parametrize("normed", [None, torch.bfloat16], ids=["alone", "normed"])
+def test_the_cuda_recurrence_compiles_for_an_early_launch_as_it_does_for_a_plain_one(
+        normed: torch.dtype | None) -> None:
+    # launched programmatic-dependent (launch.gdn_pdl), the recurrence waits after its state loads: another binary,
+    # within the same register bounds as the plain launch's
+    pytest.importorskip("cuda.bindings")
+    from ignis.kernels.gdn_cuda import defines
+    from ignis.kernels.gdn_cuda_kernel import SOURCE
+    from ignis.kernels.nvrtc import compile_cubin
+
+    normed_args = (False, torch.float32) if normed is None else (True, normed)
+    plain = compile_cubin(SOURCE, "gdn_columns", "sm_90", defines(128, 128, *normed_args))
+    early = compile_cubin(SOURCE, "gdn_columns", "sm_90", defines(128, 128, *normed_args, early=True))
+    assert early.image != plain.image
+    assert (early.registers, early.spills, early.stack) == (plain.registers, plain.spills, plain.stack)
