@@ -75,19 +75,21 @@ GDN_PDL: bool | None = None
 _round_pdl = False  # what the round running or being captured asked for (`dependent_launches`)
 
 
+def _early(on: bool, device: torch.device) -> bool:
+    """`on`, on a CUDA device of compute capability 9.0 or later (never the CPU's Triton interpreter)."""
+    return on and device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+
+
 def gdn_pdl(device: torch.device) -> bool:
     """Whether the Gated DeltaNet's CUDA C++ kernels on `device` launch programmatic-dependent: as `pdl` says where
-    GDN_PDL is None, else GDN_PDL on a CUDA device of compute capability 9.0 or later."""
-    if GDN_PDL is None:
-        return pdl(device)
-    return GDN_PDL and device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+    GDN_PDL is None, else GDN_PDL on a device that can."""
+    return pdl(device) if GDN_PDL is None else _early(GDN_PDL, device)
 
 
 def pdl(device: torch.device) -> bool:
     """Whether kernels on `device` launch with programmatic dependent launch: PDL on (or None and the round asks for
     it), a CUDA device of compute capability 9.0 or later (never the CPU's Triton interpreter)."""
-    on = _round_pdl if PDL is None else PDL
-    return on and device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+    return _early(_round_pdl if PDL is None else PDL, device)
 
 
 @contextmanager

@@ -4,6 +4,7 @@ speculative greedy output equals plain decoding up to near-ties. Needs CUDA; CI 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 from engines import make_engine
 from ignis.artifact import BUILTIN
+from ignis.engine.core import Engine
 from ignis.ipc.messages import EngineRequest
 from ignis.model.batch import Batch, Segment
 from ignis.model.cache import LaneCache
@@ -197,19 +199,31 @@ def _heldout(n: int) -> list[list[int]]:
 def test_graph_rounds_give_the_eager_rounds_tokens(backend: str, k: int, lanes: int, prepared: bool,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The captured round replays exactly the kernels the eager device round runs: same bf16 tokens."""
+    _prepared(monkeypatch, prepared)
+
+    def check(engine: Engine, graphs: bool) -> None:
+        assert engine.runner.device_round is not None and engine.runner.device_prefill is not None
+        assert bool(engine.runner.device_round.graphs) == graphs == bool(engine.runner.device_prefill.graphs)
+
+    graph, eager = _graph_and_eager_tokens(BUILTIN, backend, k, lanes, check)
+    assert graph == eager
+
+
+def _graph_and_eager_tokens(path: Path, backend: str, k: int, lanes: int,
+                            check: Callable[[Engine, bool], None]) -> list[dict[str, list[int]]]:
+    """Greedy tokens of 8 held-out prompts from an engine over `path` with CUDA graphs, then from one without; `check`
+    sees each engine and whether it captured, before it runs."""
     from engines import run
 
-    _prepared(monkeypatch, prepared)
     ps = _heldout(8)
     params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
     outs = []
     for graphs in (True, False):
-        engine = make_engine(BUILTIN, backend, draft_tokens=k, profile="h200", lanes=lanes, context=1024,
+        engine = make_engine(path, backend, draft_tokens=k, profile="h200", lanes=lanes, context=1024,
                              cuda_graphs=graphs)
-        assert engine.runner.device_round is not None and engine.runner.device_prefill is not None
-        assert bool(engine.runner.device_round.graphs) == graphs == bool(engine.runner.device_prefill.graphs)
+        check(engine, graphs)
         outs.append({rid: d.token_ids for rid, d in run(engine, ps, params).items()})
-    assert outs[0] == outs[1]
+    return outs
 
 
 @pytest.mark.parametrize("backend,k", [("off", 0), ("dflash2", 7)])
@@ -273,20 +287,15 @@ def test_a_4bit_targets_graph_rounds_give_the_eager_rounds_tokens(backend: str, 
                                                                  int4_builtin: Path) -> None:
     """A 4-bit target's rounds of at most 8 rows launch programmatic-dependent, the Gated DeltaNet's conv and
     recurrence (with its gated norm) among them: the captured rounds give the eager device rounds' tokens."""
-    from engines import run
     from ignis.kernels import launch
 
-    ps = _heldout(8)
-    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
-    outs = []
-    for graphs in (True, False):
-        engine = make_engine(int4_builtin, backend, draft_tokens=k, profile="h200", lanes=lanes, context=1024,
-                             cuda_graphs=graphs)
+    def check(engine: Engine, graphs: bool) -> None:
         dr = engine.runner.device_round
         assert dr is not None and dr.pdl_rows == launch.PACKED_PDL_ROWS  # a repacked target's rounds
         assert bool(dr.graphs) == graphs
-        outs.append({rid: d.token_ids for rid, d in run(engine, ps, params).items()})
-    assert outs[0] == outs[1]
+
+    graph, eager = _graph_and_eager_tokens(int4_builtin, backend, k, lanes, check)
+    assert graph == eager
 
 
 @pytest.mark.parametrize("backend,k", [("off", 0), ("dflash2", 7)])

@@ -128,16 +128,7 @@ def copy_bandwidth(device: torch.device) -> float:
     """Bytes per second of a 2 GiB device-to-device copy (bytes read plus bytes written), median of 20."""
     x = torch.randn(2**29, device=device)  # 2 GiB fp32
     y = torch.empty_like(x)
-    times = []
-    for i in range(25):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        y.copy_(x)
-        b.record()
-        b.synchronize()
-        if i >= 5:
-            times.append(a.elapsed_time(b) / 1000)
-    return 2 * x.nbytes / statistics.median(times)
+    return 2 * x.nbytes / _median_s(lambda: y.copy_(x))
 
 
 def read_bandwidth(device: torch.device) -> float:
@@ -146,16 +137,21 @@ def read_bandwidth(device: torch.device) -> float:
     differ here: beside the copy bandwidth that the floors use, it tells the machine's share of a ratio apart."""
     w = torch.randn(2**14, 2**16, device=device, dtype=torch.bfloat16)
     v = torch.randn(2**16, 1, device=device, dtype=torch.bfloat16)
+    return w.nbytes / _median_s(lambda: torch.mm(w, v))
+
+
+def _median_s(call: Callable[[], object]) -> float:
+    """Seconds of one call by CUDA events, the median of 20 after 5 warm-up calls."""
     times = []
     for i in range(25):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        torch.mm(w, v)
+        call()
         b.record()
         b.synchronize()
         if i >= 5:
             times.append(a.elapsed_time(b) / 1000)
-    return w.nbytes / statistics.median(times)
+    return statistics.median(times)
 
 
 def floor_bytes(model: HybridModel, lanes: int, cols: int, position: int = POSITION) -> int:
