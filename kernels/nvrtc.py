@@ -95,25 +95,31 @@ class Function:
             err, self._function = driver.cuModuleGetFunction(self._module, name.encode())
             _check(err, f"cuModuleGetFunction({name})")
         self.device = device
+        self._raised = 0  # the function's dynamic shared memory limit as last raised (0: the default)
 
     def __call__(self, grid: tuple[int, int, int], threads: int, args: tuple[torch.Tensor | int | float, ...],
-                 pdl: bool = False) -> None:
+                 pdl: bool = False, shared: int = 0) -> None:
         """Launches on torch's current stream of the device: tensors go in as their data pointers, ints as int32,
         floats as float32. pdl: with programmatic dependent launch (the kernel may start before the one ahead of it on
-        the stream has finished, and must execute griddepcontrol.wait before it reads that kernel's output)."""
+        the stream has finished, and must execute griddepcontrol.wait before it reads that kernel's output). shared:
+        bytes of dynamic shared memory a block of threads (the function's limit raised to it on its first use)."""
         driver = self._driver
+        if shared > self._raised:  # static and dynamic shared memory past 48 KiB together need the limit raised
+            attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            _check(driver.cuFuncSetAttribute(self._function, attribute, shared), "cuFuncSetAttribute")
+            self._raised = shared
         values = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
         types = tuple(ctypes.c_void_p if isinstance(a, torch.Tensor) else ctypes.c_float if isinstance(a, float)
                       else ctypes.c_int for a in args)
         stream = driver.CUstream(torch.cuda.current_stream(self.device).cuda_stream)
         if not pdl:
-            _check(driver.cuLaunchKernel(self._function, *grid, threads, 1, 1, 0, stream, (values, types), 0),
+            _check(driver.cuLaunchKernel(self._function, *grid, threads, 1, 1, shared, stream, (values, types), 0),
                    "cuLaunchKernel")
             return
         config = driver.CUlaunchConfig()
         config.gridDimX, config.gridDimY, config.gridDimZ = grid
         config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
-        config.sharedMemBytes = 0
+        config.sharedMemBytes = shared
         config.hStream = stream
         early = driver.CUlaunchAttribute()
         early.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
