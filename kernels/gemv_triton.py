@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ignis.kernels import launch
 from ignis.kernels.launch import SPLIT_COUNTERS, pdl, sm_count, split_counters
 from ignis.kernels.split_k_triton import store_split
 
@@ -90,6 +91,7 @@ def _gemv_kernel(
     M, N, stride_xm, stride_wn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STEPS: tl.constexpr,
     SPLIT_K: tl.constexpr, SCALED: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr = False,
+    EARLY: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)  # fastest: the row tiles of one output tile run together and share its codes in L2
     pid_n = tl.program_id(1)
@@ -108,6 +110,8 @@ def _gemv_kernel(
         # Launched ahead of the kernel before it (launch.PDL): the weight is not that kernel's output, so the first
         # step's tile loads while it finishes; x only after the wait. The same steps in the same order as unlaunched.
         w = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0)
+        if EARLY:  # launch.EARLY_TRIGGER: the next kernel may launch and load its own weight while this one streams
+            tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
         x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
         acc = tl.dot(x, tl.trans(w.to(xdt)), acc, input_precision=PRECISION)
@@ -183,7 +187,7 @@ def _gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, con
         counters = split_counters(x.device)
     else:
         ws = counters = out  # not read: the unsplit variant has no workspace
-    early = {"PDL": True, "launch_pdl": True} if pdl(x.device) else {}
+    early = {"PDL": True, "launch_pdl": True, "EARLY": launch.EARLY_TRIGGER} if pdl(x.device) else {}
     _gemv_kernel[grid](
         rows, weight, weight if scale is None else scale, out, ws, counters, nrows, nout, rows.stride(0),
         weight.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STEPS=steps // cfg.split_k,

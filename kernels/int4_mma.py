@@ -23,6 +23,7 @@ from functools import lru_cache
 
 import torch
 from ignis.kernels.int4_mma_kernel import SOURCE
+from ignis.kernels import launch as launches
 from ignis.kernels.launch import SPLIT_COUNTERS, pdl, sm_count, split_counters
 
 from ignis.quant.format import dequantize
@@ -179,20 +180,22 @@ def launch(base: Shape, nt: int) -> Shape:
 
 
 _lock = threading.Lock()
-_functions: dict[tuple[torch.device, int, Shape, int, torch.dtype, torch.dtype, bool, bool], object] = {}
+_functions: dict[tuple[torch.device, int, Shape, int, torch.dtype, torch.dtype, bool, bool, bool], object] = {}
 
 
 def _function(device: torch.device, nt: int, shape: Shape, gpc: int, dtype: torch.dtype,
               scale_dtype: torch.dtype, early: bool = False, swiglu: bool = False) -> object:
     from ignis.kernels.nvrtc import Function, arch_of, compile_cubin
 
-    key = (device, nt, shape, gpc, dtype, scale_dtype, early, swiglu)
+    trigger = early and launches.EARLY_TRIGGER
+    key = (device, nt, shape, gpc, dtype, scale_dtype, early, swiglu, trigger)
     with _lock:
         if key not in _functions:
             defines = (("NT", nt // shape.rg), ("F", shape.f), ("U", shape.u), ("AHEAD", shape.ahead),
                        ("KS", shape.ks), ("KW", shape.kw), ("RB", shape.rb), ("RG", shape.rg),
                        ("GPC", gpc), ("F16", int(dtype == torch.float16)),
-                       ("SBF16", int(scale_dtype == torch.bfloat16)), ("SWIGLU", int(swiglu)), ("PDL", int(early)))
+                       ("SBF16", int(scale_dtype == torch.bfloat16)), ("SWIGLU", int(swiglu)), ("PDL", int(early)),
+                       ("TRIGGER", int(trigger)))
             _functions[key] = Function(compile_cubin(SOURCE, "int4_mma", arch_of(device), defines), "int4_mma", device)
         return _functions[key]
 

@@ -37,7 +37,9 @@ Compile-time macros: NT (row tiles a block), F, U, AHEAD (steps loaded ahead of 
 (blocks of threads a feature block's rows are split over), GPC (64-column chunks a group), F16 (1: fp16 activations,
 0: bf16), SBF16 (1: the scales are bf16 bits, 0: fp16), SWIGLU (1: the output is silu(gate) * up; F even), PDL (1:
 launched with programmatic dependent launch, ignis.kernels.launch.PDL: the AHEAD steps of codes and scales load before
-griddepcontrol.wait, x and every store after it, and the next kernel may launch once the loop is done; 0 by default).
+griddepcontrol.wait, x and every store after it, and the next kernel may launch once the loop is done; 0 by default),
+TRIGGER (with PDL, 1: the next kernel may launch as soon as the codes ahead are issued, before this kernel's own wait,
+ignis.kernels.launch.EARLY_TRIGGER; 0: once the loop is done).
 """
 
 SOURCE = r"""
@@ -49,6 +51,9 @@ SOURCE = r"""
 #endif
 #ifndef SWIGLU
 #define SWIGLU 0
+#endif
+#ifndef TRIGGER
+#define TRIGGER 0
 #endif
 #define FO (SWIGLU ? F / 2 : F)  /* output feature blocks a warp: with SWIGLU FO gate blocks and their up partners */
 
@@ -213,6 +218,9 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
             }
         }
 #if PDL
+#if TRIGGER
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // the next kernel may launch and load now
+#endif
         // the weight is not the previous kernel's output: it loaded above while that kernel finished; x is, so wait
         asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif

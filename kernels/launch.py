@@ -72,6 +72,14 @@ PACKED_PDL_ROWS = 8
 # 4-bit weights and the output head packed: 6.09 ms without, 5.93 with, 5.76 with the recurrence applying the gated
 # norm as well (gdn.CUDA_NORMED, which follows this switch; BENCHMARKS.md).
 GDN_PDL: bool | None = None
+# Where a kernel launched programmatic-dependent that streams a weight (the products of int4_mma and gemv_triton, and
+# the residual norm before them) lets the next kernel launch: True (the default), as soon as it has issued the loads
+# it makes before its own wait, so the next kernel's blocks may start, and load what does not depend on this one,
+# while it streams; False, once its loop is done. Correct either way: the next kernel still waits for this one to
+# finish before it reads its output. On the H200, the 27B's 4-bit products back to back with PDL at one row: gate_up
+# 1.21 -> 1.18 of its floor, down 1.53 -> 1.49, attention qkv 1.30 -> 1.26, in_proj and o_proj unchanged; the 4-bit
+# decode step unchanged within its runs' spread (BENCHMARKS.md, "Reads back to back").
+EARLY_TRIGGER = True
 _round_pdl = False  # what the round running or being captured asked for (`dependent_launches`)
 
 

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ignis.kernels import launch
 from ignis.kernels.launch import pdl
 
 MAX_WIDTH = 65536  # the widest row one program holds (a Qwen3.5 hidden size is at most a few thousand)
@@ -38,12 +39,15 @@ def _add_rms_norm(
     x_ptr, d_ptr, scale_ptr, resid_ptr, normed_ptr,  # x, d, resid, normed [T, n] model dtype; scale [n]
     n, eps,
     ADD: tl.constexpr, ROUND_FIRST: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
+    EARLY: tl.constexpr = False,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n
     if PDL:  # launched ahead of the kernel before (launch.PDL): the scale (a weight) now, x and d once it has finished
         scale = tl.load(scale_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        if EARLY:  # launch.EARLY_TRIGGER: the product after it may launch and stream its weight now
+            tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
         v = tl.load(x_ptr + row * n + offs, mask=mask, other=0.0).to(tl.float32)
     else:
@@ -87,7 +91,7 @@ def add_rms_norm(
     resid = x if d is None else torch.empty_like(x)
     normed = torch.empty_like(x)
     if t:
-        early = {"PDL": True, "launch_pdl": True} if pdl(x.device) else {}
+        early = {"PDL": True, "launch_pdl": True, "EARLY": launch.EARLY_TRIGGER} if pdl(x.device) else {}
         _add_rms_norm[(t,)](x, x if d is None else d, scale, resid, normed, n, float(eps), ADD=d is not None,
                             ROUND_FIRST=round_first, BLOCK=triton.next_power_of_2(n), num_warps=warps(n), **early)
     return resid, normed

@@ -9,12 +9,14 @@ import torch
 
 
 def same_bits_with_pdl(chain: Callable[[], tuple[torch.Tensor, ...]], x: torch.Tensor, inputs: list[torch.Tensor],
-                       monkeypatch: pytest.MonkeyPatch) -> None:
+                       monkeypatch: pytest.MonkeyPatch, early: bool = False) -> None:
     """chain() reads x: its outputs for each of `inputs` with PDL off are the expected bits; with PDL on, the first
     input eagerly, then a CUDA graph of chain() (warmed up on a side stream, as torch's capture asks) replayed on every
-    input, must give them bit for bit (a read before griddepcontrol.wait would see the last replay's values)."""
+    input, must give them bit for bit (a read before griddepcontrol.wait would see the last replay's values). `early`:
+    with PDL on, the products let the next kernel launch before their own wait (launch.EARLY_TRIGGER)."""
     from ignis.kernels import launch
 
+    monkeypatch.setattr(launch, "EARLY_TRIGGER", early)
     want = []
     for new in inputs:
         x.copy_(new)

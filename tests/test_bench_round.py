@@ -37,11 +37,11 @@ def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch:
     from tools import variants as kernel_variants
 
     args = argparse.Namespace(conv_blocks="256,1024", blas="cublas", stream="off,on", gdn="numba,cuda", conv="cuda",
-                              pdl="off,on", gdn_pdl="auto")
+                              pdl="off,on", gdn_pdl="auto", trigger="early")
     variants = kernel_variants.combinations(args)
     assert len(variants) == 16 and len({tuple(v.values()) for v in variants}) == 16
     assert variants[0] == {"conv_blocks": "256", "blas": "cublas", "stream": "off", "gdn": "numba", "conv": "cuda",
-                           "pdl": "off", "gdn_pdl": "auto"}
+                           "pdl": "off", "gdn_pdl": "auto", "trigger": "early"}
     libraries: list[str] = []
     monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", libraries.append)
     for name in ("CONV_BLOCKS", "CUDA_CONV"):
@@ -53,9 +53,11 @@ def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch:
     monkeypatch.setattr(ops, "STREAMING", ops.STREAMING)
     monkeypatch.setattr(launch, "PDL", launch.PDL)
     monkeypatch.setattr(launch, "GDN_PDL", launch.GDN_PDL)
+    monkeypatch.setattr(launch, "EARLY_TRIGGER", launch.EARLY_TRIGGER)
     kernel_variants.apply_variant(variants[-1])
     assert (fused.CONV_BLOCKS, libraries, ops.STREAMING, gdn.CUDA_COLUMNS, fused.CUDA_CONV, launch.PDL) == (
         1024, ["cublas"], True, True, True, True)
+    assert launch.EARLY_TRIGGER
     assert gdn.CUDA_NORMED and (gdn_cuda.BLOCKS, gdn_cuda.KEEP_K) == (4, True)
     kernel_variants.recurrence_kernel("cuda6")  # the recurrence alone, bounded for six blocks an SM: k read again
     assert gdn.CUDA_COLUMNS and not gdn.CUDA_NORMED and (gdn_cuda.BLOCKS, gdn_cuda.KEEP_K) == (6, False)

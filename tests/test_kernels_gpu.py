@@ -501,6 +501,7 @@ def test_programmatic_dependent_launch_keeps_the_mlp_chain_bit_for_bit(rows: int
 
     with torch.inference_mode():
         same_bits_with_pdl(chain, x, inputs, monkeypatch)
+        same_bits_with_pdl(chain, x, inputs, monkeypatch, early=True)
 
 
 @pytest.mark.parametrize("c", [1, 8])

@@ -175,6 +175,10 @@ def test_launched_ahead_the_kernel_loads_its_codes_before_the_wait_and_x_after()
         assert "ld.global.nc.v4.u32" not in ptx[:wait] and "st.global" not in ptx[:wait]  # x and the stores after it
         assert "griddepcontrol.launch_dependents" in ptx[wait:]
         assert "griddepcontrol" not in _ptx_of(_defines(s, nt))
+        # TRIGGER=1 (launch.EARLY_TRIGGER): the next kernel may launch before the wait, the codes ahead already issued
+        ptx = _ptx_of((*_defines(s, nt), ("PDL", 1), ("TRIGGER", 1)))
+        trigger, wait = ptx.index("griddepcontrol.launch_dependents"), ptx.index("griddepcontrol.wait")
+        assert trigger < wait and ("ld.global.nc.L1::no_allocate.v4.u32" in ptx[:trigger]) == (s.ahead > 0), s
 
 
 def _ptx_of(defines: tuple[tuple[str, int], ...]) -> str:

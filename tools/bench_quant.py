@@ -129,7 +129,8 @@ def _ab(step: Callable[..., dict[str, Any]], key: str, module: Any, switch: str,
     try:
         for v in values:
             setattr(module, switch, type(kept)(v))
-            out[f"{key}_{v}"] = step(f"int4 head, {what} {v}")
+            name = f"{key}_{v}" if f"{key}_{v}" not in out else f"{key}_{v}_again"
+            out[name] = step(f"int4 head, {what} {v}")
     finally:
         setattr(module, switch, kept)
     print(f"{what}: " + ", ".join(f"{v}: {r['graph_ms']:.3f} ms (replay {r['replay_ms']:.3f})"
@@ -161,10 +162,11 @@ def _gdn_pdl_ab(step: Callable[..., dict[str, Any]]) -> dict[str, Any]:
 
 
 def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
-                 profile: bool = False, gdn_pdl_ab: bool = False) -> dict[str, Any]:
+                 profile: bool = False, gdn_pdl_ab: bool = False,
+                 trigger_ab: bool = False) -> dict[str, Any]:
     """The 27B decode step in bf16, int4, int4 with the output head packed and fp8; with `swiglu_ab` the int4-head
     step again with SwiGLU in the gate | up product's store (SWIGLU_ROWS 8) and without (0), on the same model; with
-    `gdn_pdl_ab` the int4-head step with each of GDN_PDL_ARMS."""
+    `gdn_pdl_ab` the int4-head step with each of GDN_PDL_ARMS; with `trigger_ab` with launch.EARLY_TRIGGER off, on, off."""
     from ignis.model.random import random_model
 
     dev = torch.device("cuda")
@@ -187,6 +189,8 @@ def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
         out.update(_ab(step, "int4_head_swiglu", quant_linear, "SWIGLU_ROWS", (8, 0), "SwiGLU in the store to rows"))
     if gdn_pdl_ab:
         out.update(_gdn_pdl_ab(step))
+    if trigger_ab:
+        out.update(_ab(step, "int4_head_trigger", launch, "EARLY_TRIGGER", (0, 1, 0), "early trigger"))
     del model
     torch.cuda.empty_cache()
     model = random_model(C, seed=0, mtp=False, device=dev, dtype=torch.bfloat16)
@@ -299,12 +303,14 @@ def summary(result: dict[str, Any]) -> list[str]:
         mine = chosen.get((shape, r), {})
         lines.append(f"mma sweep, {shape}, {r:2d} rows: best x{p['x_floor']:.2f} (ks {p['ks']} kw {p['kw']}), the "
                      f"chosen x{mine.get('x_floor', float('nan')):.2f} (ks {mine.get('ks')} kw {mine.get('kw')})")
-    fastest, chosen = _fastest(result.get("sweep_mma_loads", []), "chosen")
-    for (shape, r), p in fastest.items():
-        mine = chosen.get((shape, r), {})
-        lines.append(f"mma loads, {shape}, {r:2d} rows: best x{p['x_floor']:.2f} (f {p['f']} u {p['u']} ahead "
-                     f"{p['ahead']} rg {p.get('rg', 1)}), the chosen x{mine.get('x_floor', float('nan')):.2f} (f "
-                     f"{mine.get('f')} u {mine.get('u')} ahead {mine.get('ahead')} rg {mine.get('rg', 1)})")
+    for key in ("sweep_mma_loads",):
+        fastest, chosen = _fastest(result.get(key, []), "chosen")
+        for (shape, r), p in fastest.items():
+            mine = chosen.get((shape, r), {})
+            lines.append(f"mma {key[10:]}, {shape}, {r:2d} rows: best x{p['x_floor']:.2f} (f {p['f']} u {p['u']} "
+                         f"ahead {p['ahead']} rg {p.get('rg', 1)} stages {p.get('stages', 0)}), the chosen "
+                         f"x{mine.get('x_floor', float('nan')):.2f} (f {mine.get('f')} u {mine.get('u')} ahead "
+                         f"{mine.get('ahead')} rg {mine.get('rg', 1)})")
     pol = result.get("policies")
     if pol:
         b, table = pol["best"], pol["sums"][0]
@@ -362,10 +368,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gdn-pdl-ab", action="store_true",
                     help="time the int4-head decode step with each of GDN_PDL_ARMS (the GDN's conv and recurrence "
                          "launched programmatic-dependent or not, the recurrence applying the gated norm or not)")
+    ap.add_argument("--trigger-ab", action="store_true",
+                    help="time the int4-head decode step with launch.EARLY_TRIGGER off, on, off (one model)")
+    ap.add_argument("--early-trigger", action="store_true",
+                    help="products launched programmatic-dependent let the next kernel launch before their wait "
+                         "(ignis.kernels.launch.EARLY_TRIGGER) for the whole run")
     ap.add_argument("--graph-profile", action="store_true",
                     help="also profile each decode step's graph replay: its own kernels' times")
     args = ap.parse_args(argv)
     launch.PDL = PDL_SWITCH[args.pdl]
+    launch.EARLY_TRIGGER = args.early_trigger
     if args.swiglu_rows is not None:
         quant_linear.SWIGLU_ROWS = args.swiglu_rows
     skip = set(filter(None, args.skip.split(",")))
@@ -393,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
              ("policies", lambda: policies(bw, args.reps)),
              ("layouts", lambda: layouts(bw, args.reps)),
              ("decode", lambda: decode_steps(bw, args.context, args.iters, args.swiglu_ab, args.graph_profile,
-                                                  args.gdn_pdl_ab)),
+                                                  args.gdn_pdl_ab, args.trigger_ab)),
              ("quality", lambda: quality(args.prompts, args.tokens, args.accept_prompts, args.max_tokens))]
     for name, step in steps:
         if name in skip:

@@ -442,6 +442,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stream", default="on" if ops.STREAMING else "off",
                     help="comma list of off, on: whether the products ignis.model.ops.stream_shape picks run the "
                          "Triton weight-streaming kernel (ops.STREAMING)")
+    ap.add_argument("--trigger", default="early" if launch.EARLY_TRIGGER else "late",
+                    help="comma list of late, early: where a product launched programmatic-dependent lets the next "
+                         "kernel launch (ignis.kernels.launch.EARLY_TRIGGER)")
     ap.add_argument("--conv", default="auto",
                     help="comma list of auto, numba, cuda: the GDN conv kernel of decodes and verifies "
                          "(ignis.kernels.fused.CUDA_CONV; auto: by the round's rows)")

@@ -18,7 +18,8 @@ from ignis.model import ops
 
 PDL_SWITCH = {"auto": None, "off": False, "on": True}  # --pdl's words: ignis.kernels.launch.PDL's values
 # the options `apply_variant` sets, comma lists
-VARIANTS = ("conv_blocks", "blas", "stream", "gdn", "conv", "pdl", "gdn_pdl")
+VARIANTS = ("conv_blocks", "blas", "stream", "gdn", "conv", "pdl", "gdn_pdl", "trigger")
+TRIGGERS = {"late": False, "early": True}  # --trigger's words: ignis.kernels.launch.EARLY_TRIGGER's values
 
 
 def combinations(args: argparse.Namespace) -> list[dict[str, str]]:
@@ -56,3 +57,4 @@ def apply_variant(variant: dict[str, str]) -> None:
     fused.CUDA_CONV = {"auto": None, "numba": False, "cuda": True}[variant["conv"]]
     launch.PDL = PDL_SWITCH[variant["pdl"]]
     launch.GDN_PDL = PDL_SWITCH[variant["gdn_pdl"]]
+    launch.EARLY_TRIGGER = TRIGGERS[variant["trigger"]]
