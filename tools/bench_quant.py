@@ -55,7 +55,7 @@ from ignis.quant import linear as quant_linear
 from ignis.quant.linear import QuantLinear, set_kernel, to_mma, uses_mma
 from tools.bench_round import (POSITION, build_backend, copy_bandwidth, decodes, floor_bytes, gpu_profile,
                                time_replays, time_rounds)
-from tools.variants import PDL_SWITCH
+from tools.variants import PDL_SWITCH, TRIGGERS
 from tools.quant_products import C, GROUP, ROWS, layouts, policies, products, sweep_mma, sweep_triton, tunings
 
 def to_int4(model: nn.Module, group: int, head: bool = False) -> int:
@@ -370,14 +370,14 @@ def main(argv: list[str] | None = None) -> int:
                          "launched programmatic-dependent or not, the recurrence applying the gated norm or not)")
     ap.add_argument("--trigger-ab", action="store_true",
                     help="time the int4-head decode step with launch.EARLY_TRIGGER off, on, off (one model)")
-    ap.add_argument("--early-trigger", action="store_true",
-                    help="products launched programmatic-dependent let the next kernel launch before their wait "
-                         "(ignis.kernels.launch.EARLY_TRIGGER) for the whole run")
+    ap.add_argument("--trigger", default="early" if launch.EARLY_TRIGGER else "late", choices=list(TRIGGERS),
+                    help="where products launched programmatic-dependent let the next kernel launch, for the whole run "
+                         "(ignis.kernels.launch.EARLY_TRIGGER: early, before their own wait; late, after their loop)")
     ap.add_argument("--graph-profile", action="store_true",
                     help="also profile each decode step's graph replay: its own kernels' times")
     args = ap.parse_args(argv)
     launch.PDL = PDL_SWITCH[args.pdl]
-    launch.EARLY_TRIGGER = args.early_trigger
+    launch.EARLY_TRIGGER = TRIGGERS[args.trigger]
     if args.swiglu_rows is not None:
         quant_linear.SWIGLU_ROWS = args.swiglu_rows
     skip = set(filter(None, args.skip.split(",")))
