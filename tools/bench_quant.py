@@ -303,7 +303,7 @@ def summary(result: dict[str, Any]) -> list[str]:
         mine = chosen.get((shape, r), {})
         lines.append(f"mma sweep, {shape}, {r:2d} rows: best x{p['x_floor']:.2f} (ks {p['ks']} kw {p['kw']}), the "
                      f"chosen x{mine.get('x_floor', float('nan')):.2f} (ks {mine.get('ks')} kw {mine.get('kw')})")
-    for key in ("sweep_mma_loads",):
+    for key in ("sweep_mma_loads", "sweep_mma_deep"):
         fastest, chosen = _fastest(result.get(key, []), "chosen")
         for (shape, r), p in fastest.items():
             mine = chosen.get((shape, r), {})
@@ -350,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="time the mma int4 kernel's input splits at the five 27B products, 1 and 8 rows")
     ap.add_argument("--sweep-mma-loads", action="store_true",
                     help="time the mma int4 kernel's step sizes and loads ahead at the five 27B products, 1 to 64 rows")
+    ap.add_argument("--sweep-mma-deep", action="store_true",
+                    help="time the mma int4 kernel's input splits with 2 and 3 steps loaded ahead at the five 27B "
+                         "products, 1 row")
     ap.add_argument("--layouts", action="store_true",
                     help="time the Triton int4 kernel on row-major and k-blocked codes at the five 27B products")
     ap.add_argument("--policies", action="store_true",
@@ -387,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
         skip.add("sweep_mma")
     if not args.sweep_mma_loads:
         skip.add("sweep_mma_loads")
+    if not args.sweep_mma_deep:
+        skip.add("sweep_mma_deep")
     if not args.policies:
         skip.add("policies")
     if not args.layouts:
@@ -402,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = [("products", lambda: products(bw, args.reps)), ("tunings", lambda: tunings(bw, args.reps)),
              ("sweep_triton", lambda: sweep_triton(bw, args.reps)), ("sweep_mma", lambda: sweep_mma(bw, args.reps)),
              ("sweep_mma_loads", lambda: sweep_mma(bw, args.reps, loads=True)),
+             ("sweep_mma_deep", lambda: sweep_mma(bw, args.reps, deep=True)),
              ("policies", lambda: policies(bw, args.reps)),
              ("layouts", lambda: layouts(bw, args.reps)),
              ("decode", lambda: decode_steps(bw, args.context, args.iters, args.swiglu_ab, args.graph_profile,

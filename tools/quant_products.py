@@ -267,7 +267,16 @@ def mma_loads(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Sh
     return found
 
 
-def sweep_mma(bw: float, reps: int, loads: bool = False) -> list[dict[str, Any]]:
+def mma_deep(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Shape]:
+    """int4_mma's own launch for `rows` first, then every split of MMA_KS x MMA_KW that mma_shapes takes with 2 and 3
+    steps loaded ahead (--sweep-mma has them with one): fewer warps an SM holding more bytes in flight each, so that a product launched
+    programmatic-dependent leaves room on the SMs for the next one's blocks (what --sweep-mma-deep times; the split
+    changes the order of a row's sums, AHEAD does not)."""
+    found = mma_shapes(nout, ncols, group, sms, rows)
+    return found[:1] + [replace(base, ahead=a) for base in found for a in (2, 3)]
+
+
+def sweep_mma(bw: float, reps: int, loads: bool = False, deep: bool = False) -> list[dict[str, Any]]:
     """int4_mma's input splits (mma_shapes) over the five 27B products at 1 and 8 rows, or with `loads` its step
     sizes and loads ahead (mma_loads) at 1, 8, 16 and 64 rows: us and x floor each, its own choice marked (a launch
     that does not compile or launch is reported, not fatal). A split changes the order of a row's sums, so a faster
@@ -275,7 +284,8 @@ def sweep_mma(bw: float, reps: int, loads: bool = False) -> list[dict[str, Any]]
     rows_out = []
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    shapes_of, counts = (mma_loads, (1, 8, 16, 64)) if loads else (mma_shapes, (1, 8))
+    shapes_of, counts = ((mma_loads, (1, 8, 16, 64)) if loads else (mma_deep, (1,)) if deep
+                         else (mma_shapes, (1, 8)))
     for name, nout, ncols in SHAPES:
         _, c4 = _int4_copies(nout, ncols, dev)
         cm = [pack(*p, torch.bfloat16) for p in c4]
