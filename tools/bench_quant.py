@@ -308,7 +308,7 @@ def summary(result: dict[str, Any]) -> list[str]:
         for (shape, r), p in fastest.items():
             mine = chosen.get((shape, r), {})
             lines.append(f"mma {key[10:]}, {shape}, {r:2d} rows: best x{p['x_floor']:.2f} (f {p['f']} u {p['u']} "
-                         f"ahead {p['ahead']} rg {p.get('rg', 1)} stages {p.get('stages', 0)}), the chosen "
+                         f"ahead {p['ahead']} rg {p.get('rg', 1)}), the chosen "
                          f"x{mine.get('x_floor', float('nan')):.2f} (f {mine.get('f')} u {mine.get('u')} ahead "
                          f"{mine.get('ahead')} rg {mine.get('rg', 1)})")
     pol = result.get("policies")
