@@ -269,9 +269,9 @@ def mma_loads(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Sh
 
 def mma_deep(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Shape]:
     """int4_mma's own launch for `rows` first, then every split of MMA_KS x MMA_KW that mma_shapes takes with 2 and 3
-    steps loaded ahead (--sweep-mma has them with one): fewer warps an SM holding more bytes in flight each, so that a product launched
-    programmatic-dependent leaves room on the SMs for the next one's blocks (what --sweep-mma-deep times; the split
-    changes the order of a row's sums, AHEAD does not)."""
+    steps loaded ahead (--sweep-mma has them with one): fewer warps an SM holding more bytes in flight each, so that a
+    product launched programmatic-dependent leaves room on the SMs for the next one's blocks (what --sweep-mma-deep
+    times; the split changes the order of a row's sums, AHEAD does not)."""
     found = mma_shapes(nout, ncols, group, sms, rows)
     return found[:1] + [replace(base, ahead=a) for base in found for a in (2, 3)]
 
