@@ -23,6 +23,7 @@ is issued before griddepcontrol.wait, the one store after it). Reported: µs a l
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -36,7 +37,7 @@ SOURCE = r"""
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
-extern "C" __global__ void read_ld(const uint4* __restrict__ src, u32* __restrict__ out, long long per_block)
+extern "C" __global__ void read_ld(const uint4* __restrict__ src, u32* __restrict__ out, int per_block)
 {
 #if PDL
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -44,14 +45,14 @@ extern "C" __global__ void read_ld(const uint4* __restrict__ src, u32* __restric
     const uint4* p = src + (size_t)blockIdx.x * per_block;
     u32 acc = 0;
     int round = 0;
-    for (long long i = threadIdx.x; i < per_block; i += (long long)blockDim.x * UNROLL) {
+    for (int i = threadIdx.x; i < per_block; i += blockDim.x * UNROLL) {
 #if PDL && AHEAD >= 0
         if (round++ == AHEAD) asm volatile("griddepcontrol.wait;" ::: "memory");  // the rest reads after the kernel ahead
 #endif
         uint4 v[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
-            const long long j = i + (long long)u * blockDim.x;
+            const int j = i + u * blockDim.x;
             v[u] = make_uint4(0, 0, 0, 0);
             if (j < per_block)
                 asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -81,12 +82,12 @@ __device__ __forceinline__ void wait_parity(u64* bar, u32 parity) {
                      : "=r"(done) : "r"(smem(bar)), "r"(parity) : "memory");
 }
 
-extern "C" __global__ void read_bulk(const char* __restrict__ src, u32* __restrict__ out, long long per_block)
+extern "C" __global__ void read_bulk(const char* __restrict__ src, u32* __restrict__ out, int per_block)
 {
     extern __shared__ __align__(128) uint4 slots[];  // STAGES x CHUNK bytes
     __shared__ __align__(8) u64 bar[STAGES];
     const char* p = src + (size_t)blockIdx.x * per_block;
-    const int chunks = (int)(per_block / CHUNK);
+    const int chunks = per_block / CHUNK;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s)
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem(bar + s)) : "memory");
@@ -150,7 +151,9 @@ FORMS = [Form("ld", 1, 8), Form("ld", 2, 4), Form("ld", 4, 4), Form("ld", 2, 8),
          Form("ld", 2, 4, ahead=0), Form("ld", 2, 4, ahead=1), Form("ld", 2, 4, ahead=2), Form("ld", 2, 4, ahead=4)]
 
 
+@functools.cache
 def _function(form: Form, pdl: bool, device: torch.device) -> Any:
+    """The form's kernel, compiled and loaded once for all sizes."""
     from ignis.kernels.nvrtc import Function, arch_of, compile_cubin
 
     name = "read_ld" if form.kind == "ld" else "read_bulk"
