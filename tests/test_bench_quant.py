@@ -143,6 +143,16 @@ def test_mma_sweep_splits_and_summary() -> None:
                     f"{s0.kw})")
 
 
+def test_the_hot_sweep_is_summarised_cold_then_hot() -> None:
+    """--sweep-hot's rows (a failed launch left out) become one line a (shape, rows): x floor from DRAM, then from L2."""
+    from tools.bench_quant import summary
+
+    sweep = [{"shape": "o_proj", "rows": 1, "form": "cold", "ms": 0.0074, "x_floor": 1.86},
+             {"shape": "o_proj", "rows": 1, "form": "hot", "ms": 0.0067, "x_floor": 1.67},
+             {"shape": "o_proj", "rows": 8, "form": "cold", "error": "out of resources"}]
+    assert summary({"sweep_hot": sweep}) == ["mma from DRAM and from L2, o_proj,  1 rows: cold x1.86, hot x1.67"]
+
+
 def test_the_mma_loads_sweep_changes_only_what_leaves_the_sums_alone() -> None:
     """--sweep-mma-loads times int4_mma's own launch first, then its step's chunks (divisors of the unit holding whole
     groups), loads ahead (0-3), feature blocks a warp (the chosen F or 1) and, above 8 rows, warps sharing x (RB 2, 4)

@@ -15,7 +15,8 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
    policies of the Triton kernel (its 16-row tile and the split's target) over all five products at 1 and 8 rows,
    summed as a decode step runs them; the best stays in force for the decode step below. With --sweep-mma, the mma
    kernel's splits of the input (blocks of threads and warps along it) at all five products, 1 and 8 rows; with
-   --sweep-mma-loads, its step sizes and steps loaded ahead (which change no sums) at 1, 8, 16 and 64 rows.
+   --sweep-mma-loads, its step sizes and steps loaded ahead (which change no sums) at 1, 8, 16 and 64 rows. With
+   --sweep-hot, the mma kernel at 1 to 64 rows with its weight read from DRAM and from L2.
 3. A decode step of one lane at a 512-token context (random weights built on the GPU, as tools.bench_round does)
    through DeviceRound with CUDA graphs, bf16 then the same weights packed to int4 (group 128, products through the
    kernel --int4-kernel names), then with the output head packed too (`ignis quantize --head`), then converted to
@@ -29,6 +30,7 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
     python -m tools.bench_quant --out policies.json --skip products,tunings,quality --policies --int4-kernel triton
     python -m tools.bench_quant --out mma.json --skip products,tunings,decode,quality --sweep-mma
     python -m tools.bench_quant --out loads.json --skip products,tunings,decode,quality --sweep-mma-loads
+    python -m tools.bench_quant --out hot.json --skip products,tunings,decode,quality --sweep-hot
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ from ignis.quant.linear import QuantLinear, set_kernel, to_mma, uses_mma
 from tools.bench_round import (POSITION, build_backend, copy_bandwidth, decodes, floor_bytes, gpu_profile,
                                time_replays, time_rounds)
 from tools.variants import PDL_SWITCH, TRIGGERS
-from tools.quant_products import C, GROUP, ROWS, layouts, policies, products, sweep_mma, sweep_triton, tunings
+from tools.quant_products import (C, GROUP, ROWS, layouts, policies, products, sweep_hot, sweep_mma, sweep_triton,
+                                  tunings)
 
 def to_int4(model: nn.Module, group: int, head: bool = False) -> int:
     """Pack every projection `ignis quantize` would pack (with `head`, as `--head` does: the output head too), in place
@@ -311,6 +314,13 @@ def summary(result: dict[str, Any]) -> list[str]:
                          f"ahead {p['ahead']} rg {p.get('rg', 1)}), the chosen "
                          f"x{mine.get('x_floor', float('nan')):.2f} (f {mine.get('f')} u {mine.get('u')} ahead "
                          f"{mine.get('ahead')} rg {mine.get('rg', 1)})")
+    hot: dict[tuple[str, int], dict[str, float]] = {}
+    for p in result.get("sweep_hot", []):
+        if "ms" in p:
+            hot.setdefault((p["shape"], p["rows"]), {})[p["form"]] = p["x_floor"]
+    for (shape, r), at in hot.items():
+        lines.append(f"mma from DRAM and from L2, {shape}, {r:2d} rows: "
+                     + ", ".join(f"{k} x{v:.2f}" for k, v in at.items()))
     pol = result.get("policies")
     if pol:
         b, table = pol["best"], pol["sums"][0]
@@ -353,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-mma-deep", action="store_true",
                     help="time the mma int4 kernel's input splits with 2 and 3 steps loaded ahead at the five 27B "
                          "products, 1 row")
+    ap.add_argument("--sweep-hot", action="store_true",
+                    help="time int4_mma at 1 to 64 rows with its weight from DRAM and from L2")
     ap.add_argument("--layouts", action="store_true",
                     help="time the Triton int4 kernel on row-major and k-blocked codes at the five 27B products")
     ap.add_argument("--policies", action="store_true",
@@ -392,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
         skip.add("sweep_mma_loads")
     if not args.sweep_mma_deep:
         skip.add("sweep_mma_deep")
+    if not args.sweep_hot:
+        skip.add("sweep_hot")
     if not args.policies:
         skip.add("policies")
     if not args.layouts:
@@ -408,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
              ("sweep_triton", lambda: sweep_triton(bw, args.reps)), ("sweep_mma", lambda: sweep_mma(bw, args.reps)),
              ("sweep_mma_loads", lambda: sweep_mma(bw, args.reps, loads=True)),
              ("sweep_mma_deep", lambda: sweep_mma(bw, args.reps, deep=True)),
+             ("sweep_hot", lambda: sweep_hot(bw, args.reps)),
              ("policies", lambda: policies(bw, args.reps)),
              ("layouts", lambda: layouts(bw, args.reps)),
              ("decode", lambda: decode_steps(bw, args.context, args.iters, args.swiglu_ab, args.graph_profile,
