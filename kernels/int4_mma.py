@@ -225,7 +225,7 @@ def x_shared(rows: int, nt: int, s: Shape, ncols: int) -> int:
     if not X_SHARED or nt != 1:
         return 0
     part = math.ceil(ncols // (64 * s.unit) / s.ks) * s.unit * 64  # the widest part of the input a block takes
-    size = min(rows, 8 * nt // s.rg) * (part + 32) * 2
+    size = min(rows, 8) * (part + 32) * 2  # one tile of rows, in one block of threads
     return size if size <= X_SHARED_MAX else 0
 
 
