@@ -31,6 +31,23 @@ def test_a_random_shortlist_holds_the_heads_rows_of_distinct_sorted_ids(tmp_path
     assert (err <= steps * 0.51 + 1e-6).all()
 
 
+@pytest.mark.parametrize(("kind", "head", "weights"), [
+    ("dflash2", "full", "model"), ("dflash2-shortlist-int4", "shortlist", "int4"), ("dflash2-head4", "int4", "model"),
+    ("dflash2-head4-int4", "int4", "int4")])
+def test_each_drafting_case_loads_the_drafter_its_name_says(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                            kind: str, head: str, weights: str) -> None:
+    import tools.bench_round as bench
+
+    seen: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(bench, "DFlash2", lambda ctx, drafter: seen.append(
+        (ctx.config.spec.backend, ctx.config.spec.draft_head, ctx.config.spec.draft_weights)))
+    (tmp_path / "drafter").mkdir()
+    (tmp_path / "drafter" / "config.json").write_text("{}")  # as if on disk: no random drafter is built
+    model = random_model(TINY, seed=3, mtp=False, device="cpu", dtype=torch.float32)
+    bench.build_backend(kind, 7, model, tmp_path, 1, 64, torch.device("cpu"), torch.float32)
+    assert seen == [("dflash2", head, weights)]
+
+
 def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch: pytest.MonkeyPatch) -> None:
     from ignis.kernels import fused, gdn, gdn_cuda, launch
     from ignis.model import ops

@@ -175,6 +175,32 @@ def test_an_int4_drafter_keeps_greedy_output_and_its_drafts(ckpt: Path, work, re
     assert s.accepted > s.drafted / 4
 
 
+@pytest.mark.parametrize("model", [{}, {"model.exact": "off"}], ids=["exact", "fused"])
+def test_a_4bit_proposal_head_keeps_greedy_output_and_every_token(ckpt: Path, work, reference, drafters,
+                                                                  model: dict[str, str]) -> None:
+    """spec.draft_head = "int4": the target's whole head in 4-bit codes proposes (no token left out, unlike the
+    shortlist), its logits are the dequantized head's, each weight within half a step of the target's, and greedy
+    output still equals off."""
+    ps, params = work
+    engine = make_engine(ckpt, drafters["dflash2"], 7, 4, head="int4", **model)
+    backend = engine.runner.backend
+    head = backend.packed_head
+    assert head is not None and backend.shortlist is None and head.module is not None
+    target = engine.model.embed_tokens.weight if engine.model.lm_head is None else engine.model.lm_head.weight
+    got = head.module.weight.dequantize()
+    step = head.module.scales.float().repeat_interleave(head.module.group, dim=1)
+    assert got.shape == target.shape == (VOCAB, target.shape[1])
+    assert ((got - target).abs() <= step / 2 * (1 + 1e-4)).all()  # the format's rounding: half a step
+    x = torch.randn(5, target.shape[1], generator=torch.Generator().manual_seed(8))
+    torch.testing.assert_close(head.logits(x), x @ got.T, rtol=1e-5, atol=1e-5)
+    assert head.nbytes() == sum(t.nbytes for t in head.module.buffers()) > 0
+    out = run(engine, ps, params)
+    for rid, ref in reference.items():
+        assert out[rid].token_ids == ref, f"request {rid} diverged from off"
+    s = engine.stats()
+    assert s.accepted > s.drafted / 4
+
+
 def test_sampled_drafts_are_reproducible_and_accepted(ckpt: Path, work, drafters) -> None:
     """Seeded sampling with the selector's own q: the same request gives the same tokens, and drafts get accepted."""
     ps, _ = work
@@ -189,7 +215,7 @@ def test_sampled_drafts_are_reproducible_and_accepted(ckpt: Path, work, drafters
 
 
 def test_builtin_drafter_keeps_greedy_output_and_commits_several_tokens_a_round() -> None:
-    """The shipped pair: with the trained drafter (full and shortlist heads) greedy output is the target's own, and
+    """The shipped pair: with the trained drafter (full, shortlist and 4-bit heads) greedy output is the target's own, and
     rounds commit well over one token on held-out code."""
     from tokenizers import Tokenizer
 
@@ -205,7 +231,7 @@ def test_builtin_drafter_keeps_greedy_output_and_commits_several_tokens_a_round(
         return Engine(load_config(profile="cpu", overrides=overrides))
 
     want = run(engine(backend="off"), ps, params)  # plain decoding, said explicitly: the default speculates
-    for head in ("full", "shortlist"):
+    for head in ("full", "shortlist", "int4"):
         spec = engine(backend="dflash2", draft_tokens=7, draft_head=head)
         got = run(spec, ps, params)
         assert all(got[r].token_ids == want[r].token_ids for r in want), head

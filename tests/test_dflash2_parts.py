@@ -133,7 +133,7 @@ def test_an_int4_drafter_whose_inputs_the_groups_do_not_divide_is_refused_naming
     assert backend(ckpt, drafter).draft_tokens == 7  # the same drafter in its own precision loads
 
 
-@pytest.mark.parametrize("head", ["full", "shortlist"])
+@pytest.mark.parametrize("head", ["full", "shortlist", "int4"])
 def test_draft_head_is_logged_at_load(ckpt: Path, target: ModelConfig, tmp_path: Path, head: str) -> None:
     drafter = save_random_drafter(tmp_path / "d", target)
     build_shortlist(ckpt, drafter / SHORTLIST, torch.arange(VOCAB), size=64, group=16)

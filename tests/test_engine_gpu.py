@@ -248,10 +248,12 @@ def test_chained_graph_rounds_give_single_rounds_tokens(backend: str, k: int, la
     assert outs[0] == outs[1] and 2 in chained
 
 
+@pytest.mark.parametrize("head", ["full", "int4"])
 @pytest.mark.parametrize("lanes", [1, 8])
-def test_an_int4_drafter_in_graph_rounds_gives_the_eager_rounds_tokens(lanes: int) -> None:
-    """spec.draft_weights = "int4": the drafter's projections held in the mma kernel's order run under capture, and
-    the captured round gives the eager device round's tokens."""
+def test_an_int4_drafter_in_graph_rounds_gives_the_eager_rounds_tokens(lanes: int, head: str) -> None:
+    """spec.draft_weights = "int4" (and spec.draft_head = "int4", the target's head in 4 bits): the drafter's
+    projections (and head) held in the mma kernel's order run under capture, and the captured round gives the eager
+    device round's tokens."""
     from engines import run
     from ignis.config import load_config
     from ignis.engine.core import Engine
@@ -263,9 +265,13 @@ def test_an_int4_drafter_in_graph_rounds_gives_the_eager_rounds_tokens(lanes: in
     for graphs in (True, False):
         engine = Engine(load_config(profile="h200", overrides={
             "model.path": str(BUILTIN), "spec.backend": "dflash2", "spec.draft_tokens": 7, "spec.draft_weights": "int4",
-            "engine.lanes": lanes, "engine.context": 1024, "engine.cuda_graphs": graphs, "log.level": "warning"}))
+            "spec.draft_head": head, "engine.lanes": lanes, "engine.context": 1024, "engine.cuda_graphs": graphs,
+            "log.level": "warning"}))
         packed = [m for m in engine.runner.backend.model.modules() if isinstance(m, QuantLinear)]
         assert packed and all(m.mma is not None for m in packed)
+        packed_head = engine.runner.backend.packed_head
+        assert (packed_head is not None and packed_head.module is not None and packed_head.module.mma is not None) \
+            == (head == "int4")
         assert bool(engine.runner.device_round.graphs) == graphs
         outs.append({rid: d.token_ids for rid, d in run(engine, ps, params).items()})
     assert outs[0] == outs[1]

@@ -24,12 +24,13 @@ BUILTIN_DRAFTER = Path(__file__).resolve().parents[1] / "ignis" / "builtin" / "d
 KV_PER_POSITION = 16 * 2 * 4 * 256 * 2  # attention layers x (K, V) x KV heads x head_dim x bf16 bytes = 64 KiB
 
 
-def _write(root: Path, int4: bool) -> Path:
-    """The 27B's config.json (with its MTP layer) and its dflash2 drafter's: 5 layers of the target's width."""
+def _write(root: Path, int4: bool, head: bool = False) -> Path:
+    """The 27B's config.json (with its MTP layer; 4-bit projections, and with `head` its output head too) and its
+    dflash2 drafter's: 5 layers of the target's width."""
     root.mkdir(parents=True)
     cfg = _full_config(QWEN35_27B, mtp=True)
     if int4:
-        cfg["quantization_config"] = QuantConfig(group_size=128).to_json()
+        cfg["quantization_config"] = QuantConfig(group_size=128, head=head).to_json()
     (root / "config.json").write_text(json.dumps(cfg))
     drafter = json.loads(BUILTIN_DRAFTER.read_text())
     drafter.update(hidden_size=5120, intermediate_size=17408, num_attention_heads=32, num_key_value_heads=8,
@@ -104,6 +105,20 @@ def test_an_int4_drafter_is_planned_at_half_a_byte_a_projection_weight(q27b: dic
     held = 4 if uses_mma(torch.device("cuda"), torch.bfloat16) else 3
     assert bf16.nbytes - int4.nbytes == 2 * weights - (weights // 2 + weights // 128 * held)
     assert "4-bit" in int4.how and "4-bit" not in bf16.how
+
+
+def test_a_4bit_proposal_head_is_planned_as_a_copy_of_a_16bit_head_only(q27b: dict[str, Path]) -> None:
+    """spec.draft_head = "int4": a bf16 target's head (248,320 x 5,120) held again in 4 bits, a group's scale and zero
+    in 3 bytes (4 in the mma kernel's order); a target whose head is 4-bit already lends it, so nothing is added."""
+    def drafter(path: Path, head: str) -> int:
+        plan = memory_plan(load_config(profile="h200", overrides={**DFLASH2, "spec.draft_head": head}), path)
+        return {i.name: i for i in plan.items}["drafter"].nbytes
+
+    held = 4 if uses_mma(torch.device("cuda"), torch.bfloat16) else 3
+    v, h = QWEN35_27B["vocab_size"], QWEN35_27B["hidden_size"]
+    assert drafter(q27b["bf16"], "int4") - drafter(q27b["bf16"], "full") == v * h // 2 + v * (h // 128) * held
+    headed = _write(q27b["bf16"].parent / "int4-head", True, head=True)
+    assert drafter(headed, "int4") == drafter(headed, "full")
 
 
 def test_the_planned_weights_are_what_the_loader_holds(tmp_path: Path) -> None:

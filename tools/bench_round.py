@@ -4,7 +4,8 @@ For the Qwen3.5-27B shape (random bf16 weights built on the GPU, no checkpoint o
 each case (plain decode; the target's verify round with free drafts; mtp and dflash2 at 7 drafts, drafter included;
 dflash2-sl, dflash2 proposing through its 4-bit shortlist head, spec.draft_head = "shortlist": the built-in drafter's
 own, a random one of SHORTLIST_TOKENS rows for the 27B; dflash2-sl-fp8 and dflash2-sl-int4, the same with the drafter's
-projections in fp8 or 4-bit, spec.draft_weights) at 1 and 8 lanes: ms a round through `DeviceRound.run` (host work and
+projections in fp8 or 4-bit, spec.draft_weights; dflash2-h4 and dflash2-h4-int4, proposing through the target's whole
+head in 4 bits, spec.draft_head = "int4", with the drafter's projections as they are or in 4-bit) at 1 and 8 lanes: ms a round through `DeviceRound.run` (host work and
 the one read-back included), the graph's replays back to back (CUDA events: the device's time with the gaps between
 kernels, without the host's part), GPU kernel time and kernels per round from the profiler (an eager round, profiled
 after every case's timings; with --graph-profile also the graph replay's own kernels, `graph_top_kernels`: what a kernel
@@ -118,7 +119,9 @@ CASES = [Case("decode", "off", 0, 1), Case("decode", "off", 0, 8), Case("verify"
          Case("dflash2-sl", "dflash2-shortlist", 7, 1), Case("dflash2-sl", "dflash2-shortlist", 7, 8),
          Case("dflash2-sl-fp8", "dflash2-shortlist-fp8", 7, 1), Case("dflash2-sl-fp8", "dflash2-shortlist-fp8", 7, 8),
          Case("dflash2-sl-int4", "dflash2-shortlist-int4", 7, 1),
-         Case("dflash2-sl-int4", "dflash2-shortlist-int4", 7, 8)]
+         Case("dflash2-sl-int4", "dflash2-shortlist-int4", 7, 8),
+         Case("dflash2-h4", "dflash2-head4", 7, 1), Case("dflash2-h4", "dflash2-head4", 7, 8),
+         Case("dflash2-h4-int4", "dflash2-head4-int4", 7, 1), Case("dflash2-h4-int4", "dflash2-head4-int4", 7, 8)]
 # the random 27B drafter's shortlist head (spec.draft_head = "shortlist"): as many tokens as docs/drafter-training.md's
 # 27B command keeps (--shortlist 32768); the built-in drafter has its own (4,096)
 SHORTLIST_TOKENS = 32768
@@ -174,9 +177,9 @@ def build_backend(kind: str, k: int, model: HybridModel, path: Path, lanes: int,
     if kind in ("off", "verify"):
         return FreeDrafts(k)
     head, weights = "full", "model"
-    if kind.startswith("dflash2-shortlist"):
+    if kind.startswith(("dflash2-shortlist", "dflash2-head4")):
         weights = next((w for w in ("fp8", "int4") if kind.endswith(f"-{w}")), "model")
-        kind, head = "dflash2", "shortlist"
+        kind, head = "dflash2", "shortlist" if kind.startswith("dflash2-shortlist") else "int4"
     overrides = {"model.path": str(path), "spec.backend": kind, "spec.draft_tokens": k, "spec.draft_head": head,
                  "spec.draft_weights": weights, "log.level": "warning"}
     ctx = BackendContext(model, load_config(overrides=overrides), path, lanes, context, device, dtype)

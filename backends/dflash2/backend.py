@@ -7,7 +7,7 @@ the propose / observe steps of the round. Does not own: the drafter's layer math
 observe: the target's outputs at `target_layer_ids` for the committed rows become each drafter layer's context K/V,
 once per token. propose: the block [anchor, MASK x k] of every lane, embedded with the target's embedding, at
 positions anchor..anchor+k, runs through the drafter against that context; the rows after the anchor go through the
-proposal head (the target's output head, or the 4-bit shortlist head) and the selector (DFlash2) or argmax (v1).
+proposal head (the target's output head, the 4-bit shortlist head, or the target's head in 4 bits) and the selector (DFlash2) or argmax (v1).
 Neither step reads a device value on the host: lane lengths and positions of committed rows are known from
 `Observation` fields that are plain ints. The device form (`propose_lanes`, `observe_lanes`) does the same from
 device tensors, sending each lane's rejected verify rows to the context's scratch lane.
@@ -22,6 +22,7 @@ from ignis.backends.dflash2.config import DrafterConfig
 from ignis.backends.dflash2.context import ContextCache
 from ignis.backends.dflash2 import ring
 from ignis.backends.dflash2.model import DrafterModel
+from ignis.backends.dflash2.packed_head import PackedHead, target_head
 from ignis.backends.dflash2.selector import pick, select
 from ignis.backends.dflash2.shortlist import ShortlistHead
 from ignis.backends.dflash2.weights import SHORTLIST, load_drafter
@@ -68,6 +69,12 @@ class DFlash2:
         if spec.draft_head == "shortlist":
             self.shortlist = ShortlistHead(path / SHORTLIST, hidden=target.hidden_size, vocab=self.vocab,
                                            device=ctx.device, dtype=ctx.dtype)
+        self.packed_head: PackedHead | None = None
+        if spec.draft_head == "int4":
+            try:
+                self.packed_head = PackedHead(target_head(ctx.model), exact=ctx.model.exact)
+            except ValueError as e:
+                raise ConfigError("spec.draft_head", f"int4 does not fit the target's output head: {e}") from e
         self.cache = ContextCache(cfg, lanes=ctx.lanes, context=ctx.context, device=ctx.device, dtype=ctx.dtype)
         # The device round's attention and context writes read and write the rings in place (Triton kernels) on
         # CUDA outside the exact mode; tests switch it on for CPU tensors under Triton's interpreter.
@@ -97,6 +104,7 @@ class DFlash2:
     def nbytes(self) -> int:
         weights = sum(t.nbytes for t in (*self.model.parameters(), *self.model.buffers()))  # fp8 codes are buffers
         head = self.shortlist.nbytes() if self.shortlist is not None else 0
+        head += self.packed_head.nbytes() if self.packed_head is not None else 0
         return weights + head + self.cache.nbytes() + self.offsets.nbytes + self.masks.nbytes
 
     def reset(self, lane: int) -> None:
@@ -158,6 +166,8 @@ class DFlash2:
         hidden = self.hidden(lane_ix, anchors, positions, k, span)
         if self.shortlist is not None:
             logits, columns = self.shortlist.logits(hidden), self.shortlist.token_ids
+        elif self.packed_head is not None:
+            logits, columns = self.packed_head.logits(hidden), None
         else:
             logits, columns = self.target.logits(hidden), None
         if self.model.candidate_selector is not None:
