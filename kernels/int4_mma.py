@@ -34,11 +34,6 @@ MAGIC = {torch.bfloat16: 128.0, torch.float16: 1024.0}  # the float whose low ma
 ACTIVATIONS = tuple(MAGIC)
 AIM_WARPS_PER_SM = 23  # what the input split aims at (fitted to the H200 sweep of the 27B's five products)
 SHARED = 48 * 1024  # static shared memory a block of threads may have (the KW warps' partial sums)
-# Whether a block of threads copies its rows of x into shared memory once, after the kernel ahead has finished, and
-# its warps read x there (every load of x in flight at once instead of a step's at a time), where that takes at most
-# X_SHARED_MAX bytes a block (`x_shared`). It changes no sum.
-X_SHARED = False
-X_SHARED_MAX = 32 * 1024
 
 
 @dataclass(frozen=True)
@@ -185,23 +180,22 @@ def launch(base: Shape, nt: int) -> Shape:
 
 
 _lock = threading.Lock()
-_Key = tuple[torch.device, int, Shape, int, torch.dtype, torch.dtype, bool, bool, bool, bool]
-_functions: dict[_Key, object] = {}
+_functions: dict[tuple[torch.device, int, Shape, int, torch.dtype, torch.dtype, bool, bool, bool], object] = {}
 
 
 def _function(device: torch.device, nt: int, shape: Shape, gpc: int, dtype: torch.dtype,
-              scale_dtype: torch.dtype, early: bool = False, swiglu: bool = False, xsm: bool = False) -> object:
+              scale_dtype: torch.dtype, early: bool = False, swiglu: bool = False) -> object:
     from ignis.kernels.nvrtc import Function, arch_of, compile_cubin
 
     trigger = early and launches.EARLY_TRIGGER
-    key = (device, nt, shape, gpc, dtype, scale_dtype, early, swiglu, trigger, xsm)
+    key = (device, nt, shape, gpc, dtype, scale_dtype, early, swiglu, trigger)
     with _lock:
         if key not in _functions:
             defines = (("NT", nt // shape.rg), ("F", shape.f), ("U", shape.u), ("AHEAD", shape.ahead),
                        ("KS", shape.ks), ("KW", shape.kw), ("RB", shape.rb), ("RG", shape.rg),
                        ("GPC", gpc), ("F16", int(dtype == torch.float16)),
                        ("SBF16", int(scale_dtype == torch.bfloat16)), ("SWIGLU", int(swiglu)), ("PDL", int(early)),
-                       ("TRIGGER", int(trigger)), ("XSM", int(xsm)))
+                       ("TRIGGER", int(trigger)))
             _functions[key] = Function(compile_cubin(SOURCE, "int4_mma", arch_of(device), defines), "int4_mma", device)
         return _functions[key]
 
@@ -216,17 +210,6 @@ def swiglu_launch(s: Shape, nt: int) -> Shape | None:
     warps' partial sums of both would not fit in shared memory."""
     s = replace(s, f=2)
     return s if (s.kw - 1) * s.rb * s.f * (nt // min(s.rg, nt)) * 512 <= SHARED else None
-
-
-def x_shared(rows: int, nt: int, s: Shape, ncols: int) -> int:
-    """Bytes of shared memory a block of threads holds its rows of x in (XSM), or 0 where it reads x from global
-    memory: with X_SHARED on, at one tile of rows (8 at most) where the block's rows over its part of the input fit
-    X_SHARED_MAX (at the 27B's shapes, one to three rows). A row's sums are the same either way."""
-    if not X_SHARED or nt != 1:
-        return 0
-    part = math.ceil(ncols // (64 * s.unit) / s.ks) * s.unit * 64  # the widest part of the input a block takes
-    size = min(rows, 8) * (part + 32) * 2  # one tile of rows, in one block of threads
-    return size if size <= X_SHARED_MAX else 0
 
 
 def int4_mma(x: torch.Tensor, w: MmaCodes, shape: Shape | None = None, swiglu: bool = False) -> torch.Tensor:
@@ -261,9 +244,8 @@ def int4_mma(x: torch.Tensor, w: MmaCodes, shape: Shape | None = None, swiglu: b
     if s.rg not in ROW_TILES:
         raise ValueError(f"int4_mma splits the rows over 1, 2, 4 or 8 blocks of threads, got RG {s.rg}")
     early = pdl(x.device)  # programmatic dependent launch (launch.PDL): the codes load while the kernel before ends
+    fn = _function(x.device, nt, s, w.group // 64, w.dtype, w.scale_dtype, early, swiglu)
     grid = (math.ceil(width // 16 / (s.rb * (s.f // 2 if swiglu else s.f))) * s.rg, s.ks, 1)
-    shared = x_shared(nrows, nt, s, ncols)
-    fn = _function(x.device, nt, s, w.group // 64, w.dtype, w.scale_dtype, early, swiglu, shared > 0)
     if s.ks > 1:
         if grid[0] > SPLIT_COUNTERS:
             raise ValueError(f"{grid[0]} blocks of threads split over the input exceed the {SPLIT_COUNTERS} counters")
@@ -272,5 +254,5 @@ def int4_mma(x: torch.Tensor, w: MmaCodes, shape: Shape | None = None, swiglu: b
     else:
         ws, cnt = out, out  # not read
     fn(grid, 32 * s.kw * s.rb,  # type: ignore[operator]
-       (w.codes, w.zs, rows, out, ws, cnt, nrows, nout, ncols, rows.stride(0), s.unit), early, shared)
+       (w.codes, w.zs, rows, out, ws, cnt, nrows, nout, ncols, rows.stride(0), s.unit), early)
     return out.reshape(*lead, width)

@@ -39,8 +39,7 @@ Compile-time macros: NT (row tiles a block), F, U, AHEAD (steps loaded ahead of 
 launched with programmatic dependent launch, ignis.kernels.launch.PDL: the AHEAD steps of codes and scales load before
 griddepcontrol.wait, x and every store after it, and the next kernel may launch once the loop is done; 0 by default),
 TRIGGER (with PDL, 1: the next kernel may launch as soon as the codes ahead are issued, before this kernel's own wait,
-ignis.kernels.launch.EARLY_TRIGGER; 0: once the loop is done), XSM (1: the block's rows of x over its part of the
-input are copied into dynamic shared memory once, after the wait, and read there; ignis.kernels.int4_mma.X_SHARED).
+ignis.kernels.launch.EARLY_TRIGGER; 0: once the loop is done).
 """
 
 SOURCE = r"""
@@ -55,9 +54,6 @@ SOURCE = r"""
 #endif
 #ifndef TRIGGER
 #define TRIGGER 0
-#endif
-#ifndef XSM
-#define XSM 0
 #endif
 #define FO (SWIGLU ? F / 2 : F)  /* output feature blocks a warp: with SWIGLU FO gate blocks and their up partners */
 
@@ -122,17 +118,6 @@ __device__ __forceinline__ void load_xs(uint4 xs[NT][2], const u16* p, int sx, i
         const u16* q = p + (size_t)(row < M ? row : 0) * sx;
         xs[n][0] = load_x(q, row < M);
         xs[n][1] = load_x(q + 8, row < M);
-    }
-}
-
-// as load_xs, from the block's copy of x in shared memory (rows `stride` 16-bit values apart)
-__device__ __forceinline__ void load_xs_shared(uint4 xs[NT][2], const u16* p, int stride, int g, int M) {
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-        const int row = n * 8 + g;
-        const uint4* q = (const uint4*)(p + (row < M ? row : 0) * stride);  // a row past the call's: never stored
-        xs[n][0] = q[0];
-        xs[n][1] = q[1];
     }
 }
 
@@ -208,31 +193,19 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
 #pragma unroll
         for (int n = 0; n < NT; ++n) acc[f][n][0] = acc[f][n][1] = acc[f][n][2] = acc[f][n][3] = 0.f;
 
-#if XSM
-    // every thread meets the others at the copy of x below, so the run's state is declared outside its branch
-    const uint4* wp[F];
-    const uint2* zp[F];
-    uint4 wq[AHEAD + 1][F][U];
-    uint2 zq[AHEAD + 1][F][GS];
-#endif
     if (rb0 < half && s0 < s1) {
-#if !XSM
         const uint4* wp[F];
         const uint2* zp[F];
-#endif
 #pragma unroll
         for (int f = 0; f < F; ++f) {
             const int rb = BLOCK_OF(f);
             wp[f] = codes + ((size_t)rb * chunks + (size_t)s0 * U) * 32 + lane;
             zp[f] = zs + ((size_t)rb * groups + (size_t)s0 * GS) * 8 + g;
         }
-#if !XSM
         const u16* xp = x + (size_t)s0 * U * 64 + t * 16;
-#define LOAD_XS(xs, p) load_xs(xs, p, sx, g, M)
         // AHEAD + 1 steps of codes and scales in registers: step s + AHEAD is loaded while step s computes
         uint4 wq[AHEAD + 1][F][U];
         uint2 zq[AHEAD + 1][F][GS];
-#endif
 #pragma unroll
         for (int a = 0; a < AHEAD; ++a) {
             const int d = min(s0 + a, s1 - 1) - s0;
@@ -244,31 +217,12 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
                 for (int q = 0; q < GS; ++q) zq[a][f][q] = load_scales(zp[f] + (d * GS + q) * 8);
             }
         }
-#if XSM
-    }
-#endif
 #if PDL
 #if TRIGGER
         asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // the next kernel may launch and load now
 #endif
         // the weight is not the previous kernel's output: it loaded above while that kernel finished; x is, so wait
         asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-#if XSM
-    // the block's rows of x over its part of the input, copied once into shared memory (rows 32 values longer than
-    // the part, so that the 8 rows a warp reads at once start 64 bytes apart, on other banks): one trip to L2 for
-    // the block instead of one a step a warp
-    extern __shared__ uint4 xsm[];
-    const int k0 = ua * unit * 64, width = (ub - ua) * unit * 64, stride = width + 32;
-    const int rows = M < NT * 8 ? M : NT * 8;
-    for (int i = threadIdx.x; i < rows * (width >> 3); i += blockDim.x) {
-        const int row = i / (width >> 3), c = i - row * (width >> 3);
-        xsm[(row * stride >> 3) + c] = load_x(x + (size_t)row * sx + k0 + c * 8, true);
-    }
-    __syncthreads();
-    if (rb0 < half && s0 < s1) {
-        const u16* xp = (const u16*)xsm + (size_t)s0 * U * 64 - k0 + t * 16;
-#define LOAD_XS(xs, p) load_xs_shared(xs, p, stride, g, M)
 #endif
         for (int s = s0; s < s1; ++s) {
             const int d = min(s + AHEAD, s1 - 1) - s;  // the last steps reload the last: no read past the weight
@@ -283,11 +237,11 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
             uint4 xs[XAHEAD ? U : 1][NT][2];
             if (XAHEAD) {
 #pragma unroll
-                for (int u = 0; u < U; ++u) LOAD_XS(xs[XAHEAD ? u : 0], xp + u * 64);
+                for (int u = 0; u < U; ++u) load_xs(xs[XAHEAD ? u : 0], xp + u * 64, sx, g, M);
             }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                if (!XAHEAD) LOAD_XS(xs[0], xp + u * 64);
+                if (!XAHEAD) load_xs(xs[0], xp + u * 64, sx, g, M);
 #pragma unroll
                 for (int f = 0; f < F; ++f) {
                     const uint4 w = wq[0][f][u];

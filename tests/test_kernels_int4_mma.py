@@ -110,21 +110,6 @@ def test_the_split_comes_from_the_shape_and_every_launch_keeps_it(nout: int, nco
         assert (s.kw - 1) * s.rb * s.f * nt * 512 <= SHARED
 
 
-def test_x_goes_to_shared_memory_only_where_it_fits_and_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ignis.kernels import int4_mma as mma
-
-    down = launch(choose(5120, 17408, 128, SMS), 1)
-    assert mma.x_shared(1, 1, down, 17408) == 0  # off by default
-    monkeypatch.setattr(mma, "X_SHARED", True)
-    assert mma.x_shared(1, 1, down, 17408) == (17408 // 2 + 32) * 2  # its part of the input (KS 2), padded
-    assert mma.x_shared(2, 1, down, 17408) == 0  # two rows of it pass X_SHARED_MAX
-    for nout, ncols in SHAPES:
-        for rows in (1, 8, 16, 64):
-            s = launch(choose(nout, ncols, 128, SMS), row_tiles(rows))
-            size = mma.x_shared(rows, row_tiles(rows), s, ncols)
-            assert size == 0 or (size <= mma.X_SHARED_MAX and row_tiles(rows) == 1)
-
-
 def test_row_tiles() -> None:
     assert [row_tiles(r) for r in (1, 8, 9, 16, 17, 32, 33, 64)] == [1, 1, 2, 2, 4, 4, 8, 8]
 
@@ -140,8 +125,6 @@ def test_every_launch_at_the_27b_and_builtin_shapes_compiles_for_sm90_without_sp
         for nt in (1, 2, 4, 8):
             seen.add(_defines(launch(choose(nout, ncols, 128, SMS), nt), nt))
     seen |= {_defines(Shape(4, 1, 3, 1, 1, 4, 1), 1, f16, sbf16) for f16 in (0, 1) for sbf16 in (0, 1)}
-    # x in shared memory (int4_mma.X_SHARED), which x_shared gives one tile of rows at most at these shapes
-    seen |= {(*_defines(launch(choose(nout, ncols, 128, SMS), 1), 1), ("XSM", 1)) for nout, ncols in SHAPES}
     for defines in sorted(seen):
         cubin = compile_cubin(SOURCE, "int4_mma", "sm_90", defines)
         # NT 8 with two feature blocks a warp spills (int4_mma.ROW_LAUNCH: measured faster all the same); a little

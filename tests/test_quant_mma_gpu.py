@@ -59,27 +59,6 @@ def test_a_rows_result_depends_on_neither_the_batch_nor_the_launch() -> None:
                 assert torch.equal(int4_mma(x[:rows], w, other), alone[:rows]), (nout, rows, other)
 
 
-def test_x_in_shared_memory_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -> None:
-    """int4_mma.X_SHARED (each block's rows of x copied into shared memory) gives the bits of x read from global
-    memory, at the row counts it takes and past them, split over blocks (down) or not, eagerly and launched
-    programmatic-dependent."""
-    from ignis.kernels import int4_mma as mma
-    from ignis.kernels import launch as launches
-
-    for nout, ncols in ((5120, 17408), (5120, 6144), (34816, 5120), (14336, 5120)):
-        w = pack(*_int4_weight(nout, ncols, 128, seed=5), torch.bfloat16)
-        x = torch.randn(8, ncols, device="cuda").bfloat16()
-        for pdl in (False, True):
-            monkeypatch.setattr(launches, "PDL", pdl)
-            for rows in (1, 2, 3, 8):
-                monkeypatch.setattr(mma, "X_SHARED", False)
-                want = int4_mma(x[:rows], w)
-                monkeypatch.setattr(mma, "X_SHARED", True)
-                assert torch.equal(int4_mma(x[:rows], w), want), (nout, ncols, rows, pdl)
-    monkeypatch.setattr(mma, "X_SHARED", True)
-    assert mma.x_shared(1, 1, mma.launch(mma.choose(5120, 17408, 128, 132), 1), 17408) > 0  # taken at one row
-
-
 def test_int4_mma_under_cuda_graph_replay_and_on_a_side_stream() -> None:
     from ignis.kernels.launch import _counters
 

@@ -49,7 +49,7 @@ import torch
 from torch import nn
 
 from ignis.artifact import BUILTIN
-from ignis.kernels import int4_mma, launch
+from ignis.kernels import launch
 from ignis.model.model import HybridModel
 from ignis.quant.format import quantize, quantized_name
 from ignis.quant.fp8 import Fp8Linear, to_fp8
@@ -363,9 +363,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-mma-deep", action="store_true",
                     help="time the mma int4 kernel's input splits with 2 and 3 steps loaded ahead at the five 27B "
                          "products, 1 row")
-    ap.add_argument("--x-shared", default=None, choices=["off", "on"],
-                    help="int4_mma's blocks copy their rows of x into shared memory (int4_mma.X_SHARED; default: "
-                         "as set)")
     ap.add_argument("--sweep-hot", action="store_true",
                     help="time int4_mma at 1 to 64 rows with its weight from DRAM and from L2")
     ap.add_argument("--layouts", action="store_true",
@@ -395,8 +392,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="also profile each decode step's graph replay: its own kernels' times")
     args = ap.parse_args(argv)
     launch.PDL = PDL_SWITCH[args.pdl]
-    if args.x_shared is not None:
-        int4_mma.X_SHARED = args.x_shared == "on"
     launch.EARLY_TRIGGER = TRIGGERS[args.trigger]
     if args.swiglu_rows is not None:
         quant_linear.SWIGLU_ROWS = args.swiglu_rows
