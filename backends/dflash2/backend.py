@@ -164,15 +164,17 @@ class DFlash2:
     def _draft(self, lane_ix: torch.Tensor, anchors: torch.Tensor, positions: torch.Tensor, k: int, choice: Choice,
                span: int) -> Proposal:
         hidden = self.hidden(lane_ix, anchors, positions, k, span)
+        candidates = None
         if self.shortlist is not None:
             logits, columns = self.shortlist.logits(hidden), self.shortlist.token_ids
         elif self.packed_head is not None:
             logits, columns = self.packed_head.logits(hidden), None
+            candidates = self.packed_head.candidates
         else:
             logits, columns = self.target.logits(hidden), None
         if self.model.candidate_selector is not None:
             tokens, q = select(self.cfg, self.model.candidate_selector, hidden, logits, columns, anchors, choice,
-                               self.vocab)
+                               self.vocab, candidates)
         else:
             tokens, q = pick(self.cfg, logits, columns, choice, self.vocab)
         return Proposal(tokens=tokens, q=q)

@@ -1,14 +1,21 @@
 """The 4-bit proposal head: the target's whole output head as 4-bit codes, read by the 4-bit product.
 
 Owns: building the head for `spec.draft_head = "int4"` from the target's output head (or taking the target's own
-where a quantized target already holds it packed) and the logits it gives. Does not own: the format and its
-rounding (ignis.quant.format), the product (ignis.quant.linear) or what the drafter does with the logits (.selector).
+where a quantized target already holds it packed), the logits it gives and the candidates it offers. Does not own:
+the format and its rounding (ignis.quant.format), the product (ignis.quant.linear) or the walk over the candidates
+(.selector).
 
-Unlike the shortlist head every token of the vocabulary can still be proposed; only the rows' values round, to the
-format's min-max codes over groups of 128 input columns (64 where 128 does not divide the hidden size), as
-`DrafterModel.to_int4` rounds the drafter's projections. On a GPU that runs the mma kernel the head is held in its
-order only, so it costs half a byte a weight plus 4 bytes a row and group; the drafter reads it each round instead of
-the target's 16-bit head. Drafts only propose: the output stays the target's.
+Unlike the shortlist head every token of the vocabulary can still be proposed. The 4-bit logits (the format's min-max
+codes over groups of 128 input columns, 64 where 128 does not divide the hidden size, as `DrafterModel.to_int4` rounds
+the drafter's projections) only narrow the vocabulary to RESCORE times the candidates the selector takes; those rows
+of the target's own 16-bit head then give the logits the selector sees (`candidates`), so its candidates and their
+values are the full head's wherever the 4-bit logits keep the true top ones among their wider set. On the built-in
+pair the 4-bit logits alone cost 1-2% of the greedy tokens a round. A round reads the 4-bit head (a quarter of the
+16-bit head's bytes) and RESCORE x top-k rows of the 16-bit one. On a GPU that runs the mma kernel the 4-bit copy is
+held in its order only: half a byte a weight plus 4 bytes a row and group. Where the target's head is 4-bit already
+it is used as it is, and its logits are the target's own. Outside exact mode a call of more than PACKED_ROWS rows
+(three lanes' drafts or more) reads the 16-bit head instead, where the 4-bit product is the slower read. Drafts only
+propose: the output stays the target's.
 """
 
 from __future__ import annotations
@@ -16,11 +23,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ignis.backends.dflash2.selector import topk
 from ignis.model.ops import Weight, linear
 from ignis.quant.format import quantize
 from ignis.quant.linear import MmaCodes, PackedWeight, QuantLinear, uses_mma
 
 GROUPS = (128, 64)  # the first that divides the hidden size
+RESCORE = 2  # tokens the 4-bit logits keep for each candidate the selector takes; their 16-bit logits then choose
+# Most rows a call reads the 4-bit head for outside exact mode; more (drafts of three lanes or more) read the target's
+# 16-bit head, which is held anyway: the 4-bit product ran 2-2.5x its bytes at 16 rows and 3.4-5.5x at 32 on the H200
+# (BENCHMARKS.md), so past 16 rows the 16-bit head is the faster read.
+PACKED_ROWS = 16
 
 
 def head_group(hidden: int) -> int:
@@ -47,6 +60,7 @@ class PackedHead:
         then it is used as it is, no copy)."""
         self.exact = exact
         self.module: QuantLinear | None = None
+        self.dense: torch.Tensor | None = None  # [V, H] the target's 16-bit head, for `candidates`
         if isinstance(target_head, (PackedWeight, MmaCodes)):
             self.weight: Weight = target_head
             return
@@ -62,6 +76,7 @@ class PackedHead:
             module.repack(dense.dtype)
         self.module = module
         self.weight = module.weight
+        self.dense = dense
 
     def nbytes(self) -> int:
         """Bytes this head holds of its own (0 where it is the target's)."""
@@ -69,9 +84,34 @@ class PackedHead:
             return 0
         return sum(t.nbytes for t in self.module.buffers())
 
+    def dense_rows(self, hidden: torch.Tensor) -> bool:
+        """Whether this call reads the target's 16-bit head: more than PACKED_ROWS rows outside exact mode, where the
+        target's head is 16-bit. Exact mode always takes the 4-bit path, so a row's drafts never depend on the rows
+        beside it."""
+        return self.dense is not None and not self.exact and hidden.numel() > PACKED_ROWS * hidden.shape[-1]
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [..., H] -> [..., V] float32."""
+        """hidden [..., H] -> [..., V] float32 from the 4-bit head (or the 16-bit one, `dense_rows`)."""
+        if self.dense is not None and self.dense_rows(hidden):
+            return linear(hidden, self.dense, self.exact).float()
         return linear(hidden, self.weight, self.exact).float()
+
+    def candidates(self, hidden: torch.Tensor, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k best tokens of each row and their logits, largest first, ties to the smaller id (as the selector's
+        top-k over a full head's logits): hidden [n, s, H] and this head's `logits` [n, s, V] -> values [n, s, k]
+        float32, ids [n, s, k] int64. The RESCORE x k best by the 4-bit logits are scored again by the target's
+        16-bit rows, rounded to the model's dtype as the target's head rounds its logits."""
+        n, s, vocab = logits.shape
+        rows = logits.reshape(n * s, vocab)
+        if self.dense is None or self.dense_rows(hidden):  # logits of the head the target itself reads
+            values, ids = topk(rows, k)
+            return values.view(n, s, k), ids.view(n, s, k)
+        wide = min(RESCORE * k, vocab)
+        ids = topk(rows, wide)[1].sort(dim=-1).values  # by id, so equal logits keep the smaller id first
+        # one product a row against its own rows (bmm: each row's bits are its own whatever rows share the call)
+        exact = torch.bmm(self.dense[ids], hidden.reshape(n * s, -1, 1).to(self.dense.dtype))[..., 0]
+        values, at = topk(exact.float(), k)
+        return values.view(n, s, k), ids.gather(1, at).view(n, s, k)
 
 
 def target_head(model: nn.Module) -> Weight:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 
 from ignis.backends.base import Choice
+from collections.abc import Callable
+
 from ignis.backends.dflash2.config import DrafterConfig
 from ignis.backends.dflash2.model import Selector
 from ignis.kernels.launch import triton_installed
@@ -51,11 +53,17 @@ def select(
     anchors: torch.Tensor,  # [n] int64, device
     choice: Choice,
     vocab: int,
+    candidates: Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Drafts [n, k] int64 and q [n, k, vocab] float32 (None when every lane is greedy)."""
+    """Drafts [n, k] int64 and q [n, k, vocab] float32 (None when every lane is greedy). candidates: the head's own
+    choice of the K best (hidden, logits, K) -> (values, ids) [n, k, K] (the 4-bit head's, .packed_head), in place
+    of the top-k over `logits`."""
     n, k, width = logits.shape
     # A shortlist narrower than top_k offers all its tokens.
-    values, cand = topk(logits.reshape(n * k, width), min(cfg.selector_top_k, width))
+    if candidates is None:
+        values, cand = topk(logits.reshape(n * k, width), min(cfg.selector_top_k, width))
+    else:
+        values, cand = candidates(hidden, logits, min(cfg.selector_top_k, width))
     cand = cand.view(n, k, -1)
     if ids is not None:
         cand = ids[cand]
