@@ -94,3 +94,16 @@ def test_past_the_packed_rows_the_16bit_head_gives_the_logits_outside_exact_mode
     four = head.module.weight.dequantize()
     torch.testing.assert_close(head.logits(few), few @ four.T, rtol=1e-5, atol=1e-5)
     assert not PackedHead(dense, exact=True).dense_rows(many)  # exact mode: one path whatever the rows
+
+
+def test_the_head_packed_a_slice_of_rows_at_a_time_is_the_head_packed_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ignis.backends.dflash2 import packed_head
+    from ignis.quant.format import quantize
+
+    dense = _head()
+    monkeypatch.setattr(packed_head, "QUANTIZE_ROWS", 96)  # 11 slices, the last one short
+    head = PackedHead(dense, exact=True)
+    qweight, scales, qzeros = quantize(dense, 128)
+    assert head.module is not None
+    assert torch.equal(head.module.qweight, qweight) and torch.equal(head.module.qzeros, qzeros)
+    assert torch.equal(head.module.scales, scales.float())

@@ -7,7 +7,8 @@ the propose / observe steps of the round. Does not own: the drafter's layer math
 observe: the target's outputs at `target_layer_ids` for the committed rows become each drafter layer's context K/V,
 once per token. propose: the block [anchor, MASK x k] of every lane, embedded with the target's embedding, at
 positions anchor..anchor+k, runs through the drafter against that context; the rows after the anchor go through the
-proposal head (the target's output head, the 4-bit shortlist head, or the target's head in 4 bits) and the selector (DFlash2) or argmax (v1).
+proposal head (the target's output head, the 4-bit shortlist head, or the target's head in 4 bits: .packed_head) and
+the selector (DFlash2) or argmax (v1).
 Neither step reads a device value on the host: lane lengths and positions of committed rows are known from
 `Observation` fields that are plain ints. The device form (`propose_lanes`, `observe_lanes`) does the same from
 device tensors, sending each lane's rejected verify rows to the context's scratch lane.

@@ -34,6 +34,7 @@ RESCORE = 2  # tokens the 4-bit logits keep for each candidate the selector take
 # 16-bit head, which is held anyway: the 4-bit product ran 2-2.5x its bytes at 16 rows and 3.4-5.5x at 32 on the H200
 # (BENCHMARKS.md), so past 16 rows the 16-bit head is the faster read.
 PACKED_ROWS = 16
+QUANTIZE_ROWS = 16384  # rows of the head quantized at once as it is packed
 
 
 def head_group(hidden: int) -> int:
@@ -70,7 +71,9 @@ class PackedHead:
         vocab, hidden = dense.shape
         group = head_group(hidden)
         module = QuantLinear(hidden, vocab, group).to(dense.device)
-        qweight, scales, qzeros = quantize(dense, group)
+        # a slice of rows at a time: quantize's float32 temporaries of a whole 27B head would be several GiB
+        parts = [quantize(dense[r : r + QUANTIZE_ROWS], group) for r in range(0, vocab, QUANTIZE_ROWS)]
+        qweight, scales, qzeros = (torch.cat(t) for t in zip(*parts, strict=True))
         module.qweight, module.scales, module.qzeros = qweight, scales.to(dense.dtype), qzeros
         if uses_mma(dense.device, dense.dtype):
             module.repack(dense.dtype)

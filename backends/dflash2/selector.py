@@ -15,11 +15,11 @@ handled in one batch: greedy lanes simply ignore their uniforms, and nothing her
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ignis.backends.base import Choice
-from collections.abc import Callable
-
 from ignis.backends.dflash2.config import DrafterConfig
 from ignis.backends.dflash2.model import Selector
 from ignis.kernels.launch import triton_installed
