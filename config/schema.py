@@ -93,10 +93,11 @@ class SpecSection:
     backend: str = text(AUTO)  # "auto" or a name in the entry-point group ignis.spec_backends
     draft_tokens: int = integer(0, 0, MAX_DRAFT_TOKENS, allowed=f"0 (unset) or 1..{MAX_DRAFT_TOKENS}")
     # The dflash2 drafter's proposal head: the target's output head as it is ("full"), the 4-bit head of the drafter's
-    # N most frequent tokens ("shortlist": <drafter>/shortlist.safetensors; other tokens are never proposed), or the
-    # target's whole head in 4-bit codes made at load ("int4": every token, a quarter of a bf16 head's bytes a round;
-    # none extra where the target's own head is already 4-bit).
-    draft_head: str = choice("full", "full", "shortlist", "int4")
+    # N most frequent tokens ("shortlist": <drafter>/shortlist.safetensors; other tokens are never proposed), the
+    # target's whole head in 4-bit codes made at load, its best tokens scored again by the 16-bit rows ("int4": the
+    # full head's candidates for a quarter of its bytes a round), or "auto": "int4" for a 16-bit head of 1 GiB or more
+    # on a GPU outside exact mode (a 27B's), else "full" (backends/dflash2/packed_head.py).
+    draft_head: str = choice("auto", "auto", "full", "shortlist", "int4")
     # The dflash2 drafter's projections: in the checkpoint's precision ("model"), float8 e4m3 with a scale per
     # output channel made at load ("fp8": a byte a weight, about 40% less drafter memory at the 27B shape, acceptance
     # unchanged, not faster on the H200; its products run ignis.quant.fp8's kernel on CUDA, the dequantized reference

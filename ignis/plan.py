@@ -181,7 +181,8 @@ def _plan(cfg: IgnisConfig, model_dir: Path, *, fitted: bool) -> MemoryPlan:
         Item("weights", weights, f"target, {fmt}" + (" with its MTP layer" if mtp else "")),
         Item("recurrent states", recurrent, f"{sum(1 for t in config.layer_types if t != 'full_attention')} Gated "
                                             f"DeltaNet layers x {ec.lanes + 1} lanes, fp32, with the verify record"),
-        _drafter(cfg, model_dir, config, dtype, cuda, head_packed=quant is not None and quant.head),
+        _drafter(cfg, model_dir, config, dtype, cuda, quantized=quant is not None,
+                 head_packed=quant is not None and quant.head),
     ]
     rows = ec.lanes * (k + 1)
     hidden = max(2 * config.intermediate_size, config.conv_dim + config.value_dim, 4 * config.hidden_size)
@@ -298,9 +299,9 @@ def _stored_bytes(name: str, t: torch.Tensor, size: int) -> int:
 
 
 def _drafter(cfg: IgnisConfig, model_dir: Path, target: ModelConfig, dtype: torch.dtype, cuda: bool, *,
-             head_packed: bool = False) -> Item:
-    """The drafter's weights and its own cache; head_packed: the target's output head is 4-bit already (a 4-bit
-    proposal head then reads it, no copy)."""
+             quantized: bool = False, head_packed: bool = False) -> Item:
+    """The drafter's weights and its own cache; quantized: the target's projections are 4-bit; head_packed: its output
+    head too (a 4-bit proposal head then reads it, no copy)."""
     ec = cfg.engine
     size = torch.finfo(dtype).bits // 8
     if cfg.spec.backend == "dflash2":
@@ -326,15 +327,22 @@ def _drafter(cfg: IgnisConfig, model_dir: Path, target: ModelConfig, dtype: torc
                            for (out, cols), g in zip(converted, groups, strict=True))
         context = ContextCache(dcfg, lanes=ec.lanes, context=ec.context, device=torch.device("meta"), dtype=dtype)
         head = (path / "shortlist.safetensors").stat().st_size if cfg.spec.draft_head == "shortlist" else 0
-        if cfg.spec.draft_head == "int4" and not head_packed:  # backends.dflash2.packed_head: a 4-bit copy
-            from ignis.backends.dflash2.packed_head import GROUPS, head_group, held_bytes
+        from ignis.backends.dflash2.packed_head import GROUPS, auto_int4, head_group, held_bytes
 
-            if target.hidden_size % GROUPS[-1] == 0:  # else the backend refuses it at load
-                v, h = target.vocab_size, target.hidden_size
-                mma = uses_mma(torch.device("cuda" if cuda else "cpu"), dtype) and int4_mma.fits(v, h, head_group(h))
-                head = held_bytes(v, h, mma, size)
+        v, h = target.vocab_size, target.hidden_size
+        device = torch.device("cuda" if cuda else "cpu")
+        chosen = cfg.spec.draft_head
+        if chosen == "auto":  # as the backend resolves it (packed_head.resolve)
+            from ignis.artifact import resolve_exact
+
+            exact = resolve_exact(cfg, device)
+            chosen = "int4" if auto_int4(v, h, 0 if head_packed else size, cuda=cuda, exact=exact,
+                                         quantized=quantized) else "full"
+        if chosen == "int4" and not head_packed and h % GROUPS[-1] == 0:  # a 4-bit copy (else refused at load)
+            mma = uses_mma(device, dtype) and int4_mma.fits(v, h, head_group(h))
+            head = held_bytes(v, h, mma, size)
         form = {"fp8": ", projections in fp8", "int4": ", projections in 4-bit"}.get(cfg.spec.draft_weights, "")
-        form += {"shortlist": ", shortlist head", "int4": ", 4-bit head"}.get(cfg.spec.draft_head, "")
+        form += {"shortlist": ", shortlist head", "int4": ", 4-bit head"}.get(chosen, "")
         return Item("drafter", weights + context.nbytes() + head,
                     f"dflash2, {params / 1e9:.2f} B parameters{form} + its context K/V ({dcfg.num_layers} layers)")
     if cfg.spec.backend == "mtp":

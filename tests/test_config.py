@@ -37,7 +37,7 @@ def test_defaults_are_the_documented_ones() -> None:
     # context 0 and backend "auto" are settled by the engine from the model and the memory (tests/test_defaults.py).
     assert (cfg.engine.lanes, cfg.engine.context, cfg.engine.max_rows, cfg.engine.prefill_chunk) == (4, 0, 512, 64)
     assert (cfg.engine.max_waiting, cfg.engine.seed) == (256, 0)
-    assert (cfg.spec.backend, cfg.spec.draft_tokens, cfg.spec.draft_head, cfg.spec.drafter) == ("auto", 0, "full", "")
+    assert (cfg.spec.backend, cfg.spec.draft_tokens, cfg.spec.draft_head, cfg.spec.drafter) == ("auto", 0, "auto", "")
     assert (cfg.server.host, cfg.server.port, cfg.server.frontends, cfg.server.transport) == ("127.0.0.1", 8000, 1, "ipc")
     assert (cfg.server.heartbeat_s, cfg.server.engine_timeout_s) == (1.0, 5.0)
     assert (cfg.log.level, cfg.log.format) == ("info", "console")

@@ -107,3 +107,28 @@ def test_the_head_packed_a_slice_of_rows_at_a_time_is_the_head_packed_whole(monk
     assert head.module is not None
     assert torch.equal(head.module.qweight, qweight) and torch.equal(head.module.qzeros, qzeros)
     assert torch.equal(head.module.scales, scales.float())
+
+
+def test_auto_takes_the_4bit_head_for_a_large_16bit_head_on_a_gpu_only() -> None:
+    from torch import nn
+
+    from ignis.backends.dflash2.packed_head import resolve
+    from ignis.quant.linear import QuantLinear
+
+    class Target(nn.Module):  # what resolve reads of a model: its head, its projections, its exact flag
+        def __init__(self, hidden: int, dtype: torch.dtype, exact: bool = False, quantized: bool = False) -> None:
+            super().__init__()
+            self.exact = exact
+            self.lm_head = nn.Linear(hidden, 248320, bias=False, device="meta", dtype=dtype)
+            self.proj = QuantLinear(128, 128, 128) if quantized else nn.Linear(4, 4)
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    big = Target(5120, torch.bfloat16)  # the 27B's head: 2.4 GiB in bf16
+    assert resolve("auto", big, cuda) == "int4"
+    assert resolve("auto", big, cpu) == "full"
+    assert resolve("auto", Target(5120, torch.bfloat16, exact=True), cuda) == "full"
+    assert resolve("auto", Target(1024, torch.bfloat16), cuda) == "full"  # 0.47 GiB: little to save
+    assert resolve("auto", Target(5120, torch.float32), cuda) == "full"
+    assert resolve("auto", Target(5120, torch.bfloat16, quantized=True), cuda) == "full"  # a 4-bit target
+    for choice in ("full", "shortlist", "int4"):
+        assert resolve(choice, big, cpu) == choice

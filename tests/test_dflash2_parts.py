@@ -133,8 +133,9 @@ def test_an_int4_drafter_whose_inputs_the_groups_do_not_divide_is_refused_naming
     assert backend(ckpt, drafter).draft_tokens == 7  # the same drafter in its own precision loads
 
 
-@pytest.mark.parametrize("head", ["full", "shortlist", "int4"])
+@pytest.mark.parametrize("head", ["full", "shortlist", "int4", "auto"])
 def test_draft_head_is_logged_at_load(ckpt: Path, target: ModelConfig, tmp_path: Path, head: str) -> None:
+    """The head the drafter proposes through, as resolved: "auto" on the CPU is the target's own ("full")."""
     drafter = save_random_drafter(tmp_path / "d", target)
     build_shortlist(ckpt, drafter / SHORTLIST, torch.arange(VOCAB), size=64, group=16)
     saved = structlog.get_config()
@@ -145,7 +146,7 @@ def test_draft_head_is_logged_at_load(ckpt: Path, target: ModelConfig, tmp_path:
     finally:
         structlog.configure(**saved)
     events = [e for e in logs if e["event"] == "ignis.runtime.draft_head"]
-    assert len(events) == 1 and events[0]["draft_head"] == head
+    assert len(events) == 1 and events[0]["draft_head"] == ("full" if head == "auto" else head)
     assert events[0]["shortlist_tokens"] == (64 if head == "shortlist" else None)
 
 

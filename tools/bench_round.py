@@ -1,11 +1,13 @@
 """The decode/verify round against the memory floor, eager and as CUDA graphs, in one run on one device.
 
 For the Qwen3.5-27B shape (random bf16 weights built on the GPU, no checkpoint on disk) and the built-in model, and for
-each case (plain decode; the target's verify round with free drafts; mtp and dflash2 at 7 drafts, drafter included;
-dflash2-sl, dflash2 proposing through its 4-bit shortlist head, spec.draft_head = "shortlist": the built-in drafter's
-own, a random one of SHORTLIST_TOKENS rows for the 27B; dflash2-sl-fp8 and dflash2-sl-int4, the same with the drafter's
-projections in fp8 or 4-bit, spec.draft_weights; dflash2-h4 and dflash2-h4-int4, proposing through the target's whole
-head in 4 bits, spec.draft_head = "int4", with the drafter's projections as they are or in 4-bit) at 1 and 8 lanes: ms a round through `DeviceRound.run` (host work and
+each case (plain decode; the target's verify round with free drafts; mtp and dflash2 at 7 drafts, drafter included,
+dflash2 proposing through the target's own head, spec.draft_head = "full"; dflash2-sl, dflash2 proposing through its
+4-bit shortlist head, spec.draft_head = "shortlist": the built-in drafter's own, a random one of SHORTLIST_TOKENS rows
+for the 27B; dflash2-sl-fp8 and dflash2-sl-int4, the same with the drafter's projections in fp8 or 4-bit,
+spec.draft_weights; dflash2-h4 and dflash2-h4-int4, proposing through the target's whole head in 4 bits,
+spec.draft_head = "int4", with the drafter's projections as they are or in 4-bit) at 1 and 8 lanes: ms a round
+through `DeviceRound.run` (host work and
 the one read-back included), the graph's replays back to back (CUDA events: the device's time with the gaps between
 kernels, without the host's part), GPU kernel time and kernels per round from the profiler (an eager round, profiled
 after every case's timings; with --graph-profile also the graph replay's own kernels, `graph_top_kernels`: what a kernel

@@ -23,7 +23,7 @@ from ignis.backends.dflash2.config import DrafterConfig
 from ignis.backends.dflash2.context import ContextCache
 from ignis.backends.dflash2 import ring
 from ignis.backends.dflash2.model import DrafterModel
-from ignis.backends.dflash2.packed_head import PackedHead, target_head
+from ignis.backends.dflash2.packed_head import PackedHead, resolve, target_head
 from ignis.backends.dflash2.selector import pick, select
 from ignis.backends.dflash2.shortlist import ShortlistHead
 from ignis.backends.dflash2.weights import SHORTLIST, load_drafter
@@ -66,12 +66,13 @@ class DFlash2:
         if not ctx.model.exact:  # fewer, larger launches; exact mode keeps the reference arithmetic
             self.model.fuse()
             self.model.rope.precompute(ctx.context + cfg.block_size + 1, ctx.device, ctx.dtype)
+        self.draft_head = resolve(spec.draft_head, ctx.model, ctx.device)  # "auto" made "full" or "int4"
         self.shortlist: ShortlistHead | None = None
-        if spec.draft_head == "shortlist":
+        if self.draft_head == "shortlist":
             self.shortlist = ShortlistHead(path / SHORTLIST, hidden=target.hidden_size, vocab=self.vocab,
                                            device=ctx.device, dtype=ctx.dtype)
         self.packed_head: PackedHead | None = None
-        if spec.draft_head == "int4":
+        if self.draft_head == "int4":
             try:
                 self.packed_head = PackedHead(target_head(ctx.model), exact=ctx.model.exact)
             except ValueError as e:
@@ -85,7 +86,7 @@ class DFlash2:
         self.masks = torch.full((cfg.width,), cfg.mask_token_id, dtype=torch.long, device=ctx.device)  # [B-1] int64
         log.info(
             "ignis.runtime.draft_head",
-            draft_head=spec.draft_head,
+            draft_head=self.draft_head,
             draft_weights=spec.draft_weights,
             drafter=str(path),
             variant=cfg.variant,
