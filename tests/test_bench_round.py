@@ -119,6 +119,11 @@ def test_every_case_is_timed_before_any_is_profiled(monkeypatch: pytest.MonkeyPa
     assert events[: len(timed)] == timed and len(timed) == 3, events
     assert [r["case"] + str(r["lanes"]) for r in rows] == ["decode1", "decode8", "verify1", "verify8"]  # cases' order
     assert rows[0]["kernels"] == 3 and "profile_error" in rows[1] and rows[1]["graph_ms"] == 1.0 and "error" in rows[2]
+    # any lane count a case is asked at, each case at each
+    events.clear()
+    args = argparse.Namespace(cases="dflash2,dflash2-h4", lanes=[2, 3], context=64)
+    rows = bench_round.bench_model("m", model, Path("."), 1.0, args, torch.device("cpu"))  # type: ignore[arg-type]
+    assert [r["case"] + str(r["lanes"]) for r in rows] == ["dflash22", "dflash23", "dflash2-h42", "dflash2-h43"]
 
 
 def test_clocks_summarise_what_nvml_reported_while_a_case_was_timed(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -330,7 +330,9 @@ def bench_model(label: str, model: HybridModel, path: Path, bw: float, args: arg
     dtype = model.embed_tokens.weight.dtype
     for rope in (model.rope, *([model.mtp.rope] if model.mtp is not None else [])):  # as the engine does
         rope.precompute(args.context + 16, device, dtype)
-    cases = [c for c in CASES if c.name in args.cases.split(",") and c.lanes in args.lanes]
+    kinds = {c.name: c for c in CASES}  # a case's backend and drafts; it runs at every lane count asked for
+    cases = [Case(n, kinds[n].backend, kinds[n].k, lanes) for n in kinds if n in args.cases.split(",")
+             for lanes in args.lanes]
     lanes = max(c.lanes for c in cases)
     # every case's timings first, then every case's profiles: the host's part of a round timed after a profiler
     # session had run grew (0.07 -> 0.37 ms at 1 x 1 on the H200), so no timing follows one
@@ -423,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default=",".join(dict.fromkeys(c.name for c in CASES)), help="comma list of "
                     + ", ".join(dict.fromkeys(c.name for c in CASES)))
     ap.add_argument("--lanes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8],
-                    help="comma list of lane counts (1, 8)")
+                    help="comma list of lane counts, each case at each (default 1, 8)")
     ap.add_argument("--iters", type=int, default=40)
     ap.add_argument("--rounds-per-sync", type=int, default=1,
                     help="graph rounds queued before each read-back, each from the last one's outputs "
