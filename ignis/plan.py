@@ -298,6 +298,31 @@ def _stored_bytes(name: str, t: torch.Tensor, size: int) -> int:
     return t.numel() * size
 
 
+def _proposal_head(cfg: IgnisConfig, drafter_dir: Path, target: ModelConfig, dtype: torch.dtype, cuda: bool, *,
+                   quantized: bool, head_packed: bool) -> tuple[int, str]:
+    """(bytes, head): what the dflash2 drafter's proposal head holds of its own beside the target's, and which head
+    spec.draft_head gives, "auto" resolved as the backend resolves it (backends.dflash2.packed_head.resolve)."""
+    from ignis.artifact import resolve_exact
+    from ignis.backends.dflash2.packed_head import GROUPS, auto_int4, head_group, held_bytes
+    from ignis.backends.dflash2.weights import SHORTLIST
+
+    size = torch.finfo(dtype).bits // 8
+    v, h = target.vocab_size, target.hidden_size
+    device = torch.device("cuda" if cuda else "cpu")
+    chosen = cfg.spec.draft_head
+    if chosen == "auto":
+        exact = resolve_exact(cfg, device)
+        packed_size = 0 if head_packed else size
+        chosen = "int4" if auto_int4(v, h, packed_size, cuda=cuda, exact=exact, quantized=quantized) else "full"
+    if chosen == "shortlist":
+        return (drafter_dir / SHORTLIST).stat().st_size, chosen
+    # a 4-bit copy of a 16-bit head; a hidden size that no group divides is refused at load
+    if chosen == "int4" and not head_packed and h % GROUPS[-1] == 0:
+        mma = uses_mma(device, dtype) and int4_mma.fits(v, h, head_group(h))
+        return held_bytes(v, h, mma, size), chosen
+    return 0, chosen
+
+
 def _drafter(cfg: IgnisConfig, model_dir: Path, target: ModelConfig, dtype: torch.dtype, cuda: bool, *,
              quantized: bool = False, head_packed: bool = False) -> Item:
     """The drafter's weights and its own cache; quantized: the target's projections are 4-bit; head_packed: its output
@@ -326,21 +351,7 @@ def _drafter(cfg: IgnisConfig, model_dir: Path, target: ModelConfig, dtype: torc
             weights -= sum(out * cols * size - (out * cols // 2 + out * (cols // g) * held)
                            for (out, cols), g in zip(converted, groups, strict=True))
         context = ContextCache(dcfg, lanes=ec.lanes, context=ec.context, device=torch.device("meta"), dtype=dtype)
-        head = (path / "shortlist.safetensors").stat().st_size if cfg.spec.draft_head == "shortlist" else 0
-        from ignis.backends.dflash2.packed_head import GROUPS, auto_int4, head_group, held_bytes
-
-        v, h = target.vocab_size, target.hidden_size
-        device = torch.device("cuda" if cuda else "cpu")
-        chosen = cfg.spec.draft_head
-        if chosen == "auto":  # as the backend resolves it (packed_head.resolve)
-            from ignis.artifact import resolve_exact
-
-            exact = resolve_exact(cfg, device)
-            chosen = "int4" if auto_int4(v, h, 0 if head_packed else size, cuda=cuda, exact=exact,
-                                         quantized=quantized) else "full"
-        if chosen == "int4" and not head_packed and h % GROUPS[-1] == 0:  # a 4-bit copy (else refused at load)
-            mma = uses_mma(device, dtype) and int4_mma.fits(v, h, head_group(h))
-            head = held_bytes(v, h, mma, size)
+        head, chosen = _proposal_head(cfg, path, target, dtype, cuda, quantized=quantized, head_packed=head_packed)
         form = {"fp8": ", projections in fp8", "int4": ", projections in 4-bit"}.get(cfg.spec.draft_weights, "")
         form += {"shortlist": ", shortlist head", "int4": ", 4-bit head"}.get(chosen, "")
         return Item("drafter", weights + context.nbytes() + head,
