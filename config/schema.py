@@ -96,7 +96,8 @@ class SpecSection:
     # N most frequent tokens ("shortlist": <drafter>/shortlist.safetensors; other tokens are never proposed), the
     # target's whole head in 4-bit codes made at load, its best tokens scored again by the 16-bit rows ("int4": the
     # full head's candidates for a quarter of its bytes a round), or "auto": "int4" for a 16-bit head of 1 GiB or more
-    # on a GPU outside exact mode (a 27B's), else "full" (backends/dflash2/packed_head.py).
+    # beside a 16-bit target on a GPU that runs the mma kernel, outside exact mode (a 27B's), else "full"
+    # (backends/dflash2/packed_head.py).
     draft_head: str = choice("auto", "auto", "full", "shortlist", "int4")
     # The dflash2 drafter's projections: in the checkpoint's precision ("model"), float8 e4m3 with a scale per
     # output channel made at load ("fp8": a byte a weight, about 40% less drafter memory at the 27B shape, acceptance

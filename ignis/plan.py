@@ -313,7 +313,8 @@ def _proposal_head(cfg: IgnisConfig, drafter_dir: Path, target: ModelConfig, dty
     if chosen == "auto":
         exact = resolve_exact(cfg, device)
         packed_size = 0 if head_packed else size
-        chosen = "int4" if auto_int4(v, h, packed_size, cuda=cuda, exact=exact, quantized=quantized) else "full"
+        mma = uses_mma(device, dtype)
+        chosen = "int4" if auto_int4(v, h, packed_size, mma=mma, exact=exact, quantized=quantized) else "full"
     if chosen == "shortlist":
         return (drafter_dir / SHORTLIST).stat().st_size, chosen
     # a 4-bit copy of a 16-bit head; a hidden size that no group divides is refused at load

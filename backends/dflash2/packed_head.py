@@ -35,8 +35,8 @@ RESCORE = 2  # tokens the 4-bit logits keep for each candidate the selector take
 # (BENCHMARKS.md), so past 16 rows the 16-bit head is the faster read.
 PACKED_ROWS = 16
 QUANTIZE_ROWS = 16384  # rows of the head quantized at once as it is packed
-# spec.draft_head = "auto" takes the 4-bit head for a 16-bit head of at least this many bytes on a GPU outside exact
-# mode, beside a target whose projections are not 4-bit: the 27B's 2.54 GB head (2.4 GiB) measured 0.6-0.65 ms off a
+# spec.draft_head = "auto" takes the 4-bit head for a 16-bit head of at least this many bytes on a GPU that runs the
+# mma kernel, outside exact mode, beside a target whose projections are not 4-bit: the 27B's 2.54 GB head (2.4 GiB) measured 0.6-0.65 ms off a
 # one-lane drafting round on the H200 with the same candidates; a small head (the built-in's 6 MiB) is left as it is,
 # where a 4-bit copy has little to save, and a 4-bit target (chosen to fit a card) is not given a copy to hold.
 AUTO_BYTES = 1 << 30
@@ -51,10 +51,11 @@ def head_group(hidden: int) -> int:
                      "divide it")
 
 
-def auto_int4(vocab: int, hidden: int, element_size: int, *, cuda: bool, exact: bool, quantized: bool) -> bool:
+def auto_int4(vocab: int, hidden: int, element_size: int, *, mma: bool, exact: bool, quantized: bool) -> bool:
     """What spec.draft_head = "auto" resolves to for a target head [vocab, hidden] of `element_size`-byte weights
-    (0 where it is packed) beside projections that are 4-bit or not (`quantized`): True for "int4", else "full"."""
-    return (cuda and not exact and not quantized and element_size == 2 and hidden % GROUPS[-1] == 0
+    (0 where it is packed) beside projections that are 4-bit or not (`quantized`), where the 4-bit product runs the
+    mma kernel (`mma`: a GPU with NVRTC, the kernel it was measured with) or not: True for "int4", else "full"."""
+    return (mma and not exact and not quantized and element_size == 2 and hidden % GROUPS[-1] == 0
             and vocab * hidden * element_size >= AUTO_BYTES)
 
 
@@ -66,8 +67,8 @@ def resolve(choice: str, model: nn.Module, device: torch.device) -> str:
     size = head.element_size() if isinstance(head, torch.Tensor) else 0
     quantized = any(isinstance(m, QuantLinear) for m in model.modules())
     exact = bool(getattr(model, "exact", False))
-    cuda = device.type == "cuda"
-    return "int4" if auto_int4(head.shape[0], head.shape[1], size, cuda=cuda, exact=exact, quantized=quantized) \
+    mma = isinstance(head, torch.Tensor) and uses_mma(device, head.dtype)
+    return "int4" if auto_int4(head.shape[0], head.shape[1], size, mma=mma, exact=exact, quantized=quantized) \
         else "full"
 
 
