@@ -145,6 +145,9 @@ class Committed:
 
 
 class SpecBackend(Protocol):
+    """A speculative backend. Optionally it also has `settled_spec: dict[str, str]`, the spec keys it settled at
+    load from "auto" (dflash2's draft_head), which the engine writes into the config it reports."""
+
     name: str
     draft_tokens: int  # K per round (0 for off)
     tap_layers: tuple[int, ...]  # target decoder layers whose outputs `observe` needs (empty: none)

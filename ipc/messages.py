@@ -76,6 +76,7 @@ class EngineInfo(msgspec.Struct, kw_only=True):
     draft_tokens: int
     vocab_size: int
     eos_token_ids: list[int]
+    draft_head: str = ""  # the proposal head a drafting backend settled on ("auto" resolved); "" where none
 
 
 class Histogram(msgspec.Struct, kw_only=True):

@@ -201,6 +201,14 @@ def test_a_4bit_proposal_head_keeps_greedy_output_and_every_token(ckpt: Path, wo
     assert s.accepted > s.drafted / 4
 
 
+def test_the_engine_reports_the_head_auto_settled_on(ckpt: Path, drafters) -> None:
+    """spec.draft_head = "auto" (the default) on the CPU is the target's own head, and the engine's config and info
+    say so rather than "auto"."""
+    engine = make_engine(ckpt, drafters["dflash2"], 7, 2, head="auto")
+    assert engine.runner.backend.packed_head is None and engine.runner.backend.draft_head == "full"
+    assert engine.config.spec.draft_head == "full" and engine.info.draft_head == "full"
+
+
 def test_sampled_drafts_are_reproducible_and_accepted(ckpt: Path, work, drafters) -> None:
     """Seeded sampling with the selector's own q: the same request gives the same tokens, and drafts get accepted."""
     ps, _ = work

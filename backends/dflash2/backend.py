@@ -67,6 +67,7 @@ class DFlash2:
             self.model.fuse()
             self.model.rope.precompute(ctx.context + cfg.block_size + 1, ctx.device, ctx.dtype)
         self.draft_head = resolve(spec.draft_head, ctx.model, ctx.device)  # "auto" made "full" or "int4"
+        self.settled_spec = {"draft_head": self.draft_head}  # the engine's reported config says which
         self.shortlist: ShortlistHead | None = None
         if self.draft_head == "shortlist":
             self.shortlist = ShortlistHead(path / SHORTLIST, hidden=target.hidden_size, vocab=self.vocab,

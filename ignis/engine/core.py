@@ -7,6 +7,7 @@ rounds and turning them into per-request deltas and stats. Does not own: process
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable
 
@@ -72,6 +73,9 @@ class Engine:
         ctx = BackendContext(self.model, config, path, ec.lanes, ec.context, device, dtype, kv=pool)
         report("drafter", 0, 1)
         self.backend = load_backend(config.spec.backend, ctx)
+        settled = getattr(self.backend, "settled_spec", None)  # keys the backend settled from "auto" at load
+        if settled:
+            config = self.config = dataclasses.replace(config, spec=dataclasses.replace(config.spec, **settled))
         report("drafter", 1, 1, memory_bytes=self.backend.nbytes())
         k = self.backend.draft_tokens
         report("caches", 0, ec.lanes, unit="lanes")
@@ -131,6 +135,7 @@ class Engine:
             draft_tokens=k,
             vocab_size=self.model.config.vocab_size,
             eos_token_ids=list(self.model.config.eos_token_ids),
+            draft_head=(settled or {}).get("draft_head", ""),
         )
         self._stats = EngineStats(position_drafted=[0] * k, position_accepted=[0] * k)
         self._seeds = make_generator(ec.seed)

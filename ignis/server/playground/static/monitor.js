@@ -118,10 +118,11 @@ function draw() {
 
 const SUMMARY = [
   ["model", (c) => c.engine?.model_name ?? (c.config.model.path || "built-in")],
-  // What the engine runs: "auto" backend and context 0 in the config are settled by the engine at start-up.
+  // What the engine runs: "auto" backend and draft head and context 0 in the config are settled by the engine at
+  // start-up.
   ["backend", (c) => c.engine?.backend ?? c.config.spec.backend],
   ["draft tokens", (c) => c.engine?.draft_tokens ?? c.config.spec.draft_tokens],
-  ["draft head", (c) => c.config.spec.draft_head],
+  ["draft head", (c) => c.engine?.draft_head || c.config.spec.draft_head],
   ["profile", (c) => c.profile ?? "none"],
   ["lanes", (c) => c.config.engine.lanes],
   ["context", (c) => (c.engine?.context ?? c.config.engine.context).toLocaleString("en-US")],
