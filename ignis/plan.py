@@ -303,7 +303,8 @@ def _proposal_head(cfg: IgnisConfig, drafter_dir: Path, target: ModelConfig, dty
     """(bytes, head): what the dflash2 drafter's proposal head holds of its own beside the target's, and which head
     spec.draft_head gives, "auto" resolved as the backend resolves it (backends.dflash2.packed_head.resolve)."""
     from ignis.artifact import resolve_exact
-    from ignis.backends.dflash2.packed_head import GROUPS, auto_int4, head_group, held_bytes
+    from ignis.backends.dflash2.model import INT4_GROUPS
+    from ignis.backends.dflash2.packed_head import auto_int4, head_group, held_bytes
     from ignis.backends.dflash2.weights import SHORTLIST
 
     size = torch.finfo(dtype).bits // 8
@@ -318,7 +319,7 @@ def _proposal_head(cfg: IgnisConfig, drafter_dir: Path, target: ModelConfig, dty
     if chosen == "shortlist":
         return (drafter_dir / SHORTLIST).stat().st_size, chosen
     # a 4-bit copy of a 16-bit head; a hidden size that no group divides is refused at load
-    if chosen == "int4" and not head_packed and h % GROUPS[-1] == 0:
+    if chosen == "int4" and not head_packed and h % INT4_GROUPS[-1] == 0:
         mma = uses_mma(device, dtype) and int4_mma.fits(v, h, head_group(h))
         return held_bytes(v, h, mma, size), chosen
     return 0, chosen

@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -112,18 +113,14 @@ class Case:
     name: str
     backend: str  # off | verify | mtp | dflash2
     k: int
-    lanes: int
+    lanes: int = 1
 
 
-CASES = [Case("decode", "off", 0, 1), Case("decode", "off", 0, 8), Case("verify", "verify", 7, 1),
-         Case("verify", "verify", 7, 8), Case("mtp", "mtp", 7, 1), Case("mtp", "mtp", 7, 8),
-         Case("dflash2", "dflash2", 7, 1), Case("dflash2", "dflash2", 7, 8),
-         Case("dflash2-sl", "dflash2-shortlist", 7, 1), Case("dflash2-sl", "dflash2-shortlist", 7, 8),
-         Case("dflash2-sl-fp8", "dflash2-shortlist-fp8", 7, 1), Case("dflash2-sl-fp8", "dflash2-shortlist-fp8", 7, 8),
-         Case("dflash2-sl-int4", "dflash2-shortlist-int4", 7, 1),
-         Case("dflash2-sl-int4", "dflash2-shortlist-int4", 7, 8),
-         Case("dflash2-h4", "dflash2-head4", 7, 1), Case("dflash2-h4", "dflash2-head4", 7, 8),
-         Case("dflash2-h4-int4", "dflash2-head4-int4", 7, 1), Case("dflash2-h4-int4", "dflash2-head4-int4", 7, 8)]
+# every kind of round, once: each runs at every lane count --lanes asks for
+CASES = [Case("decode", "off", 0), Case("verify", "verify", 7), Case("mtp", "mtp", 7), Case("dflash2", "dflash2", 7),
+         Case("dflash2-sl", "dflash2-shortlist", 7), Case("dflash2-sl-fp8", "dflash2-shortlist-fp8", 7),
+         Case("dflash2-sl-int4", "dflash2-shortlist-int4", 7), Case("dflash2-h4", "dflash2-head4", 7),
+         Case("dflash2-h4-int4", "dflash2-head4-int4", 7)]
 # the random 27B drafter's shortlist head (spec.draft_head = "shortlist"): as many tokens as docs/drafter-training.md's
 # 27B command keeps (--shortlist 32768); the built-in drafter has its own (4,096)
 SHORTLIST_TOKENS = 32768
@@ -330,8 +327,7 @@ def bench_model(label: str, model: HybridModel, path: Path, bw: float, args: arg
     dtype = model.embed_tokens.weight.dtype
     for rope in (model.rope, *([model.mtp.rope] if model.mtp is not None else [])):  # as the engine does
         rope.precompute(args.context + 16, device, dtype)
-    kinds = {c.name: c for c in CASES}  # a case's backend and drafts; it runs at every lane count asked for
-    cases = [Case(n, kinds[n].backend, kinds[n].k, lanes) for n in kinds if n in args.cases.split(",")
+    cases = [dataclasses.replace(c, lanes=lanes) for c in CASES if c.name in args.cases.split(",")
              for lanes in args.lanes]
     lanes = max(c.lanes for c in cases)
     # every case's timings first, then every case's profiles: the host's part of a round timed after a profiler
@@ -422,8 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="builtin,27b", help="comma list of builtin, 27b")
     ap.add_argument("--context", type=int, default=2048, help="positions a lane holds (at least --position + 9)")
     ap.add_argument("--position", type=int, default=POSITION, help="every lane's anchor position while timing")
-    ap.add_argument("--cases", default=",".join(dict.fromkeys(c.name for c in CASES)), help="comma list of "
-                    + ", ".join(dict.fromkeys(c.name for c in CASES)))
+    ap.add_argument("--cases", default=",".join(c.name for c in CASES), help="comma list of "
+                    + ", ".join(c.name for c in CASES))
     ap.add_argument("--lanes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8],
                     help="comma list of lane counts, each case at each (default 1, 8)")
     ap.add_argument("--iters", type=int, default=40)

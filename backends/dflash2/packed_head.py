@@ -23,12 +23,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ignis.backends.dflash2.model import INT4_GROUPS
 from ignis.backends.dflash2.selector import topk
 from ignis.model.ops import Weight, linear
 from ignis.quant.format import quantize
 from ignis.quant.linear import MmaCodes, PackedWeight, QuantLinear, uses_mma
 
-GROUPS = (128, 64)  # the first that divides the hidden size
 RESCORE = 2  # tokens the 4-bit logits keep for each candidate the selector takes; their 16-bit logits then choose
 # Most rows a call reads the 4-bit head for outside exact mode; more (drafts of three lanes or more) read the target's
 # 16-bit head, which is held anyway: the 4-bit product ran 2-2.5x its bytes at 16 rows and 3.4-5.5x at 32 on the H200
@@ -36,26 +36,28 @@ RESCORE = 2  # tokens the 4-bit logits keep for each candidate the selector take
 PACKED_ROWS = 16
 QUANTIZE_ROWS = 16384  # rows of the head quantized at once as it is packed
 # spec.draft_head = "auto" takes the 4-bit head for a 16-bit head of at least this many bytes on a GPU that runs the
-# mma kernel, outside exact mode, beside a target whose projections are not 4-bit: the 27B's 2.54 GB head (2.4 GiB) measured 0.6-0.65 ms off a
-# one-lane drafting round on the H200 with the same candidates; a small head (the built-in's 6 MiB) is left as it is,
-# where a 4-bit copy has little to save, and a 4-bit target (chosen to fit a card) is not given a copy to hold.
+# mma kernel, outside exact mode, beside a target whose projections are not 4-bit: the 27B's 2.54 GB head (2.4 GiB)
+# measured 0.6-0.65 ms off a one-lane drafting round on the H200 with the same candidates; a small head (the
+# built-in's 6 MiB) is left as it is, where a 4-bit copy has little to save, and a 4-bit target (chosen to fit a card)
+# is not given a copy to hold.
 AUTO_BYTES = 1 << 30
 
 
 def head_group(hidden: int) -> int:
-    """The head's group of input columns; ValueError where none of GROUPS divides `hidden`."""
-    for g in GROUPS:
+    """The head's group of input columns, as `DrafterModel.to_int4` picks its projections' (the first of INT4_GROUPS
+    dividing them); ValueError where none divides `hidden`."""
+    for g in INT4_GROUPS:
         if hidden % g == 0:
             return g
-    raise ValueError(f"the hidden size {hidden} is not a multiple of {GROUPS[-1]}: the 4-bit format's groups do not "
-                     "divide it")
+    raise ValueError(f"the hidden size {hidden} is not a multiple of {INT4_GROUPS[-1]}: the 4-bit format's groups do "
+                     "not divide it")
 
 
 def auto_int4(vocab: int, hidden: int, element_size: int, *, mma: bool, exact: bool, quantized: bool) -> bool:
     """What spec.draft_head = "auto" resolves to for a target head [vocab, hidden] of `element_size`-byte weights
     (0 where it is packed) beside projections that are 4-bit or not (`quantized`), where the 4-bit product runs the
     mma kernel (`mma`: a GPU with NVRTC, the kernel it was measured with) or not: True for "int4", else "full"."""
-    return (mma and not exact and not quantized and element_size == 2 and hidden % GROUPS[-1] == 0
+    return (mma and not exact and not quantized and element_size == 2 and hidden % INT4_GROUPS[-1] == 0
             and vocab * hidden * element_size >= AUTO_BYTES)
 
 
