@@ -129,6 +129,10 @@ VERIFY_TILE = 8  # the staging tile of a verify (at most 8 columns: spec.draft_t
 # recurrence alone elsewhere. Set once, before the engine captures its graphs.
 CUDA_COLUMNS = True
 CUDA_NORMED: bool | None = None
+# Whether `conv_columns_normed` joins the short conv to the recurrence's launch where CUDA_COLUMNS routes it to the
+# CUDA C++ kernel (ignis.kernels.gdn_cuda.step: a block convolves the channels it reads itself), or runs
+# ignis.kernels.fused.conv's launch before it. Set once, before the engine captures its graphs.
+STEP = False
 
 
 def _compiled(dk: int, dv: int, cols: int) -> Any:
@@ -226,6 +230,39 @@ def columns_normed(
     out = columns(state, lanes, mixed, ba, dt_bias, rate, record, key_heads=key_heads, write_state=write_state,
                   normalised=normalised)
     return fused.gated_norm(out.view(b * c, hv, dv), z, weight, eps)
+
+
+def conv_columns_normed(
+    window: torch.Tensor, raw: torch.Tensor, taps: torch.Tensor, ba: torch.Tensor,
+    inputs: torch.Tensor | None,  # ignis.kernels.fused.conv's window, raw, weight, ba and record
+    state: torch.Tensor, lanes: torch.Tensor, dt_bias: torch.Tensor, rate: torch.Tensor,
+    record: torch.Tensor | None, z: torch.Tensor, weight: torch.Tensor, eps: float,  # as `columns_normed`
+    *,
+    key_heads: int,
+    write_state: bool,
+) -> torch.Tensor:
+    """ignis.kernels.fused.conv of a decode's or a verify's columns, then `columns_normed` of its output: y [B C, Hv dv]
+    in z's dtype, the conv's window moved on (inputs None) or its inputs recorded. Where STEP and CUDA_COLUMNS route
+    the call to ignis.kernels.gdn_cuda, the conv joins the recurrence's launch; two launches or three elsewhere."""
+    from ignis.kernels import fused
+
+    dk = state.shape[2]
+    if STEP and CUDA_COLUMNS and state.is_cuda:
+        from ignis.kernels import gdn_cuda
+
+        conv = gdn_cuda.Conv(window, raw, taps, ba, inputs)
+        if CUDA_NORMED if CUDA_NORMED is not None else gdn_pdl(state.device):
+            if gdn_cuda.fits_step(state, conv, record, z):
+                return gdn_cuda.step_normed(state, lanes, conv, dt_bias, rate, record, z, weight, eps,
+                                            key_heads=key_heads, write_state=write_state)
+        elif gdn_cuda.fits_step(state, conv, record):
+            out = gdn_cuda.step(state, lanes, conv, dt_bias, rate, record, key_heads=key_heads,
+                                write_state=write_state)
+            b, c = raw.shape[:2]
+            return fused.gated_norm(out.view(b * c, state.shape[1], state.shape[3]), z, weight, eps)
+    mixed, ba32 = fused.conv(window, lanes, raw, taps, ba, inputs, key_heads=key_heads, dk=dk)
+    return columns_normed(state, lanes, mixed, ba32, dt_bias, rate, record, z, weight, eps, key_heads=key_heads,
+                          write_state=write_state, normalised=True)
 
 
 def replay(state: torch.Tensor, lanes: torch.Tensor, record: torch.Tensor, last: torch.Tensor) -> None:

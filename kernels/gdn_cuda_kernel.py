@@ -6,8 +6,16 @@ takes; TV: state columns a block; MINB: the blocks an SM the registers are bound
 holds its rows of a column's k in registers between the column's two passes, or reads them from shared memory again
 (fewer registers, so more blocks an SM); NORMED: whether the block, then holding the whole head, also applies the gated
 output norm and writes its result; BF16: the element type of the gate, the norm's weight and that result; PDL: launched
-programmatic-dependent, ignis.kernels.launch.gdn_pdl: the state loads before the kernel waits for the conv). Does not
-own: the launch, its checks or when it runs (ignis.kernels.gdn_cuda, ignis.kernels.gdn).
+programmatic-dependent, ignis.kernels.launch.gdn_pdl: the state loads before the kernel waits for the conv; CONV: the
+short conv joined, CBF16 its inputs' element type and KC its taps). Does not own: the launch, its checks or when it
+runs (ignis.kernels.gdn_cuda, ignis.kernels.gdn).
+
+Built with CONV, the kernel reads the in projection's raw output and the conv window instead of the conv kernel's
+float32 result (ignis.kernels.conv_cuda_kernel, whose arithmetic it repeats to the bit): every block of a key head's
+group convolves that head's q and k channels itself, and its own state columns' v channels, so no launch or round
+trip through memory stands between the projection and the recurrence. A decode moves the window on: a block its own
+v channels, and the last block of a key head's group to count itself in (a counter a lane's key head, set back to zero
+by that block) the head's q and k channels, which the others have read by then.
 
 The same work as the numba kernel `columns` of ignis.kernels.gdn_kernel (its docstring has the layout), but for the
 order of the fp32 sums: a block is one value head of one lane and TV = 32 columns of its [dk, dv] state; thread
@@ -27,6 +35,15 @@ SOURCE = r"""
 #ifndef PDL
 #define PDL 0
 #endif
+#ifndef CONV
+#define CONV 0
+#endif
+#ifndef KC
+#define KC 4
+#endif
+#define KC1 (KC - 1)
+#define CONV_EPS 1e-6f  // the l2 norm's, as gdn_conv's
+#define SEQ (KC1 + CMAX)
 #define RS 4
 #define THREADS (TV * RS)
 #define WARPS (THREADS / 32)
@@ -53,6 +70,48 @@ __device__ __forceinline__ elem store(float f) { return f; }
 #endif
 __device__ __forceinline__ float rounded(float f) { return load(store(f)); }
 
+#if CBF16  // the conv's inputs, window and record (CONV)
+typedef unsigned short celem;
+__device__ __forceinline__ float cload(celem h) { return __uint_as_float(((unsigned)h) << 16); }
+#else
+typedef float celem;
+__device__ __forceinline__ float cload(celem h) { return h; }
+#endif
+#define QKW ((DK + 31) / 32)  // warps holding a key head's channels (CONV: a thread a channel)
+
+// CONV: silu of the causal conv of one channel for every column, as gdn_conv computes it: xs = [the window's KC1
+// inputs | this round's], weights w; also each column's square for the head's l2 norm.
+__device__ __forceinline__ void conv_channel(const celem* win, int win_t, const celem* rw, int raw_c, const float* w4,
+                                             int ncols, float acc[CMAX]) {
+    float xs[SEQ], w[KC];
+#pragma unroll
+    for (int i = 0; i < KC1; ++i) xs[i] = cload(win[i * win_t]);
+#pragma unroll
+    for (int tap = 0; tap < KC; ++tap) w[tap] = w4[tap];
+#pragma unroll
+    for (int i = KC1; i < SEQ; ++i) xs[i] = i < KC1 + ncols ? cload(rw[(i - KC1) * raw_c]) : 0.f;
+#pragma unroll
+    for (int j = 0; j < CMAX; ++j) {
+        float a = 0.f;
+#pragma unroll
+        for (int tap = 0; tap < KC; ++tap) a += xs[j + tap] * w[tap];
+        acc[j] = a / (1.f + expf(-a));
+    }
+}
+
+// CONV: each column's sum of acc^2 over a warp, written to part[j][warp] by the warp's lane 0 (warps < QKW)
+__device__ __forceinline__ void square_sums(const float acc[CMAX], bool on, int ncols, int t, float part[CMAX][QKW]) {
+#pragma unroll
+    for (int j = 0; j < CMAX; ++j) {
+        if (j < ncols) {
+            float v = on ? acc[j] * acc[j] : 0.f;
+#pragma unroll
+            for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(FULL, v, off);
+            if (t % 32 == 0 && t / 32 < QKW) part[j][t / 32] = v;
+        }
+    }
+}
+
 __device__ __forceinline__ float quad_sum(float x) {
     x += __shfl_xor_sync(FULL, x, 1);
     return x + __shfl_xor_sync(FULL, x, 2);
@@ -75,7 +134,10 @@ gdn_columns(float* __restrict__ state, const long long* __restrict__ lanes, cons
             const float* __restrict__ ba, const float* __restrict__ dt_bias, const float* __restrict__ rate,
             float* __restrict__ out, float* __restrict__ record, const elem* __restrict__ z,
             const elem* __restrict__ norm, elem* __restrict__ y, int ncols, int hv, int width, int key_dim,
-            int ratio, int rec_cols, int write_state, int do_record, int z_row, float eps) {
+            int ratio, int rec_cols, int write_state, int do_record, int z_row, float eps,
+            celem* __restrict__ window, const celem* __restrict__ raw, const float* __restrict__ taps,
+            celem* __restrict__ inputs, const celem* __restrict__ raw_ba, int* __restrict__ counts, int win_l,
+            int win_t, int raw_b, int raw_c, int in_l, int in_c, int ba_b, int ba_c, float qscale) {
     __shared__ __align__(16) float sk[CMAX][DK];
     __shared__ __align__(16) float sq[CMAX][DK];
     __shared__ float sv[CMAX][TV];
@@ -113,6 +175,50 @@ gdn_columns(float* __restrict__ state, const long long* __restrict__ lanes, cons
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 
+#if CONV
+    // The short conv of this round's columns for the channels the block reads (gdn_conv's arithmetic): a thread a
+    // channel of the key head's q and k (every block of the head's group computes them; one records them) and the
+    // four threads of a state column its v channel's columns in turn. q and k are normalised after a barrier.
+    __shared__ float qpart[CMAX][QKW];
+    __shared__ float kpart[CMAX][QKW];
+    __shared__ int last_block;
+    const celem* rw = raw + (size_t)b * raw_b;
+    celem* wl = window + (size_t)lane * win_l;
+    celem* il = inputs + (size_t)lane * in_l;
+    const bool on = t < DK;
+    const int chq = hk * DK + (on ? t : 0), chk = key_dim + chq, chv = 2 * key_dim + h * DV + (live ? c : 0);
+    const bool qk_keeper = do_record && on && blockIdx.x == 0 && h % ratio == 0;  // records the key head's inputs
+    {
+        float acc[CMAX];
+        conv_channel(wl + chq, win_t, rw + chq, raw_c, taps + (size_t)chq * KC, ncols, acc);
+#pragma unroll
+        for (int j = 0; j < CMAX; ++j)
+            if (j < ncols && on) sq[j][slot(t)] = acc[j];
+        square_sums(acc, on, ncols, t, qpart);
+        conv_channel(wl + chk, win_t, rw + chk, raw_c, taps + (size_t)chk * KC, ncols, acc);
+#pragma unroll
+        for (int j = 0; j < CMAX; ++j)
+            if (j < ncols && on) sk[j][slot(t)] = acc[j];
+        square_sums(acc, on, ncols, t, kpart);
+    }
+    if (qk_keeper) {
+        for (int j = 0; j < ncols; ++j) {
+            il[(size_t)j * in_c + chq] = rw[(size_t)j * raw_c + chq];
+            il[(size_t)j * in_c + chk] = rw[(size_t)j * raw_c + chk];
+        }
+    }
+    for (int j = s; j < ncols; j += RS) {
+        float a = 0.f;
+#pragma unroll
+        for (int tap = 0; tap < KC; ++tap) {
+            const int n = j + tap;
+            const float x = n < KC1 ? cload(wl[(size_t)n * win_t + chv]) : cload(rw[(size_t)(n - KC1) * raw_c + chv]);
+            a += x * taps[(size_t)chv * KC + tap];
+        }
+        sv[j][cl] = live ? a / (1.f + expf(-a)) : 0.f;
+        if (do_record && live) il[(size_t)j * in_c + chv] = rw[(size_t)j * raw_c + chv];
+    }
+#else
     // Stage every column's q and k (a thread a channel), the block's v and the gates: loads before stores.
     for (int e = t; e < DK; e += THREADS) {
         float qv[CMAX], kv[CMAX];
@@ -134,10 +240,17 @@ gdn_columns(float* __restrict__ state, const long long* __restrict__ lanes, cons
         }
     }
     for (int j = s; j < ncols; j += RS) sv[j][cl] = live ? mb[j * width + 2 * key_dim + h * DV + c] : 0.f;
+#endif
     if (t < ncols) {
+#if CONV
+        const celem* r = raw_ba + (size_t)b * ba_b + (size_t)t * ba_c;
+        const float rb = cload(r[h]), ra = cload(r[hv + h]);
+#else
         const float* r = ba + ((size_t)b * ncols + t) * 2 * hv;
-        const float beta = 1.f / (1.f + expf(-r[h]));
-        const float a = r[hv + h] + dt_bias[h];
+        const float rb = r[h], ra = r[hv + h];
+#endif
+        const float beta = 1.f / (1.f + expf(-rb));
+        const float a = ra + dt_bias[h];
         const float g = rate[h] * (a > 20.f ? a : log1pf(expf(a)));
         ds[t] = expf(g);
         bs[t] = beta;
@@ -146,7 +259,56 @@ gdn_columns(float* __restrict__ state, const long long* __restrict__ lanes, cons
             rec[(size_t)t * hv * RW + DK + DV + 1] = beta;
         }
     }
+    __syncthreads();  // (CONV: the squares' sums are in; every read of the window by this block is done)
+#if CONV
+    if (!do_record) {  // a decode moves the window on: the block's own v channels now, its q and k below
+        if (s == 0 && live) {
+#pragma unroll
+            for (int i = 0; i < KC1; ++i) {
+                const int src = ncols + i;  // slot i takes input ncols + i (never a slot below i + 1)
+                wl[(size_t)i * win_t + chv] = src < KC1 ? wl[(size_t)src * win_t + chv]
+                                                        : rw[(size_t)(src - KC1) * raw_c + chv];
+            }
+        }
+        if (t == 0) {  // the key head's q and k channels are read by all of its group's blocks: the last one moves them
+            __threadfence();
+            const int n = atomicAdd(&counts[(size_t)b * (hv / ratio) + hk], 1);
+            last_block = n == (int)gridDim.x * ratio - 1;
+        }
+    }
+    if (on) {
+#pragma unroll
+        for (int j = 0; j < CMAX; ++j) {
+            if (j < ncols) {
+                float tq = 0.f, tk = 0.f;
+#pragma unroll
+                for (int u = 0; u < QKW; ++u) {
+                    tq += qpart[j][u];
+                    tk += kpart[j][u];
+                }
+                float qn = sq[j][slot(t)] * (1.f / sqrtf(tq + CONV_EPS));
+                sq[j][slot(t)] = qn * qscale;
+                const float kn = sk[j][slot(t)] * (1.f / sqrtf(tk + CONV_EPS));
+                sk[j][slot(t)] = kn;
+                if (keeper) rec[(size_t)j * hv * RW + t] = kn;
+            }
+        }
+    }
     __syncthreads();
+    if (!do_record && last_block) {
+        if (on) {
+#pragma unroll
+            for (int i = 0; i < KC1; ++i) {
+                const int src = ncols + i;
+                wl[(size_t)i * win_t + chq] = src < KC1 ? wl[(size_t)src * win_t + chq]
+                                                        : rw[(size_t)(src - KC1) * raw_c + chq];
+                wl[(size_t)i * win_t + chk] = src < KC1 ? wl[(size_t)src * win_t + chk]
+                                                        : rw[(size_t)(src - KC1) * raw_c + chk];
+            }
+        }
+        if (t == 0) counts[(size_t)b * (hv / ratio) + hk] = 0;  // ready for the next launch
+    }
+#endif
 #if PDL
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // the next kernel may launch; it waits for us
 #endif

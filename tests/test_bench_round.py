@@ -63,7 +63,7 @@ def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch:
     monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", libraries.append)
     for name in ("CONV_BLOCKS", "CUDA_CONV"):
         monkeypatch.setattr(fused, name, getattr(fused, name))
-    for name in ("CUDA_COLUMNS", "CUDA_NORMED"):
+    for name in ("CUDA_COLUMNS", "CUDA_NORMED", "STEP"):
         monkeypatch.setattr(gdn, name, getattr(gdn, name))
     for name in ("BLOCKS", "KEEP_K"):
         monkeypatch.setattr(gdn_cuda, name, getattr(gdn_cuda, name))
@@ -78,8 +78,12 @@ def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch:
     assert gdn.CUDA_NORMED and (gdn_cuda.BLOCKS, gdn_cuda.KEEP_K) == (4, True)
     kernel_variants.recurrence_kernel("cuda6")  # the recurrence alone, bounded for six blocks an SM: k read again
     assert gdn.CUDA_COLUMNS and not gdn.CUDA_NORMED and (gdn_cuda.BLOCKS, gdn_cuda.KEEP_K) == (6, False)
+    kernel_variants.recurrence_kernel("step")  # the conv joined to the shipped recurrence's launch
+    assert gdn.STEP and gdn.CUDA_COLUMNS and (gdn_cuda.BLOCKS, gdn.CUDA_NORMED) == (6, None)
+    kernel_variants.recurrence_kernel("step-normed")  # the conv, the recurrence and the gated norm in one launch
+    assert gdn.STEP and gdn.CUDA_NORMED
     kernel_variants.recurrence_kernel("numba")
-    assert not gdn.CUDA_COLUMNS
+    assert not gdn.CUDA_COLUMNS and not gdn.STEP
     with pytest.raises(ValueError, match="--gdn"):
         kernel_variants.recurrence_kernel("cuda9")
 

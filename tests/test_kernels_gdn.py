@@ -179,3 +179,26 @@ def test_the_cuda_recurrence_compiles_for_an_early_launch_as_it_does_for_a_plain
     early = compile_cubin(SOURCE, "gdn_columns", "sm_90", defines(128, 128, *normed_args, early=True))
     assert early.image != plain.image
     assert (early.registers, early.spills, early.stack) == (plain.registers, plain.spills, plain.stack)
+
+
+@pytest.mark.parametrize("normed", [None, torch.bfloat16], ids=["alone", "normed"])
+@pytest.mark.parametrize("cols", [1, 8])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_recurrence_with_the_conv_joined_compiles_for_sm90_in_its_launch_bound(
+        dtype: torch.dtype, cols: int, normed: torch.dtype | None) -> None:
+    # gdn_cuda.step: the same launch bounds as the recurrence alone; bounded for BLOCKS blocks an SM, the conv's staging
+    # spills a few values more (a decode's one-column binary fewer than a verify's); the whole head spills none
+    pytest.importorskip("cuda.bindings")
+    from ignis.kernels.gdn_cuda import BLOCKS, defines
+    from ignis.kernels.gdn_cuda_kernel import SOURCE
+    from ignis.kernels.nvrtc import compile_cubin
+
+    args = (128, 128) if normed is None else (128, 128, True, normed)
+    joined = compile_cubin(SOURCE, "gdn_columns", "sm_90", defines(*args, conv=(dtype, 4, cols)))
+    alone = compile_cubin(SOURCE, "gdn_columns", "sm_90", defines(*args))
+    assert joined.image != alone.image
+    if normed is not None:
+        assert joined.spills == joined.stack == 0 and 0 < joined.registers <= 128, (joined.registers, joined.spills)
+    else:
+        assert 0 < joined.registers <= 65536 // (128 * BLOCKS) and joined.spills <= 192, (joined.registers,
+                                                                                           joined.spills)

@@ -236,6 +236,127 @@ def test_the_cuda_recurrence_replays_in_a_graph(monkeypatch: pytest.MonkeyPatch)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
+def _step_inputs(shape: tuple[int, ...], seed: int) -> dict[str, torch.Tensor]:
+    """`_gdn_inputs` with the conv's: a bf16 window of every lane, this round's raw inputs and gates as views of a wider
+    projection (rows strided, as the layer's split leaves them), float32 taps, a bf16 record of the inputs, and the
+    gate and norm weight of the output norm."""
+    b, c, hk, hv, dk, dv = shape
+    x = _gdn_inputs(shape, seed)
+    g = torch.Generator(device="cuda").manual_seed(seed + 7)
+    dim, bf = 2 * hk * dk + hv * dv, torch.bfloat16
+    wide = (torch.randn(b * c, dim + 2 * hv + 40, device="cuda", generator=g) * 2).to(bf)
+    x.update(window=torch.randn(b + 2, 3, dim, device="cuda", generator=g).to(bf),
+             raw=wide[:, 16 : 16 + dim].reshape(b, c, dim), ba=wide[:, 16 + dim : 16 + dim + 2 * hv].reshape(b, c, 2 * hv),
+             taps=torch.randn(dim, 4, device="cuda", generator=g) * 0.5,
+             inputs=torch.full((b + 2, c, dim), float("nan"), device="cuda").to(bf),
+             z=(torch.randn(b * c, hv * dv + 32, device="cuda", generator=g) * 2).to(bf)[:, 16 : 16 + hv * dv],
+             gweight=(torch.rand(dv, device="cuda", generator=g) + 0.5).to(bf))
+    return x
+
+
+def _step_both(x: dict[str, torch.Tensor], hk: int, record: bool, normed: bool,
+               joined: bool) -> dict[str, torch.Tensor]:
+    """One decode (record False: the window moves, the state is written) or verify (the inputs and columns recorded)
+    through ignis.kernels.gdn.conv_columns_normed, the conv joined to the recurrence or not; what it wrote."""
+    from ignis.kernels import fused, gdn
+
+    window, state, inputs = x["window"].clone(), x["state"].clone(), x["inputs"].clone()
+    c = x["raw"].shape[1]
+    hv, dk, dv = state.shape[1:]
+    rec = torch.full((state.shape[0], c, hv, gdn.record_width(dk, dv)), float("nan"), device="cuda")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gdn, "STEP", joined)
+        mp.setattr(gdn, "CUDA_COLUMNS", True)
+        mp.setattr(gdn, "CUDA_NORMED", normed)
+        mp.setattr(fused, "CUDA_CONV", True)  # unjoined: the CUDA C++ conv, whose arithmetic the joined one repeats
+        y = gdn.conv_columns_normed(window, x["raw"], x["taps"], x["ba"], inputs if record else None, state, x["ids"],
+                                    x["dt_bias"], x["rate"], rec if record else None, x["z"], x["gweight"], 1e-6,
+                                    key_heads=hk, write_state=not record)
+    out = {"y": y, "window": window, "state": state}
+    if record:
+        out.update(inputs=inputs[x["ids"]], rec=rec[x["ids"]])
+    return out
+
+
+@pytest.mark.parametrize("normed", [False, True], ids=["recurrence alone", "whole head, normed"])
+@pytest.mark.parametrize("shape", [(1, 1, 16, 48, 128, 128), (8, 1, 16, 48, 128, 128), (1, 8, 16, 48, 128, 128),
+                                   (8, 8, 16, 48, 128, 128), (3, 4, 2, 4, 16, 16)])
+def test_the_conv_joined_to_the_recurrence_gives_the_bits_of_the_two_launches(
+        shape: tuple[int, ...], normed: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gdn_cuda.step (gdn.STEP) computes the conv as the CUDA C++ conv kernel does and then the recurrence: every
+    output, state, record, recorded input and moved window is the unjoined launches' own bits, for a decode and a
+    verify; and the torch references agree."""
+    from ignis.kernels import fused, gdn, gdn_cuda
+    from tests.test_kernels_fused import close
+
+    steps = _counted(monkeypatch, gdn_cuda, "step_normed" if normed else "step")
+    b, c, hk, hv, dk, dv = shape
+    x = _step_inputs(shape, sum(shape) + 3)
+    for record in (False, True):
+        joined = _step_both(x, hk, record, normed, True)
+        apart = _step_both(x, hk, record, normed, False)
+        for name in apart:
+            assert torch.equal(joined[name].view(torch.int32 if joined[name].dtype == torch.float32 else torch.int16),
+                               apart[name].view(torch.int32 if apart[name].dtype == torch.float32 else torch.int16)
+                               ), (name, record)
+        window, state = x["window"].clone(), x["state"].clone()
+        inputs = x["inputs"].clone()
+        mixed, ba = fused.conv_reference(window, x["ids"], x["raw"], x["taps"], x["ba"], inputs if record else None,
+                                         hk, dk)
+        out = gdn.columns_reference(state, x["ids"], mixed, ba, x["dt_bias"], x["rate"], None, key_heads=hk,
+                                    write_state=not record, normalised=True)
+        # the reference's conv sums its taps in another order: its bf16 results may round the other way more often
+        close(joined["y"], fused.gated_norm_reference(out.view(b * c, hv, dv), x["z"], x["gweight"], 1e-6), "y",
+              bits=0.9)
+        torch.testing.assert_close(joined["state"], state, rtol=1e-4, atol=1e-4)
+        assert torch.equal(joined["window"], window)
+        if record:
+            assert torch.equal(joined["inputs"], inputs[x["ids"]])
+    assert len(steps) == 2
+    assert int(gdn_cuda._counters(torch.device("cuda"), 1).abs().sum()) == 0  # every decode set its counters back
+
+
+def test_the_joined_step_replays_in_a_graph_decode_after_decode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Captured once, the joined decode step replayed three times on new inputs moves the window and the state on as
+    three eager unjoined decodes do, bit for bit (its counters come back to zero every launch)."""
+    from ignis.kernels import fused, gdn
+
+    monkeypatch.setattr(gdn, "CUDA_COLUMNS", True)
+    monkeypatch.setattr(gdn, "CUDA_NORMED", False)
+    monkeypatch.setattr(fused, "CUDA_CONV", True)
+    shape = (8, 1, 16, 48, 128, 128)
+    hk = shape[2]
+    x = _step_inputs(shape, 11)
+    window, state = x["window"].clone(), x["state"].clone()
+    ref_window, ref_state = window.clone(), state.clone()
+    g = torch.Generator(device="cuda").manual_seed(12)
+    feeds = [(torch.randn(x["raw"].shape, device="cuda", generator=g) * 2).to(torch.bfloat16) for _ in range(3)]
+    raw = x["raw"]
+
+    def run(win: torch.Tensor, st: torch.Tensor) -> torch.Tensor:
+        return gdn.conv_columns_normed(win, raw, x["taps"], x["ba"], None, st, x["ids"], x["dt_bias"], x["rate"], None,
+                                       x["z"], x["gweight"], 1e-6, key_heads=hk, write_state=True)
+
+    monkeypatch.setattr(gdn, "STEP", True)
+    run(window.clone(), state.clone())  # compile, load and make the counters before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = run(window, state)
+    ys = []
+    for feed in feeds:
+        raw.copy_(feed)
+        graph.replay()
+        ys.append(y.clone())
+    monkeypatch.setattr(gdn, "STEP", False)
+    for feed, got in zip(feeds, ys):
+        raw.copy_(feed)
+        want = run(ref_window, ref_state)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    torch.cuda.synchronize()
+    assert torch.equal(window, ref_window) and torch.equal(state.view(torch.int32), ref_state.view(torch.int32))
+
+
 def _fused_inputs(b: int, c: int) -> dict[str, object]:
     """The 27B shape's fused-kernel inputs in bf16 on the GPU (hidden 5120; GDN 48 value heads of 128, conv 10240;
     attention 24 query heads, 4 KV heads of 256, rotary 64; MLP 17408), lanes out of order."""

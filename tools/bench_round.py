@@ -452,8 +452,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma list of auto, numba, cuda: the GDN conv kernel of decodes and verifies "
                          "(ignis.kernels.fused.CUDA_CONV; auto: by the round's rows)")
     ap.add_argument("--gdn", default="auto",
-                    help="comma list of auto, numba, cuda, cuda4, cuda5, cuda6: the recurrence kernel of decodes "
-                         "and verifies (`recurrence_kernel`; auto: as ignis.kernels.gdn and gdn_cuda are set)")
+                    help="comma list of auto, numba, cuda, cuda4, cuda5, cuda6, step, step-normed, apart: the recurrence "
+                         "kernel of decodes and verifies, and whether the conv joins its launch (`recurrence_kernel`; "
+                         "auto: as ignis.kernels.gdn and gdn_cuda are set)")
     ap.add_argument("--blas", default="cublas",
                     help="comma list of torch's preferred BLAS library for the products (cublas, cublaslt: "
                          "torch.backends.cuda.preferred_blas_library); a round of ignis.model.ops.LT_MIN_ROWS rows or "

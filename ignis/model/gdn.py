@@ -160,20 +160,22 @@ class GatedDeltaNet(nn.Module):
         if step.record:
             assert cache.rec_inputs is not None
             record = cache.rec_inputs[:, :c]
-        mixed, ba = fused.conv(cache.conv, lanes, qkv, weight, ba.reshape(b, c, 2 * self.hv), record,
-                               key_heads=self.hk, dk=self.dk)  # q and k come out l2-normalised
+        ba = ba.reshape(b, c, 2 * self.hv)
         fla = None
         if not step.record and b == 1 and c >= CHUNKED_COLUMNS > 0 and x.is_cuda:  # a long prefill piece
             fla = delta_rule.fla_chunk(self.hk, self.hv, self.dk, self.dv, x.dtype, x.device)
-        # The recurrence and the gated output norm (ops.gated_rms_norm: norm in fp32, cast, weight, then the gate in
-        # fp32), one launch where ignis.kernels.gdn_cuda takes them.
         if fla is not None:
+            mixed, ba = fused.conv(cache.conv, lanes, qkv, weight, ba, record, key_heads=self.hk,
+                                   dk=self.dk)  # q and k come out l2-normalised
             out = self._fla_piece(fla, mixed, ba, rate, cache, lanes, x.dtype)
             y = fused.gated_norm(out.view(t, self.hv, self.dv), z, self.norm.weight, self.eps)
         else:
-            y = gdn_kernels.columns_normed(cache.state, lanes, mixed, ba, self.dt_bias.float(), rate,
-                                           cache.rec_kv if step.record else None, z, self.norm.weight, self.eps,
-                                           key_heads=self.hk, write_state=not step.record, normalised=True)
+            # The conv, the recurrence and the gated output norm (ops.gated_rms_norm: norm in fp32, cast, weight, then
+            # the gate in fp32): one to three launches, as ignis.kernels.gdn's switches route them.
+            y = gdn_kernels.conv_columns_normed(cache.conv, qkv, weight, ba, record, cache.state, lanes,
+                                                self.dt_bias.float(), rate, cache.rec_kv if step.record else None, z,
+                                                self.norm.weight, self.eps, key_heads=self.hk,
+                                                write_state=not step.record)
         return linear(y, self.out_proj.weight, False)
 
     def _fla_piece(self, fla: object, mixed: torch.Tensor, ba: torch.Tensor, rate: torch.Tensor, cache: GDNState,
