@@ -129,9 +129,12 @@ VERIFY_TILE = 8  # the staging tile of a verify (at most 8 columns: spec.draft_t
 # recurrence alone elsewhere. Set once, before the engine captures its graphs.
 CUDA_COLUMNS = True
 CUDA_NORMED: bool | None = None
-# Whether `conv_columns_normed` joins the short conv to the recurrence's launch where CUDA_COLUMNS routes it to the
-# CUDA C++ kernel (ignis.kernels.gdn_cuda.step: a block convolves the channels it reads itself), or runs
-# ignis.kernels.fused.conv's launch before it. Set once, before the engine captures its graphs.
+# Whether `conv_columns_normed` joins a decode's short conv (one column) to the recurrence's launch where
+# CUDA_COLUMNS routes it to the CUDA C++ kernel (ignis.kernels.gdn_cuda.step: a block convolves the channels it reads
+# itself), or runs ignis.kernels.fused.conv's launch before it. A verify's conv stays apart: joined, every block of a
+# key head's group convolves the head's 8 columns, and on the H200 at the 27B shape the 1 x 8 verify's replay took
+# 15.47 ms against 15.31 and the 8 x 8 18.46 against 17.81 (tools.bench_round --gdn auto,step). Set once, before the
+# engine captures its graphs.
 STEP = False
 
 
@@ -243,11 +246,12 @@ def conv_columns_normed(
 ) -> torch.Tensor:
     """ignis.kernels.fused.conv of a decode's or a verify's columns, then `columns_normed` of its output: y [B C, Hv dv]
     in z's dtype, the conv's window moved on (inputs None) or its inputs recorded. Where STEP and CUDA_COLUMNS route
-    the call to ignis.kernels.gdn_cuda, the conv joins the recurrence's launch; two launches or three elsewhere."""
+    a decode's call to ignis.kernels.gdn_cuda, the conv joins the recurrence's launch; two launches or three
+    elsewhere."""
     from ignis.kernels import fused
 
     dk = state.shape[2]
-    if STEP and CUDA_COLUMNS and state.is_cuda:
+    if STEP and CUDA_COLUMNS and state.is_cuda and raw.shape[1] == 1:
         from ignis.kernels import gdn_cuda
 
         conv = gdn_cuda.Conv(window, raw, taps, ba, inputs)

@@ -28,6 +28,8 @@ RS = 4  # threads a state column
 # (tools.bench_gdn --kernels cuda4,cuda6), the others within 1%.
 BLOCKS = 6
 KEEP_K = False
+# The joined conv's kernel (`step`): the blocks an SM its registers are bounded for; None: BLOCKS.
+STEP_BLOCKS: int | None = None
 
 _lock = threading.Lock()
 _functions: dict[tuple[tuple[tuple[str, int], ...], torch.device], object] = {}
@@ -40,8 +42,9 @@ def defines(dk: int, dv: int, normed: bool = False, dtype: torch.dtype = torch.f
     the launch's columns: a decode's one column builds its own binary, whose staging holds a column's registers)."""
     joined = () if conv is None else (("CONV", 1), ("CBF16", int(conv[0] == torch.bfloat16)), ("KC", conv[1]))
     cmax = 1 if conv is not None and conv[2] == 1 else CMAX
+    blocks = STEP_BLOCKS if conv is not None and STEP_BLOCKS is not None else BLOCKS
     return (("DK", dk), ("DV", dv), ("CMAX", cmax), ("TV", dv if normed else TV), ("NORMED", int(normed)),
-            ("BF16", int(dtype == torch.bfloat16)), ("MINB", 1 if normed else BLOCKS),
+            ("BF16", int(dtype == torch.bfloat16)), ("MINB", 1 if normed else blocks),
             ("KEEP_K", int(KEEP_K or normed)), ("PDL", int(early))) + joined
 
 

@@ -182,6 +182,7 @@ gdn_columns(float* __restrict__ state, const long long* __restrict__ lanes, cons
     __shared__ float qpart[CMAX][QKW];
     __shared__ float kpart[CMAX][QKW];
     __shared__ int last_block;
+    int ticket = 0;  // thread 0's place in its key head's count (a decode)
     const celem* rw = raw + (size_t)b * raw_b;
     celem* wl = window + (size_t)lane * win_l;
     celem* il = inputs + (size_t)lane * in_l;
@@ -270,11 +271,9 @@ gdn_columns(float* __restrict__ state, const long long* __restrict__ lanes, cons
                                                         : rw[(size_t)(src - KC1) * raw_c + chv];
             }
         }
-        if (t == 0) {  // the key head's q and k channels are read by all of its group's blocks: the last one moves them
-            __threadfence();
-            const int n = atomicAdd(&counts[(size_t)b * (hv / ratio) + hk], 1);
-            last_block = n == (int)gridDim.x * ratio - 1;
-        }
+        // The key head's q and k channels are read by all of its group's blocks, which have read them by now: the
+        // last to count itself in moves them, at its end (the count's round trip is not waited for until then).
+        if (t == 0) ticket = atomicAdd(&counts[(size_t)b * (hv / ratio) + hk], 1);
     }
     if (on) {
 #pragma unroll
@@ -295,19 +294,6 @@ gdn_columns(float* __restrict__ state, const long long* __restrict__ lanes, cons
         }
     }
     __syncthreads();
-    if (!do_record && last_block) {
-        if (on) {
-#pragma unroll
-            for (int i = 0; i < KC1; ++i) {
-                const int src = ncols + i;
-                wl[(size_t)i * win_t + chq] = src < KC1 ? wl[(size_t)src * win_t + chq]
-                                                        : rw[(size_t)(src - KC1) * raw_c + chq];
-                wl[(size_t)i * win_t + chk] = src < KC1 ? wl[(size_t)src * win_t + chk]
-                                                        : rw[(size_t)(src - KC1) * raw_c + chk];
-            }
-        }
-        if (t == 0) counts[(size_t)b * (hv / ratio) + hk] = 0;  // ready for the next launch
-    }
 #endif
 #if PDL
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // the next kernel may launch; it waits for us
@@ -381,5 +367,24 @@ gdn_columns(float* __restrict__ state, const long long* __restrict__ lanes, cons
 #pragma unroll
         for (int i = 0; i < ROWS; ++i) st_at[(i * RS + s) * DV + c] = st[i];
     }
+#if CONV
+    if (!do_record) {
+        if (t == 0) last_block = ticket == (int)gridDim.x * ratio - 1;
+        __syncthreads();
+        if (last_block) {
+            if (on) {
+#pragma unroll
+                for (int i = 0; i < KC1; ++i) {
+                    const int src = ncols + i;
+                    wl[(size_t)i * win_t + chq] = src < KC1 ? wl[(size_t)src * win_t + chq]
+                                                            : rw[(size_t)(src - KC1) * raw_c + chq];
+                    wl[(size_t)i * win_t + chk] = src < KC1 ? wl[(size_t)src * win_t + chk]
+                                                            : rw[(size_t)(src - KC1) * raw_c + chk];
+                }
+            }
+            if (t == 0) counts[(size_t)b * (hv / ratio) + hk] = 0;  // ready for the next launch
+        }
+    }
+#endif
 }
 """

@@ -188,6 +188,7 @@ def test_the_cuda_recurrence_with_the_gated_norm_equals_its_references(shape: tu
     from tests.test_kernels_fused import close
 
     monkeypatch.setattr(gdn, "CUDA_COLUMNS", True)
+    monkeypatch.setattr(gdn, "CUDA_NORMED", True)  # the whole head's kernel, which the rounds take with PDL
     launched = _counted(monkeypatch, gdn_cuda, "columns_normed")
     b, c, hk, hv, dk, dv = shape
     lanes = b + 2
@@ -257,21 +258,32 @@ def _step_inputs(shape: tuple[int, ...], seed: int) -> dict[str, torch.Tensor]:
 def _step_both(x: dict[str, torch.Tensor], hk: int, record: bool, normed: bool,
                joined: bool) -> dict[str, torch.Tensor]:
     """One decode (record False: the window moves, the state is written) or verify (the inputs and columns recorded)
-    through ignis.kernels.gdn.conv_columns_normed, the conv joined to the recurrence or not; what it wrote."""
-    from ignis.kernels import fused, gdn
+    through ignis.kernels.gdn_cuda.step (joined; step_normed where normed) or through the CUDA C++ conv's launch and
+    ignis.kernels.gdn.columns_normed's; what it wrote."""
+    from ignis.kernels import fused, gdn, gdn_cuda
 
     window, state, inputs = x["window"].clone(), x["state"].clone(), x["inputs"].clone()
     c = x["raw"].shape[1]
     hv, dk, dv = state.shape[1:]
     rec = torch.full((state.shape[0], c, hv, gdn.record_width(dk, dv)), float("nan"), device="cuda")
+    args = (x["dt_bias"], x["rate"], rec if record else None)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(gdn, "STEP", joined)
         mp.setattr(gdn, "CUDA_COLUMNS", True)
         mp.setattr(gdn, "CUDA_NORMED", normed)
-        mp.setattr(fused, "CUDA_CONV", True)  # unjoined: the CUDA C++ conv, whose arithmetic the joined one repeats
-        y = gdn.conv_columns_normed(window, x["raw"], x["taps"], x["ba"], inputs if record else None, state, x["ids"],
-                                    x["dt_bias"], x["rate"], rec if record else None, x["z"], x["gweight"], 1e-6,
-                                    key_heads=hk, write_state=not record)
+        mp.setattr(fused, "CUDA_CONV", True)  # the CUDA C++ conv, whose arithmetic the joined one repeats
+        if joined:
+            conv = gdn_cuda.Conv(window, x["raw"], x["taps"], x["ba"], inputs if record else None)
+            if normed:
+                y = gdn_cuda.step_normed(state, x["ids"], conv, *args, x["z"], x["gweight"], 1e-6, key_heads=hk,
+                                         write_state=not record)
+            else:
+                out = gdn_cuda.step(state, x["ids"], conv, *args, key_heads=hk, write_state=not record)
+                y = fused.gated_norm(out.view(-1, hv, dv), x["z"], x["gweight"], 1e-6)
+        else:
+            mixed, ba = fused.conv(window, x["ids"], x["raw"], x["taps"], x["ba"], inputs if record else None,
+                                   key_heads=hk, dk=dk)
+            y = gdn.columns_normed(state, x["ids"], mixed, ba, *args, x["z"], x["gweight"], 1e-6, key_heads=hk,
+                                   write_state=not record, normalised=True)
     out = {"y": y, "window": window, "state": state}
     if record:
         out.update(inputs=inputs[x["ids"]], rec=rec[x["ids"]])
@@ -281,15 +293,14 @@ def _step_both(x: dict[str, torch.Tensor], hk: int, record: bool, normed: bool,
 @pytest.mark.parametrize("normed", [False, True], ids=["recurrence alone", "whole head, normed"])
 @pytest.mark.parametrize("shape", [(1, 1, 16, 48, 128, 128), (8, 1, 16, 48, 128, 128), (1, 8, 16, 48, 128, 128),
                                    (8, 8, 16, 48, 128, 128), (3, 4, 2, 4, 16, 16)])
-def test_the_conv_joined_to_the_recurrence_gives_the_bits_of_the_two_launches(
-        shape: tuple[int, ...], normed: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """gdn_cuda.step (gdn.STEP) computes the conv as the CUDA C++ conv kernel does and then the recurrence: every
-    output, state, record, recorded input and moved window is the unjoined launches' own bits, for a decode and a
-    verify; and the torch references agree."""
+def test_the_conv_joined_to_the_recurrence_gives_the_bits_of_the_two_launches(shape: tuple[int, ...],
+                                                                              normed: bool) -> None:
+    """gdn_cuda.step computes the conv as the CUDA C++ conv kernel does and then the recurrence: every output, state,
+    record, recorded input and moved window is the two launches' own bits, for a decode and a verify of 1 to 8
+    columns; and the torch references agree."""
     from ignis.kernels import fused, gdn, gdn_cuda
     from tests.test_kernels_fused import close
 
-    steps = _counted(monkeypatch, gdn_cuda, "step_normed" if normed else "step")
     b, c, hk, hv, dk, dv = shape
     x = _step_inputs(shape, sum(shape) + 3)
     for record in (False, True):
@@ -312,8 +323,22 @@ def test_the_conv_joined_to_the_recurrence_gives_the_bits_of_the_two_launches(
         assert torch.equal(joined["window"], window)
         if record:
             assert torch.equal(joined["inputs"], inputs[x["ids"]])
-    assert len(steps) == 2
     assert int(gdn_cuda._counters(torch.device("cuda"), 1).abs().sum()) == 0  # every decode set its counters back
+
+
+@pytest.mark.parametrize("c", [1, 8])
+def test_the_joined_step_takes_decodes_alone(c: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gdn.STEP routes a decode's one column through gdn_cuda.step; a verify's columns keep the conv's own launch."""
+    from ignis.kernels import gdn, gdn_cuda
+
+    monkeypatch.setattr(gdn, "STEP", True)
+    monkeypatch.setattr(gdn, "CUDA_NORMED", False)
+    steps = _counted(monkeypatch, gdn_cuda, "step")
+    shape = (2, c, 16, 48, 128, 128)
+    x = _step_inputs(shape, 21)
+    gdn.conv_columns_normed(x["window"], x["raw"], x["taps"], x["ba"], None, x["state"], x["ids"], x["dt_bias"],
+                            x["rate"], None, x["z"], x["gweight"], 1e-6, key_heads=16, write_state=True)
+    assert len(steps) == (1 if c == 1 else 0)
 
 
 def test_the_joined_step_replays_in_a_graph_decode_after_decode(monkeypatch: pytest.MonkeyPatch) -> None:

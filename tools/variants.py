@@ -28,23 +28,26 @@ def combinations(args: argparse.Namespace) -> list[dict[str, str]]:
         *(getattr(args, name).split(",") for name in VARIANTS))]
 
 
-GDN_KERNELS = ("auto", "numba", "cuda", "cuda4", "cuda5", "cuda6", "step", "step-normed", "apart")  # --gdn's words
+GDN_KERNELS = ("auto", "numba", "cuda", "cuda4", "cuda5", "cuda6", "step", "step4", "step5", "step-normed",
+               "apart")  # --gdn's words (`recurrence_kernel`)
 # the recurrence's switches as ignis ships them, which --gdn auto restores
-_GDN_SHIPPED = (gdn.CUDA_COLUMNS, gdn.CUDA_NORMED, gdn.STEP, gdn_cuda.BLOCKS, gdn_cuda.KEEP_K)
+_GDN_SHIPPED = (gdn.CUDA_COLUMNS, gdn.CUDA_NORMED, gdn.STEP, gdn_cuda.BLOCKS, gdn_cuda.KEEP_K, gdn_cuda.STEP_BLOCKS)
 
 
 def recurrence_kernel(word: str) -> None:
     """Route a decode's and a verify's conv and recurrence: auto, as shipped; numba; cuda, the CUDA C++ kernel holding
     a whole head with the gated norm joined; cudaN, the CUDA C++ recurrence alone bounded for N blocks an SM (k read
-    again past 4), then the norm's own launch; step and apart: as shipped but for the conv, joined to the recurrence's
-    launch (ignis.kernels.gdn.STEP) or launched before it; step-normed: the conv, the recurrence and the gated norm in
-    one launch (the whole head's kernel)."""
+    again past 4), then the norm's own launch; step and apart: as shipped but for a decode's conv, joined to the
+    recurrence's launch (ignis.kernels.gdn.STEP) or launched before it; stepN: joined, bounded for N blocks an SM;
+    step-normed: a decode's conv, recurrence and gated norm in one launch (the whole head's kernel)."""
     if word not in GDN_KERNELS:
         raise ValueError(f"--gdn takes {', '.join(GDN_KERNELS)}; got {word!r}")
-    gdn.CUDA_COLUMNS, gdn.CUDA_NORMED, gdn.STEP, gdn_cuda.BLOCKS, gdn_cuda.KEEP_K = _GDN_SHIPPED
-    if word in ("auto", "step", "step-normed", "apart"):
+    (gdn.CUDA_COLUMNS, gdn.CUDA_NORMED, gdn.STEP, gdn_cuda.BLOCKS, gdn_cuda.KEEP_K,
+     gdn_cuda.STEP_BLOCKS) = _GDN_SHIPPED
+    if word == "auto" or word == "apart" or word.startswith("step"):
         gdn.STEP = word.startswith("step") or (word == "auto" and gdn.STEP)
         gdn.CUDA_NORMED = True if word == "step-normed" else gdn.CUDA_NORMED
+        gdn_cuda.STEP_BLOCKS = int(word[4:]) if word[4:].isdigit() else gdn_cuda.STEP_BLOCKS
         return
     gdn.STEP = False
     gdn.CUDA_COLUMNS = word != "numba"
