@@ -131,11 +131,12 @@ CUDA_COLUMNS = True
 CUDA_NORMED: bool | None = None
 # Whether `conv_columns_normed` joins a decode's short conv (one column) to the recurrence's launch where
 # CUDA_COLUMNS routes it to the CUDA C++ kernel (ignis.kernels.gdn_cuda.step: a block convolves the channels it reads
-# itself), or runs ignis.kernels.fused.conv's launch before it. A verify's conv stays apart: joined, every block of a
-# key head's group convolves the head's 8 columns, and on the H200 at the 27B shape the 1 x 8 verify's replay took
-# 15.47 ms against 15.31 and the 8 x 8 18.46 against 17.81 (tools.bench_round --gdn auto,step). Set once, before the
-# engine captures its graphs.
-STEP = False
+# itself), or runs ignis.kernels.fused.conv's launch before it. On the H200 at the 27B shape (tools.bench_round --gdn
+# apart,step): the 1 x 1 decode's replay 14.50-14.57 ms joined against 14.64-14.68 apart, the 8 x 1 the same (15.91
+# against 15.90). A verify's conv stays apart: joined, every block of a key head's group convolves the head's 8
+# columns, and the 1 x 8 verify's replay took 15.47 ms against 15.31, the 8 x 8 18.46 against 17.81. Set once, before
+# the engine captures its graphs.
+STEP = True
 
 
 def _compiled(dk: int, dv: int, cols: int) -> Any:

@@ -165,14 +165,23 @@ gdn_columns(float* __restrict__ state, const long long* __restrict__ lanes, cons
 #if NORMED
     float zr[CMAX];  // the gate of this thread's state column at each column (thread s = 0 writes y)
     const float wn = live ? load(norm[c]) : 0.f;
-#pragma unroll
-    for (int j = 0; j < CMAX; ++j)
+#define LOAD_GATE                                                                                                  \
+    for (int j = 0; j < CMAX; ++j)                                                                                 \
         zr[j] = (j < ncols && live && s == 0) ? load(z[((size_t)b * ncols + j) * z_row + h * DV + c]) : 0.f;
+#if !CONV
+#pragma unroll
+    LOAD_GATE
+#endif
 #endif
 #if PDL
-    // Launched ahead of the kernel before it (the conv): the state, the gate and the norm's weight are not its output
-    // and loaded above while it finished; mixed and ba are, so wait before the staging reads them.
+    // Launched ahead of the kernel before it: the state and the norm's weight are not its output and loaded above
+    // while it finished, and so the gate where that kernel is the conv; mixed and ba are, so wait before the staging
+    // reads them. With CONV the kernel before is the projection that made the gate too: it loads after the wait.
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+#if NORMED && CONV
+#pragma unroll
+    LOAD_GATE
 #endif
 
 #if CONV

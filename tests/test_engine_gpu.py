@@ -158,15 +158,14 @@ def _greedy(engine, ids: list[int], n: int) -> tuple[list[int], list[dict[int, f
 
 def _prepared(monkeypatch: pytest.MonkeyPatch, on: bool) -> None:
     """Switch the kernels that wait on a round's measurement, or that a round measured no faster (the CUDA C++
-    recurrence holding a whole head with the gated norm and the conv joined, the CUDA C++ conv at every size, the
-    streamed products), on or leave them as they are."""
+    recurrence holding a whole head with the gated norm, the CUDA C++ conv at every size, the streamed products), on
+    or leave them as they are."""
     if on:
         from ignis.kernels import fused, gdn
         from ignis.model import ops
 
         monkeypatch.setattr(gdn, "CUDA_COLUMNS", True)
         monkeypatch.setattr(gdn, "CUDA_NORMED", True)
-        monkeypatch.setattr(gdn, "STEP", True)
         monkeypatch.setattr(fused, "CUDA_CONV", True)
         monkeypatch.setattr(ops, "STREAMING", True)
 
