@@ -1,6 +1,7 @@
 """The Gated DeltaNet recurrence over C columns of B lanes in one launch, and the commit that replays kept columns.
 
-Owns: `columns`, `columns_normed` (with the gated output norm after) and `replay` (numba-cuda kernels on CUDA
+Owns: `columns`, `columns_normed` (with the gated output norm after), `conv_columns_normed` (the short conv
+before them, joined to a decode's launch: `STEP`) and `replay` (numba-cuda kernels on CUDA
 tensors; a decode's or verify's columns optionally through ignis.kernels.gdn_cuda's CUDA C++ kernel, `CUDA_COLUMNS`; launched on torch's current stream, so a CUDA graph
 captures them), their torch references `columns_reference` / `replay_reference` (what runs on the CPU, and what the
 kernels are tested against) and `record_width`. Does not own: the projections, conv and gates around the recurrence

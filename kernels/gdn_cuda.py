@@ -3,7 +3,8 @@
 
 Owns: the launches of ignis.kernels.gdn_cuda_kernel's `gdn_columns` on torch's current stream (capturable): the
 recurrence alone (blocks of 32 state columns), or with the gated output norm applied in the same launch (a block a
-whole head); their argument checks and which calls they take. Does not own: the source
+whole head), each also with the short conv joined (`step`, `step_normed`, `fits_step`: the kernel built with CONV and
+the counters its decodes meet through); their argument checks and which calls they take. Does not own: the source
 (ignis.kernels.gdn_cuda_kernel), the numba kernel it stands beside or the torch references all are tested against
 (ignis.kernels.gdn, ignis.kernels.fused.gated_norm), or the switch that routes to it
 (`ignis.kernels.gdn.CUDA_COLUMNS`).
