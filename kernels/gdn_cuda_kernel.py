@@ -99,6 +99,16 @@ __device__ __forceinline__ void conv_channel(const celem* win, int win_t, const 
     }
 }
 
+// CONV, a decode: one channel's window moved on past this round's ncols inputs. Slot i takes input ncols + i of
+// [window | raw], never a slot below i + 1, so the slots are read before they are written.
+__device__ __forceinline__ void move_window(celem* win, int win_t, const celem* rw, int raw_c, int ncols) {
+#pragma unroll
+    for (int i = 0; i < KC1; ++i) {
+        const int src = ncols + i;
+        win[(size_t)i * win_t] = src < KC1 ? win[(size_t)src * win_t] : rw[(size_t)(src - KC1) * raw_c];
+    }
+}
+
 // CONV: each column's sum of acc^2 over a warp, written to part[j][warp] by the warp's lane 0 (warps < QKW)
 __device__ __forceinline__ void square_sums(const float acc[CMAX], bool on, int ncols, int t, float part[CMAX][QKW]) {
 #pragma unroll
@@ -272,14 +282,7 @@ gdn_columns(float* __restrict__ state, const long long* __restrict__ lanes, cons
     __syncthreads();  // (CONV: the squares' sums are in; every read of the window by this block is done)
 #if CONV
     if (!do_record) {  // a decode moves the window on: the block's own v channels now, its q and k below
-        if (s == 0 && live) {
-#pragma unroll
-            for (int i = 0; i < KC1; ++i) {
-                const int src = ncols + i;  // slot i takes input ncols + i (never a slot below i + 1)
-                wl[(size_t)i * win_t + chv] = src < KC1 ? wl[(size_t)src * win_t + chv]
-                                                        : rw[(size_t)(src - KC1) * raw_c + chv];
-            }
-        }
+        if (s == 0 && live) move_window(wl + chv, win_t, rw + chv, raw_c, ncols);
         // The key head's q and k channels are read by all of its group's blocks, which have read them by now: the
         // last to count itself in moves them, at its end (the count's round trip is not waited for until then).
         if (t == 0) ticket = atomicAdd(&counts[(size_t)b * (hv / ratio) + hk], 1);
@@ -382,14 +385,8 @@ gdn_columns(float* __restrict__ state, const long long* __restrict__ lanes, cons
         __syncthreads();
         if (last_block) {
             if (on) {
-#pragma unroll
-                for (int i = 0; i < KC1; ++i) {
-                    const int src = ncols + i;
-                    wl[(size_t)i * win_t + chq] = src < KC1 ? wl[(size_t)src * win_t + chq]
-                                                            : rw[(size_t)(src - KC1) * raw_c + chq];
-                    wl[(size_t)i * win_t + chk] = src < KC1 ? wl[(size_t)src * win_t + chk]
-                                                            : rw[(size_t)(src - KC1) * raw_c + chk];
-                }
+                move_window(wl + chq, win_t, rw + chq, raw_c, ncols);
+                move_window(wl + chk, win_t, rw + chk, raw_c, ncols);
             }
             if (t == 0) counts[(size_t)b * (hv / ratio) + hk] = 0;  // ready for the next launch
         }
