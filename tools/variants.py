@@ -44,10 +44,14 @@ def recurrence_kernel(word: str) -> None:
         raise ValueError(f"--gdn takes {', '.join(GDN_KERNELS)}; got {word!r}")
     (gdn.CUDA_COLUMNS, gdn.CUDA_NORMED, gdn.STEP, gdn_cuda.BLOCKS, gdn_cuda.KEEP_K,
      gdn_cuda.STEP_BLOCKS) = _GDN_SHIPPED
-    if word == "auto" or word == "apart" or word.startswith("step"):
-        gdn.STEP = word.startswith("step") or (word == "auto" and gdn.STEP)
-        gdn.CUDA_NORMED = True if word == "step-normed" else gdn.CUDA_NORMED
-        gdn_cuda.STEP_BLOCKS = int(word[4:]) if word[4:].isdigit() else gdn_cuda.STEP_BLOCKS
+    if word == "auto":
+        return
+    if word == "apart" or word.startswith("step"):
+        gdn.STEP = word != "apart"
+        if word == "step-normed":
+            gdn.CUDA_NORMED = True
+        if word[4:].isdigit():
+            gdn_cuda.STEP_BLOCKS = int(word[4:])
         return
     gdn.STEP = False
     gdn.CUDA_COLUMNS = word != "numba"
