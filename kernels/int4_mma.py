@@ -3,7 +3,8 @@ repacked into the register order of mma.m16n8k16, for the 1 to 64 rows of decode
 
 Owns: `pack` (the format's codes, scales and zero points -> `MmaCodes`, on any device), `unpack` (back to the
 format's codes, for the dequantized reference and prefill), the launch shape `Shape` and `choose`, and `int4_mma`
-(the launch on torch's current stream, capturable). Does not own: the format (ignis.quant.format), the kernel source
+(the launch on torch's current stream, capturable; from ignis.kernels.int4_tile.TILE_ROWS rows it may hand the call
+to that module's kernel, which stages x in shared memory and gives the same bits). Does not own: the format (ignis.quant.format), the kernel source
 and its layout's definition (ignis.kernels.int4_mma_kernel), compiling (ignis.kernels.nvrtc), or when this kernel runs
 (ignis.quant.linear). docs/adr/0005-int4-gemv.md has the why and the measurements.
 
@@ -23,6 +24,7 @@ from functools import lru_cache
 
 import torch
 from ignis.kernels.int4_mma_kernel import SOURCE
+from ignis.kernels import int4_tile
 from ignis.kernels import launch as launches
 from ignis.kernels.launch import SPLIT_COUNTERS, pdl, sm_count, split_counters
 
@@ -216,7 +218,8 @@ def int4_mma(x: torch.Tensor, w: MmaCodes, shape: Shape | None = None, swiglu: b
     """x [..., in] (w.dtype, CUDA, at most MAX_ROWS rows) @ W^T -> [..., out] in x.dtype. `shape` overrides `choose`
     (benchmarks; its KW and U change the order of the sums). With `swiglu`, W is an MLP's fused gate | up [2 I, in]
     (I a multiple of 16) and the result is silu(gate) * up [..., I], as the SwiGLU kernel makes it from the product's
-    output. Asynchronous, on torch's current stream; no host read; allocates the output."""
+    output. Without `shape`, a call of int4_tile.tile_for's rows runs the tiled kernel, the same sums. Asynchronous,
+    on torch's current stream; no host read; allocates the output."""
     nout, ncols = w.shape
     lead = x.shape[:-1]
     rows = x.reshape(-1, x.shape[-1])
@@ -234,6 +237,14 @@ def int4_mma(x: torch.Tensor, w: MmaCodes, shape: Shape | None = None, swiglu: b
     if nrows == 0:
         return out.reshape(*lead, width)
     nt = row_tiles(nrows)
+    early = pdl(x.device)  # programmatic dependent launch (launch.PDL): the codes load while the kernel before ends
+    tile = None if shape is not None else int4_tile.tile_for(nrows, nout, sm_count(x.device), swiglu)
+    if tile is not None:  # x staged in shared memory once a block of threads: the same sums
+        base = choose(nout, ncols, w.group, sm_count(x.device))  # its split: the order of a row's sums
+        int4_tile.run(rows, w.codes, w.zs, out, nout=nout, ncols=ncols, group=w.group, ks=base.ks, kw=base.kw,
+                      unit=base.unit, nt=-(-nrows // 8), dtype=w.dtype, scale_dtype=w.scale_dtype, swiglu=swiglu,
+                      early=early, tile=tile)
+        return out.reshape(*lead, width)
     s = shape if shape is not None else launch(choose(nout, ncols, w.group, sm_count(x.device)), nt)
     if swiglu:
         fused = swiglu_launch(s, nt)
@@ -243,7 +254,6 @@ def int4_mma(x: torch.Tensor, w: MmaCodes, shape: Shape | None = None, swiglu: b
     s = replace(s, rg=min(s.rg, nt))  # no block of threads without rows
     if s.rg not in ROW_TILES:
         raise ValueError(f"int4_mma splits the rows over 1, 2, 4 or 8 blocks of threads, got RG {s.rg}")
-    early = pdl(x.device)  # programmatic dependent launch (launch.PDL): the codes load while the kernel before ends
     fn = _function(x.device, nt, s, w.group // 64, w.dtype, w.scale_dtype, early, swiglu)
     grid = (math.ceil(width // 16 / (s.rb * (s.f // 2 if swiglu else s.f))) * s.rg, s.ks, 1)
     if s.ks > 1:

@@ -42,7 +42,9 @@ TRIGGER (with PDL, 1: the next kernel may launch as soon as the codes ahead are 
 ignis.kernels.launch.EARLY_TRIGGER; 0: once the loop is done).
 """
 
-SOURCE = r"""
+# The macros' defaults, the types and the device functions the 4-bit kernels share (ignis.kernels.int4_tile_kernel
+# builds its kernel on them too).
+PRELUDE = r"""
 #ifndef PDL
 #define PDL 0
 #endif
@@ -160,6 +162,9 @@ __device__ __forceinline__ u16 swiglu_of(float gate, float up) {
     return rounded(widened(rounded(g / (1.f + __expf(-g)))) * u);
 }
 
+"""
+
+SOURCE = PRELUDE + r"""
 // codes [N/16, K/64, 32] uint4 (ignis.kernels.int4_mma.pack); zs [N/16, K/group, 8] uint2: for lane group g, feature
 // g then g + 8, each (scale bits | -(magic + z) << 16); x [M, sx-strided rows of K] 16-bit; out [M, N] 16-bit, or
 // with SWIGLU [M, N/2]: silu(features 0..N/2-1) * features N/2..N-1

@@ -203,3 +203,32 @@ def test_the_swiglu_store_gives_the_product_then_swiglu(shape: tuple[int, int],
         assert torch.allclose(got.float(), chain.float(), rtol=2**-7, atol=1e-6), (shape, rows)
     monkeypatch.setattr(quant_linear, "SWIGLU_ROWS", 8)
     assert quant_linear.packed_swiglu(x, w) is None
+
+
+@pytest.mark.parametrize("tile", [None, (8, 2, 4), (4, 1, 4), (8, 1, 4), (4, 2, 6), (4, 2, 3)])
+def test_the_tiled_kernel_gives_the_rows_int4_mma_gives_alone(tile: tuple[int, int, int] | None,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """From int4_tile.TILE_ROWS rows a call may run int4_tile (tile_for's choice, or every launch shape forced), whose
+    sums must be int4_mma's bit for bit (a row's logits may not depend on how many lanes share a round): at the 27B's
+    five products, split over blocks of threads and warps or not at all, 17-64 rows, the SwiGLU store, and its split
+    counters left at zero."""
+    from ignis.kernels import int4_tile
+    from ignis.kernels.launch import _counters
+
+    if tile is not None:
+        monkeypatch.setattr(int4_tile, "TILE", int4_tile.Tile(*tile))
+    start = int4_tile.TILE_ROWS
+    assert start is not None
+    for nout, ncols in ((34816, 5120), (5120, 17408), (16384, 5120), (14336, 5120), (5120, 6144), (2048, 384)):
+        qw, s, z = _int4_weight(nout, ncols, 128, seed=13)
+        w = pack(qw, s, z, torch.bfloat16)
+        x = torch.randn(64, ncols, device="cuda", generator=torch.Generator(device="cuda").manual_seed(nout)).bfloat16()
+        alone = torch.cat([int4_mma(x[i : i + 1], w) for i in range(64)])
+        for rows in sorted({start, 24, 32, 33, 40, 64}):
+            assert torch.equal(int4_mma(x[:rows], w), alone[:rows]), (nout, ncols, rows, tile)
+        if (nout > ncols or nout == 2048) and (tile is None or tile[1] % 2 == 0):  # a gate | up weight: SwiGLU
+            glued = torch.cat([int4_mma(x[i : i + 1], w, swiglu=True) for i in range(64)])
+            assert torch.equal(int4_mma(x, w, swiglu=True), glued), (nout, ncols, tile)
+        assert _rel(int4_mma(x, w), x, qw, s, z) < 1e-2
+    torch.cuda.synchronize()
+    assert all(not bool(c.any()) for c in _counters.values())
