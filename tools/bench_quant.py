@@ -17,6 +17,8 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
    kernel's splits of the input (blocks of threads and warps along it) at all five products, 1 and 8 rows; with
    --sweep-mma-loads, its step sizes and steps loaded ahead (which change no sums) at 1, 8, 16 and 64 rows. With
    --sweep-hot, the mma kernel at 1 to 64 rows with its weight read from DRAM and from L2.
+   --tile-rounds, the 27B's 4-bit verify rounds of 1 to 8 lanes x 8 columns with the tiled kernel on and off, and bf16.
+   --sweep-tile, the tiled kernel (int4_tile) against int4_mma's own warps and bf16 at 9 to 64 rows, bits checked.
 3. A decode step of one lane at a 512-token context (random weights built on the GPU, as tools.bench_round does)
    through DeviceRound with CUDA graphs, bf16 then the same weights packed to int4 (group 128, products through the
    kernel --int4-kernel names), then with the output head packed too (`ignis quantize --head`), then converted to
@@ -31,6 +33,8 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
     python -m tools.bench_quant --out mma.json --skip products,tunings,decode,quality --sweep-mma
     python -m tools.bench_quant --out loads.json --skip products,tunings,decode,quality --sweep-mma-loads
     python -m tools.bench_quant --out hot.json --skip products,tunings,decode,quality --sweep-hot
+    python -m tools.bench_quant --out tile.json --skip products,tunings,decode,quality --sweep-tile
+    python -m tools.bench_quant --out rounds.json --skip products,tunings,decode,quality --tile-rounds
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ from ignis.quant.linear import QuantLinear, set_kernel, to_mma, uses_mma
 from tools.bench_round import (POSITION, build_backend, copy_bandwidth, decodes, floor_bytes, gpu_profile,
                                time_replays, time_rounds)
 from tools.variants import PDL_SWITCH, TRIGGERS
+from tools.quant_rounds import LANES, tile_rounds
+from tools.quant_tile import sweep_tile
 from tools.quant_products import (C, GROUP, ROWS, layouts, policies, products, sweep_hot, sweep_mma, sweep_triton,
                                   tunings)
 
@@ -89,20 +95,22 @@ def fuse_and_own(model: HybridModel) -> None:
 
 
 def decode_step(label: str, model: HybridModel, bw: float, context: int, iters: int,
-                profile: bool = False) -> dict[str, Any]:
+                profile: bool = False, lanes: int = 1, k: int = 0) -> dict[str, Any]:
+    """The model's round of `lanes` lanes x k + 1 columns (k drafts that cost nothing: a verify; 0: a decode step) in a
+    CUDA graph: ms a round, the replay's, the eager round's and the floor's."""
     from ignis.engine.device_round import DeviceRound
     from ignis.model.cache import LaneCache
 
     dev, dtype = torch.device("cuda"), torch.bfloat16
     model.rope.precompute(context + 16, dev, dtype)
     with tempfile.TemporaryDirectory() as tmp:
-        backend = build_backend("off", 0, model, Path(tmp), 8, context, dev, dtype)
-    cache = LaneCache(model.config, lanes=8, context=context, max_cols=1, device=dev, dtype=dtype)
+        backend = build_backend("verify" if k else "off", k, model, Path(tmp), 8, context, dev, dtype)
+    cache = LaneCache(model.config, lanes=8, context=context, max_cols=k + 1, device=dev, dtype=dtype)
     dr = DeviceRound(model, cache, backend, dev, sample_drafts=True)
-    work = decodes(1, 0)
+    work = decodes(lanes, k)
     eager = time_rounds(dr, work, 3)
-    span = dr.span_for(POSITION + 1)
-    bucket = next(b for b in dr.buckets if b >= 1)
+    span = dr.span_for(POSITION + 1)  # the lanes hold POSITION + 1 tokens, as bench_round's
+    bucket = next(b for b in dr.buckets if b >= lanes)
     dr.capture([(bucket, span, False)])
     graph = time_rounds(dr, work, iters)
     replay = time_replays(dr.graphs[(bucket, span, False)], iters)
@@ -114,8 +122,8 @@ def decode_step(label: str, model: HybridModel, bw: float, context: int, iters: 
     # floor_bytes counts parameters; a converted projection's codes and scales are buffers
     packed = sum(b.nbytes for n, m in model.named_modules() if isinstance(m, (QuantLinear, Fp8Linear))
                  and not n.startswith("mtp.") for b in m.buffers())
-    floor = (floor_bytes(model, 1, 1) + packed) / bw
-    print(f"27B decode step  {label:5s}  graph {1e3 * graph:7.2f} ms  replay {1e3 * replay:7.2f} ms  kernels "
+    floor = (floor_bytes(model, lanes, k + 1) + packed) / bw
+    print(f"27B {lanes} x {k + 1} round  {label:5s}  graph {1e3 * graph:7.2f} ms  replay {1e3 * replay:7.2f} ms  kernels "
           f"{1e3 * kernel_s:7.2f} ms  eager {1e3 * eager:7.2f} ms  floor {1e3 * floor:6.2f} ms  x{graph / floor:5.2f}",
           flush=True)
     del dr, cache, backend
@@ -365,6 +373,11 @@ def main(argv: list[str] | None = None) -> int:
                          "products, 1 row")
     ap.add_argument("--sweep-hot", action="store_true",
                     help="time int4_mma at 1 to 64 rows with its weight from DRAM and from L2")
+    ap.add_argument("--tile-rounds", nargs="?", const=",".join(map(str, LANES)), default=None,
+                    help="the 27B's 4-bit verify rounds with the tiled kernel on and off, and bf16, at these lanes x 8 "
+                         "columns (a comma list; tools.quant_rounds)")
+    ap.add_argument("--sweep-tile", action="store_true",
+                    help="the tiled 4-bit kernel's launches against int4_mma and bf16 at 9-64 rows (tools.quant_tile)")
     ap.add_argument("--layouts", action="store_true",
                     help="time the Triton int4 kernel on row-major and k-blocked codes at the five 27B products")
     ap.add_argument("--policies", action="store_true",
@@ -406,6 +419,10 @@ def main(argv: list[str] | None = None) -> int:
         skip.add("sweep_mma_deep")
     if not args.sweep_hot:
         skip.add("sweep_hot")
+    if not args.sweep_tile:
+        skip.add("sweep_tile")
+    if args.tile_rounds is None:
+        skip.add("tile_rounds")
     if not args.policies:
         skip.add("policies")
     if not args.layouts:
@@ -423,6 +440,9 @@ def main(argv: list[str] | None = None) -> int:
              ("sweep_mma_loads", lambda: sweep_mma(bw, args.reps, loads=True)),
              ("sweep_mma_deep", lambda: sweep_mma(bw, args.reps, deep=True)),
              ("sweep_hot", lambda: sweep_hot(bw, args.reps)),
+             ("sweep_tile", lambda: sweep_tile(bw, args.reps)),
+             ("tile_rounds", lambda: tile_rounds(bw, args.context, args.iters,
+                                                 tuple(int(n) for n in (args.tile_rounds or "").split(",")))),
              ("policies", lambda: policies(bw, args.reps)),
              ("layouts", lambda: layouts(bw, args.reps)),
              ("decode", lambda: decode_steps(bw, args.context, args.iters, args.swiglu_ab, args.graph_profile,

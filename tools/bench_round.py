@@ -23,7 +23,7 @@ round's own losses.
     python -m tools.bench_round --json round.json --md round.md
     python -m tools.bench_round --models 27b --cases verify --lanes 8 --conv-blocks 1024,8192 --blas cublas,cublaslt
 
-Kernel variants (`--conv-blocks`, `--blas`, `--stream`, `--gdn`, `--conv`, `--pdl`, `--gdn-pdl`: comma lists) run as
+Kernel variants (`--conv-blocks`, `--blas`, `--stream`, `--gdn`, `--conv`, `--pdl`, `--gdn-pdl`, `--int4-tile`: comma lists) run as
 every combination on each model, built once.
 """
 
@@ -59,7 +59,7 @@ from ignis.model.cache import LaneCache
 from ignis.model.loader import load_model
 from ignis.model import ops
 from ignis.model.model import HybridModel
-from ignis.kernels import attention, fused, launch
+from ignis.kernels import attention, fused, int4_tile, launch
 from tools.gpu_clocks import Clocks
 from tools.variants import PDL_SWITCH, apply_variant, combinations
 from ignis.model.random import random_model
@@ -448,6 +448,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trigger", default="early" if launch.EARLY_TRIGGER else "late",
                     help="comma list of late, early: where a product launched programmatic-dependent lets the next "
                          "kernel launch (ignis.kernels.launch.EARLY_TRIGGER)")
+    ap.add_argument("--int4-tile", default="on" if int4_tile.TILE_ROWS is not None else "off",
+                    help="comma list of on, off: whether 4-bit products of 17 rows or more may run the tiled kernel "
+                         "(ignis.kernels.int4_tile.TILE_ROWS; off: int4_mma's own warps at every row count)")
     ap.add_argument("--conv", default="auto",
                     help="comma list of auto, numba, cuda: the GDN conv kernel of decodes and verifies "
                          "(ignis.kernels.fused.CUDA_CONV; auto: by the round's rows)")

@@ -13,12 +13,12 @@ import itertools
 
 import torch
 
-from ignis.kernels import fused, gdn, gdn_cuda, launch
+from ignis.kernels import fused, gdn, gdn_cuda, int4_tile, launch
 from ignis.model import ops
 
 PDL_SWITCH = {"auto": None, "off": False, "on": True}  # --pdl's words: ignis.kernels.launch.PDL's values
 # the options `apply_variant` sets, comma lists
-VARIANTS = ("conv_blocks", "blas", "stream", "gdn", "conv", "pdl", "gdn_pdl", "trigger")
+VARIANTS = ("conv_blocks", "blas", "stream", "gdn", "conv", "pdl", "gdn_pdl", "trigger", "int4_tile")
 TRIGGERS = {"late": False, "early": True}  # --trigger's words: ignis.kernels.launch.EARLY_TRIGGER's values
 
 
@@ -28,6 +28,7 @@ def combinations(args: argparse.Namespace) -> list[dict[str, str]]:
         *(getattr(args, name).split(",") for name in VARIANTS))]
 
 
+_TILE_ROWS_SHIPPED = int4_tile.TILE_ROWS  # --int4-tile on: from where ignis ships it
 GDN_KERNELS = ("auto", "numba", "cuda", "cuda4", "cuda5", "cuda6", "step", "step4", "step5", "step-normed",
                "apart")  # --gdn's words (`recurrence_kernel`)
 # the recurrence's switches as ignis ships them, which --gdn auto restores
@@ -70,3 +71,4 @@ def apply_variant(variant: dict[str, str]) -> None:
     launch.PDL = PDL_SWITCH[variant["pdl"]]
     launch.GDN_PDL = PDL_SWITCH[variant["gdn_pdl"]]
     launch.EARLY_TRIGGER = TRIGGERS[variant["trigger"]]
+    int4_tile.TILE_ROWS = _TILE_ROWS_SHIPPED if variant["int4_tile"] == "on" else None

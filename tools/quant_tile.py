@@ -1,0 +1,71 @@
+"""The 4-bit product at 9 to 64 rows, int4_tile against int4_mma's own warps and bf16 cuBLAS: what tools.bench_quant
+--sweep-tile runs. Each product's tiled result is first checked bit for bit against int4_mma's (a row's sums must not
+depend on which kernel a batch takes), then every form is timed as tools.quant_products times the products."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from ignis.kernels import int4_tile
+from ignis.kernels.int4_mma import int4_mma, pack
+from ignis.kernels.int4_tile import Tile
+
+from tools.quant_products import SHAPES, _int4_copies, _timed, weight_copies
+
+TILE_ROWS = (16, 17, 24, 32, 40, 48, 64)
+TILES = (Tile(), Tile(f=1), Tile(f=1, minb=4), Tile(rb=8), Tile(rb=8, f=1), Tile(stages=6), Tile(stages=3))  # the first is the default
+
+
+def _mma_alone(x: torch.Tensor, w: Any) -> torch.Tensor:
+    """int4_mma's own warps whatever the rows."""
+    before, int4_tile.TILE_ROWS = int4_tile.TILE_ROWS, None
+    try:
+        return int4_mma(x, w)
+    finally:
+        int4_tile.TILE_ROWS = before
+
+
+def sweep_tile(bw: float, reps: int) -> list[dict[str, Any]]:
+    rows_out: list[dict[str, Any]] = []
+    dev = torch.device("cuda")
+    for name, nout, ncols in SHAPES:
+        _, c4 = _int4_copies(nout, ncols, dev)
+        cm = [pack(*p, torch.bfloat16) for p in c4]
+        del c4
+        nm = cm[0].codes.nbytes + cm[0].zs.nbytes
+        wb = weight_copies(nout * ncols * 2, lambda: torch.randn(nout, ncols, device=dev).bfloat16())  # noqa: B023
+        for r in TILE_ROWS:
+            x = torch.randn(r, ncols, device=dev).bfloat16()
+            floor = (nm + 2 * r * (ncols + nout)) / bw * 1e3
+            floor_bf16 = (nout * ncols * 2 + 2 * r * (ncols + nout)) / bw * 1e3
+            want = _mma_alone(x, cm[0])
+            forms: list[tuple[str, Tile | None, float]] = [("mma", None, floor)]
+            forms += [(f"tile rb{t.rb} f{t.f} s{t.stages} m{t.minb}", t, floor) for t in TILES]
+            for form, tile, fl in forms:
+                row: dict[str, Any] = {"shape": name, "rows": r, "form": form}
+                if tile is None:
+                    said = _timed(row, [partial(_mma_alone, x, p) for p in cm], reps, fl)
+                else:
+                    int4_tile.TILE, before = tile, int4_tile.TILE
+                    try:
+                        got = int4_mma(x, cm[0])
+                        row["bits_equal"] = bool(torch.equal(got, want))
+                        said = _timed(row, [partial(int4_mma, x, p) for p in cm], reps, fl)
+                    except Exception as e:  # noqa: BLE001 - a launch that does not compile or fit: reported
+                        row["error"] = repr(e)[:300]
+                        said = f"failed: {row['error'][:100]}"
+                    finally:
+                        int4_tile.TILE = before
+                    said += "" if row.get("bits_equal", True) else "  BITS DIFFER"
+                rows_out.append(row)
+                print(f"tile {name:22s} rows {r:2d}  {form:24s} {said}", flush=True)
+            row = {"shape": name, "rows": r, "form": "bf16"}
+            said = _timed(row, [partial(F.linear, x, w) for w in wb], reps, floor_bf16)
+            rows_out.append(row)
+            print(f"tile {name:22s} rows {r:2d}  {'bf16 (its own floor)':24s} {said}", flush=True)
+        del cm, wb
+        torch.cuda.empty_cache()
+    return rows_out
