@@ -325,6 +325,17 @@ def _proposal_head(cfg: IgnisConfig, drafter_dir: Path, target: ModelConfig, dty
     return 0, chosen
 
 
+def proposal_head_bytes(cfg: IgnisConfig, model_dir: Path, target: ModelConfig, dtype: torch.dtype,
+                        cuda: bool) -> int:
+    """What the dflash2 drafter's proposal head will hold beside the target's for `cfg` (a 4-bit copy of a 16-bit
+    head, or the shortlist's rows), for the model in `model_dir` as it is stored (4-bit or not, its head too or not):
+    memory the engine reserves before it fits the K/V pool (ignis.engine.defaults)."""
+    quant = QuantConfig.of(json.loads((model_dir / "config.json").read_text()), model_dir / "config.json")
+    head, _ = _proposal_head(cfg, cfg.spec.drafter_dir(model_dir), target, dtype, cuda, quantized=quant is not None,
+                             head_packed=quant is not None and quant.head)
+    return head
+
+
 def _drafter(cfg: IgnisConfig, model_dir: Path, target: ModelConfig, dtype: torch.dtype, cuda: bool, *,
              quantized: bool = False, head_packed: bool = False) -> Item:
     """The drafter's weights and its own cache; quantized: the target's projections are 4-bit; head_packed: its output

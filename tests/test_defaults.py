@@ -143,3 +143,24 @@ def test_the_engine_settles_its_defaults_and_reports_them(tmp_path: Path) -> Non
     assert [p for p, _ in ends] == ["weights", "drafter", "caches", "warmup"]
     weights = [d for p, d, _ in phases if p == "weights"]
     assert weights == list(range(1, len(weights) + 1)) and len(weights) > 10
+
+
+@pytest.mark.parametrize("head", ["full", "int4", "shortlist"])
+def test_the_drafter_reserved_before_the_pool_counts_its_proposal_heads_own_copy(head: str) -> None:
+    """The drafter's weights, and what spec.draft_head holds beside the target's head (a 4-bit copy, the shortlist's
+    rows), come out of the memory the K/V pool is fitted to: the same bytes `ignis config show` plans."""
+    from ignis.backends.dflash2.weights import SHORTLIST
+    from ignis.engine.defaults import _drafter_bytes
+    from ignis.plan import proposal_head_bytes
+
+    cfg = load_config(profile="cpu", overrides={"spec.backend": "dflash2", "spec.draft_tokens": 7,
+                                                "spec.draft_head": head})
+    files = sum(f.stat().st_size for f in (BUILTIN / "drafter").glob("*.safetensors") if f.name != SHORTLIST)
+    reserved = _drafter_bytes(cfg, BUILTIN, builtin(), torch.device("cpu"), torch.float32)
+    own = proposal_head_bytes(cfg, BUILTIN, builtin(), torch.float32, False)
+    assert reserved == files + own
+    assert (own > 0) == (head != "full")
+    if head == "shortlist":
+        assert own == (BUILTIN / "drafter" / SHORTLIST).stat().st_size
+    off = load_config(profile="cpu", overrides={"spec.backend": "off"})
+    assert _drafter_bytes(off, BUILTIN, builtin(), torch.device("cpu"), torch.float32) == 0

@@ -54,7 +54,7 @@ def settle(
         spec = dataclasses.replace(spec, backend=backend, draft_tokens=k)
         log.info("ignis.engine.spec_default", backend=backend, draft_tokens=k, reason=why)
     engine = config.engine
-    drafter = _drafter_bytes(config, path, spec.backend)
+    drafter = _drafter_bytes(dataclasses.replace(config, spec=spec), path, model, device, dtype)
     context, kv_memory, why, pool_why = fit_pool(model, engine.lanes, engine.context, engine.kv_memory,
                                                  spec.draft_tokens, device, dtype, drafter, pooled_layers(spec.backend))
     if engine.context == 0:
@@ -192,11 +192,19 @@ def _drafter_width(drafter: Path) -> int | None:
     return max(block - 1, 0)
 
 
-def _drafter_bytes(config: IgnisConfig, path: Path, backend: str) -> int:
-    """The drafter's weights on disk: memory the backend will take after the context is fitted."""
-    if backend != "dflash2":
+def _drafter_bytes(config: IgnisConfig, path: Path, model: ModelConfig, device: torch.device,
+                   dtype: torch.dtype) -> int:
+    """Memory the dflash2 backend will take after the context is fitted: the drafter's weights on disk (no fewer than
+    it holds once loaded, whatever spec.draft_weights converts them to) and its proposal head's own copy, where
+    spec.draft_head makes one (ignis.plan.proposal_head_bytes: a 4-bit copy of the 27B's head is 0.6 GiB)."""
+    if config.spec.backend != "dflash2":
         return 0
-    return sum(f.stat().st_size for f in config.spec.drafter_dir(path).glob("*.safetensors"))
+    from ignis.backends.dflash2.weights import SHORTLIST
+    from ignis.plan import proposal_head_bytes
+
+    weights = config.spec.drafter_dir(path).glob("*.safetensors")
+    files = sum(f.stat().st_size for f in weights if f.name != SHORTLIST)  # the shortlist is a head: counted there
+    return files + proposal_head_bytes(config, path, model, dtype, device.type == "cuda")
 
 
 def _gib(n: int) -> str:
