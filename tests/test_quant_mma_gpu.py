@@ -31,12 +31,16 @@ def test_int4_mma_equals_its_reference_at_the_27b_shapes(shape: tuple[int, int],
     assert _rel(_mma(x, qw, s, z), x, qw, s, z) < 1e-2
 
 
+@pytest.mark.parametrize("rows", [5, 33])  # 33: the tiled kernel (int4_tile), its fp16 and bf16-scale variants
 @pytest.mark.parametrize("group", [64, 128])
-def test_int4_mma_fp16_activations_bf16_scales_and_group_64(group: int) -> None:
+def test_int4_mma_fp16_activations_bf16_scales_and_group_64(group: int, rows: int) -> None:
     qw, s, z = _int4_weight(5120, 6144, group, seed=3)
-    x = torch.randn(5, 6144, device="cuda").half()
-    assert _rel(int4_mma(x, pack(qw, s, z, torch.float16)), x, qw, s, z) < 1e-2
-    assert _rel(int4_mma(x.bfloat16(), pack(qw, s.half(), z, torch.bfloat16)), x.bfloat16(), qw, s.half(), z) < 1e-2
+    x = torch.randn(rows, 6144, device="cuda").half()
+    for w, xr, scales in ((pack(qw, s, z, torch.float16), x, s), (pack(qw, s.half(), z, torch.bfloat16), x.bfloat16(),
+                                                                  s.half())):
+        out = int4_mma(xr, w)
+        assert _rel(out, xr, qw, scales, z) < 1e-2
+        assert torch.equal(out, torch.cat([int4_mma(xr[i : i + 1], w) for i in range(rows)]))  # a row alone
 
 
 def test_a_rows_result_depends_on_neither_the_batch_nor_the_launch() -> None:
