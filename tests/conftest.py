@@ -1,6 +1,6 @@
-"""Suite-wide settings: tiny models run on one intra-op thread, here and in every engine process a test starts; and
-the `restore_logging` fixture for modules that configure logging, and `interpreted_loop_bounds` for Triton kernels
-whose loops have bounds computed in the kernel.
+"""Suite-wide settings: the repository's root last on the import path (for tools/), tiny models run on one intra-op
+thread, here and in every engine process a test starts; and the `restore_logging` fixture for modules that configure
+logging, and `interpreted_loop_bounds` for Triton kernels whose loops have bounds computed in the kernel.
 
 For matrices this small a second thread only adds synchronisation, which turns into long stalls on a shared
 machine; one thread keeps the suite's time predictable on CI's two cores.
@@ -13,11 +13,20 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import structlog
 import torch
+
+# tools/ is not installed: its tests import it from the repository root, which goes last on the path, after the
+# installed packages, since its other folders (kernels/, config/, ...) are ignis's subpackages and would shadow
+# installed packages of the same names (transformers imports the `kernels` package). `python -m pytest` puts the root
+# first: it is moved.
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT] + [str(ROOT)]
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
