@@ -11,6 +11,7 @@ refusal is lifted here and the kernel is checked against the reference on the ru
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -30,9 +31,20 @@ def _grads(fn: Callable[..., tuple[torch.Tensor, torch.Tensor]], inputs: list[to
     return [out.detach().float()] + [x.grad.float() for x in leaves]  # type: ignore[union-attr]
 
 
+def reference_rule() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """transformers' own torch implementation of the chunked gated delta rule, from under its kernel decorators: a
+    function wrapped by functools.wraps, or (transformers 5.25 on, with the `kernels` package) a module whose forward
+    calls that wrapper."""
+    rule = modeling_qwen3_5.torch_chunk_gated_delta_rule
+    if isinstance(rule, torch.nn.Module):
+        cells = type(rule).forward.__closure__ or ()
+        rule = next(c.cell_contents for c in cells if inspect.isfunction(c.cell_contents))
+    return inspect.unwrap(rule)  # type: ignore[no-any-return]
+
+
 def choose(device: torch.device, heads: int, key_dim: int, value_dim: int, log: Callable[[str], None]) -> str:
     """'fla' or 'torch'; with 'torch', transformers' GDN layers are pointed at the reference for this process."""
-    reference = modeling_qwen3_5.torch_chunk_gated_delta_rule.__wrapped__  # type: ignore[attr-defined]
+    reference = reference_rule()
     if device.type != "cuda":
         return "torch"
     try:
