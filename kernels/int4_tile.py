@@ -29,14 +29,15 @@ NARROW_BLOCKS_PER_SM = 4  # fewer 16-feature blocks an SM than this: a narrow we
 
 @dataclass(frozen=True)
 class Tile:
-    """A launch: RB warps a block of threads, F 16-feature blocks a warp (even with SwiGLU: gate blocks and their up
-    partners), STAGES chunks (x, codes and scales) in the ring in shared memory, registers for MINB blocks an SM. None
-    of them changes a row's sums."""
+    """A launch: RB feature groups of F 16-feature blocks a block of threads (even with SwiGLU: gate blocks and their
+    up partners), each group's row tiles over RS warps, STAGES chunks (x, codes and scales) in the ring in shared
+    memory, registers for MINB blocks an SM. None of them changes a row's sums."""
 
     rb: int = 4
     f: int = 2
     stages: int = 4
     minb: int = 1  # blocks of threads an SM the registers are budgeted for
+    rs: int = 1  # warps each feature group's row tiles are split over
 
     def shared(self, nt: int) -> int:
         """Bytes of dynamic shared memory a block of threads takes at NT row tiles: the ring's stages of x (rows padded
@@ -83,7 +84,7 @@ def _function(device: torch.device, nt: int, tile: Tile, ks: int, kw: int, gpc: 
 
 def defines(nt: int, tile: Tile, ks: int, kw: int, gpc: int, swiglu: bool = False) -> tuple[tuple[str, int], ...]:
     """The macros a bf16 launch compiles with (for the CPU tests' compile of every variant)."""
-    return (("NT", nt), ("F", tile.f), ("RB", tile.rb), ("STAGES", tile.stages), ("MINB", tile.minb),
+    return (("NT", nt), ("F", tile.f), ("RB", tile.rb), ("STAGES", tile.stages), ("MINB", tile.minb), ("RS", tile.rs),
             ("KS", ks), ("KW", kw), ("GPC", gpc), ("F16", 0), ("SBF16", 1), ("SWIGLU", int(swiglu)), ("PDL", 0))
 
 
@@ -95,6 +96,7 @@ def run(rows: torch.Tensor, codes: torch.Tensor, zs: torch.Tensor, out: torch.Te
     host read."""
     if swiglu and tile.f % 2:
         raise ValueError(f"int4_tile's SwiGLU takes an even F (gate blocks and their up partners), got {tile}")
+    nt = -(-nt // tile.rs) * tile.rs  # the row tiles split evenly over RS warps (the added ones are zero rows)
     nrows = rows.shape[0]
     fo = tile.f // 2 if swiglu else tile.f
     width = nout // 2 if swiglu else nout
@@ -107,5 +109,5 @@ def run(rows: torch.Tensor, codes: torch.Tensor, zs: torch.Tensor, out: torch.Te
     else:
         ws, cnt = out, out  # not read
     fn = _function(rows.device, nt, tile, ks, kw, group // 64, dtype, scale_dtype, early, swiglu)
-    fn(grid, 32 * tile.rb, (codes, zs, rows, out, ws, cnt, nrows, nout, ncols, rows.stride(0), unit),  # type: ignore[operator]
+    fn(grid, 32 * tile.rb * tile.rs, (codes, zs, rows, out, ws, cnt, nrows, nout, ncols, rows.stride(0), unit),  # type: ignore[operator]
        early, tile.shared(nt))

@@ -21,7 +21,8 @@ threads, so the parts' fp32 totals meet in a workspace [KS x KW, M, N], added by
 arrive (a counter a tile, reset by that block).
 
 Compile-time macros: NT (row tiles of 8, as many as the call's rows need), F (16-feature blocks a warp), RB (warps a
-block), STAGES (chunks in the ring), MINB (blocks an SM, for the register budget), KS, KW, GPC, F16, SBF16, SWIGLU and PDL as int4_mma's (PDL: the first chunks'
+block's feature groups), RS (warps a group's row tiles are split over: more warps an SM, fewer sums a thread, each
+dequantizing the group's codes itself), STAGES (chunks in the ring), MINB (blocks an SM, for the register budget), KS, KW, GPC, F16, SBF16, SWIGLU and PDL as int4_mma's (PDL: the first chunks'
 codes load before griddepcontrol.wait, x and every store after it).
 """
 
@@ -33,7 +34,11 @@ SOURCE = PRELUDE + r"""
 #endif
 #define XROW 72  /* u16 a staged row of x: its 64 columns and 16 bytes of padding */
 #define PARTS (KS * KW)
-#define THREADS (32 * RB)
+#ifndef RS
+#define RS 1  /* warps a feature group's row tiles are split over */
+#endif
+#define NTW (NT / RS)  /* row tiles a warp: NT a multiple of RS */
+#define THREADS (32 * RB * RS)
 #define WF (RB * F)  /* 16-feature blocks a block of threads reads: warp r's f-th is r * F + f */
 #define X_BYTES (NT * 8 * XROW * 2)  /* a stage's x */
 #define C_BYTES (WF * 512)  /* its codes: a feature block's chunk is 32 lanes x 16 bytes */
@@ -142,7 +147,7 @@ int4_tile(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u
           u16* __restrict__ out, float* __restrict__ ws, int* __restrict__ cnt, int M, int N, int K, int sx, int unit)
 {
     extern __shared__ __align__(16) unsigned char smem[];
-    const int lane = threadIdx.x & 31, r = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, r = (threadIdx.x >> 5) / RS, rp = (threadIdx.x >> 5) % RS;  // group, rows
     const int g = lane >> 2, t = lane & 3;
     const int blocks = N >> 4, chunks = K >> 6, groups = chunks / GPC, units = chunks / unit;
     const int half = SWIGLU ? blocks / 2 : blocks, No = half * 16;
@@ -152,11 +157,11 @@ int4_tile(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u
     const int part = blockIdx.y, ks = part / KW, kw = part % KW;
     const int ua = ks * units / KS, ub = (ks + 1) * units / KS;
     const int c0 = (ua + kw * (ub - ua) / KW) * unit, c1 = (ua + (kw + 1) * (ub - ua) / KW) * unit;
-    float acc[F][NT][4];
+    float acc[F][NTW][4];  // the warp's row tiles rp NTW .. (rp + 1) NTW - 1
 #pragma unroll
     for (int f = 0; f < F; ++f)
 #pragma unroll
-        for (int n = 0; n < NT; ++n) acc[f][n][0] = acc[f][n][1] = acc[f][n][2] = acc[f][n][3] = 0.f;
+        for (int n = 0; n < NTW; ++n) acc[f][n][0] = acc[f][n][1] = acc[f][n][2] = acc[f][n][3] = 0.f;
 
     const Stager st = stager_of(codes, zs, x, (unsigned)__cvta_generic_to_shared(smem), sx, M, half, chunks, groups);
     // the first STAGES - 1 chunks, a commit group each (with PDL the codes of all of them go before the wait, in the
@@ -199,9 +204,9 @@ int4_tile(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u
                 dequant(w.z, nz0, h[f] + 8);
                 dequant(w.w, nz1, h[f] + 12);
             }
-            const u16* xr = reinterpret_cast<const u16*>(stage) + g * XROW + t * 16;
+            const u16* xr = reinterpret_cast<const u16*>(stage) + (rp * NTW * 8 + g) * XROW + t * 16;
 #pragma unroll
-            for (int n = 0; n < NT; ++n) {  // NT covers the call's rows: no tile is all padding
+            for (int n = 0; n < NTW; ++n) {  // NT covers the call's rows: no tile is all padding
                 const uint4 xa = *reinterpret_cast<const uint4*>(xr + n * 8 * XROW);
                 const uint4 xb = *reinterpret_cast<const uint4*>(xr + n * 8 * XROW + 8);
 #pragma unroll
@@ -227,17 +232,17 @@ int4_tile(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u
 #if PDL
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-    // acc[f][n][i] is out[row n * 8 + 2t + (i & 1)][feature BLOCK_OF(f) * 16 + g + 8 (i >> 1)]
+    // acc[f][n][i] is out[row (rp NTW + n) * 8 + 2t + (i & 1)][feature BLOCK_OF(f) * 16 + g + 8 (i >> 1)]
 #if PARTS > 1
     __shared__ int last;
     if (owns) {
 #pragma unroll
         for (int f = 0; f < F; ++f)
 #pragma unroll
-            for (int n = 0; n < NT; ++n)
+            for (int n = 0; n < NTW; ++n)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    const int row = n * 8 + 2 * t + (i & 1), feature = BLOCK_OF(f) * 16 + g + 8 * (i >> 1);
+                    const int row = (rp * NTW + n) * 8 + 2 * t + (i & 1), feature = BLOCK_OF(f) * 16 + g + 8 * (i >> 1);
                     if (rb0 + f % FO < half && row < M) ws[((size_t)part * M + row) * N + feature] = acc[f][n][i];
                 }
     }
@@ -250,7 +255,7 @@ int4_tile(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u
     // the tile's outputs, a thread each in turn (consecutive threads, consecutive features): features f0 .. f0 + fw - 1
     const int f0 = blockIdx.x * RB * FO * 16, fw = min(RB * FO * 16, No - f0);
 #pragma unroll 4
-    for (int e = threadIdx.x; e < M * fw; e += 32 * RB) {  // unrolled: several elements' loads in flight
+    for (int e = threadIdx.x; e < M * fw; e += THREADS) {  // unrolled: several elements' loads in flight
         const int row = e / fw, feature = f0 + e % fw;
 #if SWIGLU
         out[(size_t)row * No + feature] = swiglu_of(total_of(ws, row, feature, M, N),
@@ -268,8 +273,8 @@ int4_tile(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u
         if (rb0 + f >= half) return;
         const int feature = (rb0 + f) * 16 + g;
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
-            const int row = n * 8 + 2 * t;
+        for (int n = 0; n < NTW; ++n) {
+            const int row = (rp * NTW + n) * 8 + 2 * t;
 #if SWIGLU
 #define OUT(i) swiglu_of(acc[f][n][i], acc[f + FO][n][i])
 #else

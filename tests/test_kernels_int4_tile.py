@@ -40,10 +40,10 @@ def test_every_tiled_launch_compiles_for_sm90_without_spills(swiglu: bool) -> No
         assert cubin.spills <= (16 if spilt else 0) and 0 < cubin.registers <= 255, (dict(d), cubin.spills)
 
 
-def test_launched_ahead_and_for_fp16_the_kernel_compiles_without_spills() -> None:
+def test_launched_ahead_for_fp16_and_with_the_rows_over_more_warps_the_kernel_compiles_without_spills() -> None:
     base = choose(5120, 17408, 128, SMS)
     plain = dict(defines(8, Tile(f=1), base.ks, base.kw, 2))
-    for changed in ({"PDL": 1}, {"F16": 1}, {"F16": 1, "SBF16": 0}, {"GPC": 1}):
+    for changed in ({"PDL": 1}, {"F16": 1}, {"F16": 1, "SBF16": 0}, {"GPC": 1}, {"RS": 2, "MINB": 2}, {"RS": 4}):
         cubin = compile_cubin(SOURCE, "int4_tile", "sm_90", tuple(sorted({**plain, **changed}.items())))
         assert cubin.spills == 0 and cubin.registers <= 255, changed
 

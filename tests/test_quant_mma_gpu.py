@@ -209,8 +209,9 @@ def test_the_swiglu_store_gives_the_product_then_swiglu(shape: tuple[int, int],
     assert quant_linear.packed_swiglu(x, w) is None
 
 
-@pytest.mark.parametrize("tile", [None, (8, 2, 4), (4, 1, 4), (8, 1, 4), (4, 2, 6), (4, 2, 3)])
-def test_the_tiled_kernel_gives_the_rows_int4_mma_gives_alone(tile: tuple[int, int, int] | None,
+@pytest.mark.parametrize("tile", [None, (8, 2, 4, 1, 1), (4, 1, 4, 1, 1), (4, 2, 6, 1, 1), (4, 2, 3, 1, 1),
+                                  (4, 2, 4, 2, 2), (4, 1, 4, 2, 2), (4, 2, 4, 1, 4)])
+def test_the_tiled_kernel_gives_the_rows_int4_mma_gives_alone(tile: tuple[int, int, int, int, int] | None,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """From int4_tile.TILE_ROWS rows a call may run int4_tile (tile_for's choice, or every launch shape forced), whose
     sums must be int4_mma's bit for bit (a row's logits may not depend on how many lanes share a round): at the 27B's

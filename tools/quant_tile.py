@@ -16,7 +16,9 @@ from ignis.kernels.int4_tile import Tile
 from tools.quant_products import SHAPES, _int4_copies, _timed, weight_copies
 
 TILE_ROWS = (16, 17, 24, 32, 40, 48, 64)
-TILES = (Tile(), Tile(f=1), Tile(f=1, minb=4), Tile(rb=8), Tile(rb=8, f=1), Tile(stages=6), Tile(stages=3))  # the first is the default
+# launches timed beside tile_for's own (F 2 and F 1; RS: a feature group's row tiles over more warps, for more warps
+# an SM at 64 rows, with the registers for two blocks of threads an SM)
+TILES = (Tile(), Tile(f=1), Tile(rs=2, minb=2), Tile(f=1, rs=2, minb=2), Tile(rs=4), Tile(rb=2, rs=2), Tile(stages=6))
 
 
 def _mma_alone(x: torch.Tensor, w: Any) -> torch.Tensor:
@@ -43,7 +45,7 @@ def sweep_tile(bw: float, reps: int) -> list[dict[str, Any]]:
             floor_bf16 = (nout * ncols * 2 + 2 * r * (ncols + nout)) / bw * 1e3
             want = _mma_alone(x, cm[0])
             forms: list[tuple[str, Tile | None, float]] = [("mma", None, floor)]
-            forms += [(f"tile rb{t.rb} f{t.f} s{t.stages} m{t.minb}", t, floor) for t in TILES]
+            forms += [(f"tile rb{t.rb} f{t.f} s{t.stages} m{t.minb} rs{t.rs}", t, floor) for t in TILES]
             for form, tile, fl in forms:
                 row: dict[str, Any] = {"shape": name, "rows": r, "form": form}
                 if tile is None:
