@@ -110,15 +110,17 @@ def test_programmatic_dependent_launch_keeps_the_4bit_chain_bit_for_bit(rows: in
 
 
 def test_every_launch_the_engine_makes_fits_the_device() -> None:
-    """The launches `launch` picks for 1 to 64 rows at the 27B shapes compile and run (registers and shared memory)."""
+    """The launches `launch` picks for 1 to 64 rows at the 27B shapes, and int4_tile's from 17 rows (its shared
+    memory ring), compile and run (registers and shared memory)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for nout, ncols in [s for s in INT4_SHAPES if s[0] % 16 == 0]:
         qw, s, z = _int4_weight(nout, ncols, 128, seed=1)
         w = pack(qw, s, z, torch.bfloat16)
-        for rows in (1, 16, 32, 64):
+        for rows in (1, 16, 17, 32, 64):
             x = torch.randn(rows, ncols, device="cuda").bfloat16()
             assert row_tiles(rows) * 8 >= rows
             int4_mma(x, w, launch(choose(nout, ncols, 128, sms), row_tiles(rows)))
+            int4_mma(x, w)  # the launch a round makes: int4_tile's where tile_for gives one
     torch.cuda.synchronize()
 
 
