@@ -18,7 +18,7 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
    --sweep-mma-loads, its step sizes and steps loaded ahead (which change no sums) at 1, 8, 16 and 64 rows. With
    --sweep-hot, the mma kernel at 1 to 64 rows with its weight read from DRAM and from L2.
    --tile-rounds, the 27B's 4-bit verify rounds of 1 to 8 lanes x 8 columns with the tiled kernel on and off, and bf16.
-   --sweep-tile, the tiled kernel (int4_tile) against int4_mma's own warps and bf16 at 9 to 64 rows, bits checked.
+   --sweep-tile, the tiled kernel (int4_tile) against int4_mma's own warps and bf16 at 1 to 64 rows, bits checked.
 3. A decode step of one lane at a 512-token context (random weights built on the GPU, as tools.bench_round does)
    through DeviceRound with CUDA graphs, bf16 then the same weights packed to int4 (group 128, products through the
    kernel --int4-kernel names), then with the output head packed too (`ignis quantize --head`), then converted to
@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="the 27B's 4-bit verify rounds with the tiled kernel on and off, and bf16, at these lanes x 8 "
                          "columns (a comma list; tools.quant_rounds)")
     ap.add_argument("--sweep-tile", action="store_true",
-                    help="the tiled 4-bit kernel's launches against int4_mma and bf16 at 9-64 rows (tools.quant_tile)")
+                    help="the tiled 4-bit kernel's launches against int4_mma and bf16 at 1-64 rows (tools.quant_tile)")
     ap.add_argument("--layouts", action="store_true",
                     help="time the Triton int4 kernel on row-major and k-blocked codes at the five 27B products")
     ap.add_argument("--policies", action="store_true",

@@ -1,6 +1,7 @@
-"""The 4-bit product at 9 to 64 rows, int4_tile against int4_mma's own warps and bf16 cuBLAS: what tools.bench_quant
---sweep-tile runs. Each product's tiled result is first checked bit for bit against int4_mma's (a row's sums must not
-depend on which kernel a batch takes), then every form is timed as tools.quant_products times the products."""
+"""The 4-bit product at 1 to 64 rows, int4_tile's launches (forced, and as shipped) against int4_mma's own warps and
+bf16 cuBLAS: what tools.bench_quant --sweep-tile runs. Each product's tiled result is first checked bit for bit against
+int4_mma's (a row's sums must not depend on which kernel a batch takes), then every form is timed as
+tools.quant_products times the products."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from ignis.kernels.int4_tile import Tile
 
 from tools.quant_products import SHAPES, _int4_copies, _timed, weight_copies
 
-TILE_ROWS = (16, 17, 24, 32, 40, 48, 64)
+TILE_ROWS = (1, 8, 16, 17, 32, 64)  # the forced launches run at every count, below int4_tile.TILE_ROWS too
 # launches timed beside tile_for's own (F 2 and F 1; RS: a feature group's row tiles over more warps, for more warps
 # an SM at 64 rows, with the registers for two blocks of threads an SM)
 TILES = (Tile(), Tile(f=1), Tile(rs=2, minb=2), Tile(f=1, rs=2, minb=2), Tile(rs=4), Tile(rb=2, rs=2), Tile(stages=6))
@@ -44,23 +45,25 @@ def sweep_tile(bw: float, reps: int) -> list[dict[str, Any]]:
             floor = (nm + 2 * r * (ncols + nout)) / bw * 1e3
             floor_bf16 = (nout * ncols * 2 + 2 * r * (ncols + nout)) / bw * 1e3
             want = _mma_alone(x, cm[0])
-            forms: list[tuple[str, Tile | None, float]] = [("mma", None, floor)]
-            forms += [(f"tile rb{t.rb} f{t.f} s{t.stages} m{t.minb} rs{t.rs}", t, floor) for t in TILES]
-            for form, tile, fl in forms:
+            forms: list[tuple[str, Tile | None]] = [("mma", None), ("as shipped", None)]
+            forms += [(f"tile rb{t.rb} f{t.f} s{t.stages} m{t.minb} rs{t.rs}", t) for t in TILES]
+            for form, tile in forms:
                 row: dict[str, Any] = {"shape": name, "rows": r, "form": form}
-                if tile is None:
-                    said = _timed(row, [partial(_mma_alone, x, p) for p in cm], reps, fl)
+                if form == "mma":
+                    said = _timed(row, [partial(_mma_alone, x, p) for p in cm], reps, floor)
                 else:
-                    int4_tile.TILE, before = tile, int4_tile.TILE
+                    kept = int4_tile.TILE, int4_tile.TILE_ROWS
+                    if tile is not None:  # forced, at every row count
+                        int4_tile.TILE, int4_tile.TILE_ROWS = tile, 1
                     try:
                         got = int4_mma(x, cm[0])
                         row["bits_equal"] = bool(torch.equal(got, want))
-                        said = _timed(row, [partial(int4_mma, x, p) for p in cm], reps, fl)
+                        said = _timed(row, [partial(int4_mma, x, p) for p in cm], reps, floor)
                     except Exception as e:  # noqa: BLE001 - a launch that does not compile or fit: reported
                         row["error"] = repr(e)[:300]
                         said = f"failed: {row['error'][:100]}"
                     finally:
-                        int4_tile.TILE = before
+                        int4_tile.TILE, int4_tile.TILE_ROWS = kept
                     said += "" if row.get("bits_equal", True) else "  BITS DIFFER"
                 rows_out.append(row)
                 print(f"tile {name:22s} rows {r:2d}  {form:24s} {said}", flush=True)
