@@ -2,9 +2,9 @@
 staged once a block of threads in shared memory (ignis.kernels.int4_tile_kernel has the why).
 
 Owns: the launch shape `Tile`, `tile_for` (which calls of ignis.kernels.int4_mma come here, with which launch: from
-TILE_ROWS rows) and `run` (the launch on torch's current stream, capturable). Does not own: the weight's layout or the input split (the split
-is int4_mma.choose's: it fixes the order of a row's sums), argument checks (int4_mma.int4_mma makes them) or the
-kernel source.
+TILE_ROWS rows) and `run` (the launch on torch's current stream, capturable). Does not own: the weight's layout or
+the input split (the split is int4_mma.choose's: it fixes the order of a row's sums), argument checks
+(int4_mma.int4_mma makes them) or the kernel source.
 """
 
 from __future__ import annotations
@@ -109,5 +109,5 @@ def run(rows: torch.Tensor, codes: torch.Tensor, zs: torch.Tensor, out: torch.Te
     else:
         ws, cnt = out, out  # not read
     fn = _function(rows.device, nt, tile, ks, kw, group // 64, dtype, scale_dtype, early, swiglu)
-    fn(grid, 32 * tile.rb * tile.rs, (codes, zs, rows, out, ws, cnt, nrows, nout, ncols, rows.stride(0), unit),  # type: ignore[operator]
-       early, tile.shared(nt))
+    args = (codes, zs, rows, out, ws, cnt, nrows, nout, ncols, rows.stride(0), unit)
+    fn(grid, 32 * tile.rb * tile.rs, args, early, tile.shared(nt))  # type: ignore[operator]

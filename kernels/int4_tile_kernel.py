@@ -7,11 +7,11 @@ or compiling (ignis.kernels.nvrtc).
 
 Why a second kernel: int4_mma's warps each load their own x for every 16 features' 512 bytes of codes, 8 KB a chunk
 at 64 rows, so at 33-64 rows x's traffic through L1 and L2 and its registers (with the 64 sums a thread holds), not
-the codes, bound it: 5-12x its bytes' time on the H200. Here a block of RB warps takes one part of the input split for
-RB x F 16-feature blocks, and its threads copy each 64-column chunk of x for all rows, with the chunk's codes and
-scales, into shared memory once (cp.async, a ring of STAGES chunks in flight without holding registers, one barrier a
-chunk); every warp then reads its fragments from there (x's rows padded to 144 bytes: the 16-byte reads of a quarter
-warp fall in distinct banks) for F blocks of codes at a time.
+the codes, bound it: 5-12x its bytes' time on the H200. Here a block of RB x RS warps takes one part of the input
+split for RB x F 16-feature blocks, and its threads copy each 64-column chunk of x for all rows, with the chunk's
+codes and scales, into shared memory once (cp.async, a ring of STAGES chunks in flight without holding registers, one
+barrier a chunk); every warp then reads its fragments from there (x's rows padded to 144 bytes: the 16-byte reads of
+a quarter warp fall in distinct banks) for F blocks of codes at a time.
 
 A row's sums are int4_mma's, bit for bit, whatever rows share the call: the input split is choose's (KS x KW parts, a
 part a run of whole units of chunks), every chunk's four mma and its scaled fused multiply-add into the part's total
@@ -20,10 +20,11 @@ totals added in warp order, then the KS parts in order from 0.f where KS > 1. He
 threads, so the parts' fp32 totals meet in a workspace [KS x KW, M, N], added by the last block of a feature tile to
 arrive (a counter a tile, reset by that block).
 
-Compile-time macros: NT (row tiles of 8, as many as the call's rows need), F (16-feature blocks a warp), RB (warps a
+Compile-time macros: NT (row tiles of 8, as many as the call's rows need), F (16-feature blocks a warp), RB (a
 block's feature groups), RS (warps a group's row tiles are split over: more warps an SM, fewer sums a thread, each
-dequantizing the group's codes itself), STAGES (chunks in the ring), MINB (blocks an SM, for the register budget), KS, KW, GPC, F16, SBF16, SWIGLU and PDL as int4_mma's (PDL: the first chunks'
-codes load before griddepcontrol.wait, x and every store after it).
+dequantizing the group's codes itself), STAGES (chunks in the ring), MINB (blocks an SM, for the register budget),
+KS, KW, GPC, F16, SBF16, SWIGLU and PDL as int4_mma's (PDL: the first chunks' codes load before griddepcontrol.wait,
+x and every store after it).
 """
 
 from ignis.kernels.int4_mma_kernel import PRELUDE
