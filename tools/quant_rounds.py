@@ -1,6 +1,7 @@
 """The 27B's verify rounds with 4-bit weights (the output head packed too), the tiled 4-bit product on and off, beside
-the same rounds in bf16: what tools.bench_quant --tile-rounds runs. A round's rows are lanes x columns, so the rounds
-of 2 to 8 lanes at 8 columns (16 to 64 rows) are where ignis.kernels.int4_tile may take a product."""
+the same rounds in bf16: what tools.bench_quant --tile-rounds runs. A round's rows are its lane bucket's lanes x
+columns, so the rounds of 3 to 8 lanes at 8 columns (buckets of 4 and 8 lanes: 32 and 64 rows) are where
+ignis.kernels.int4_tile takes products."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ LANES = (1, 2, 3, 4, 8)  # lanes of the rounds timed, 8 columns each (7 drafts):
 
 
 def tile_rounds(bw: float, context: int, iters: int, lanes: tuple[int, ...] = LANES) -> dict[str, Any]:
+    """Each round's figures (tools.bench_quant.decode_step) in bf16, then with 4-bit weights and head: tiled, not,
+    tiled again (an A/B/A on one model)."""
     from ignis.model.random import random_model
     from tools.bench_quant import GROUP, C, decode_step, fuse_and_own, to_int4
 
