@@ -162,6 +162,27 @@ __device__ __forceinline__ u16 swiglu_of(float gate, float up) {
     return rounded(widened(rounded(g / (1.f + __expf(-g)))) * u);
 }
 
+
+// a lane's four sums of one row tile and feature block (rows row and row + 1, features feature and feature + 8) into
+// out [M, No]: each rounded to the 16-bit dtype, or with SWIGLU silu(gate) * up from the gate sums `v` and their up
+// partners' `up`; rows from M on are not stored
+__device__ __forceinline__ void store_quad(u16* out, int No, int M, int row, int feature, const float v[4],
+                                           const float up[4]) {
+#if SWIGLU
+#define OUT(i) swiglu_of(v[i], up[i])
+#else
+#define OUT(i) rounded(v[i])
+#endif
+    if (row < M) {
+        out[(size_t)row * No + feature] = OUT(0);
+        out[(size_t)row * No + feature + 8] = OUT(2);
+    }
+    if (row + 1 < M) {
+        out[(size_t)(row + 1) * No + feature] = OUT(1);
+        out[(size_t)(row + 1) * No + feature + 8] = OUT(3);
+    }
+#undef OUT
+}
 """
 
 SOURCE = PRELUDE + r"""
@@ -368,23 +389,7 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
         if (rb0 + f >= half) return;
         const int feature = (rb0 + f) * 16 + g;
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
-            const int row = n * 8 + 2 * t;
-#if SWIGLU
-#define OUT(i) swiglu_of(acc[f][n][i], acc[f + FO][n][i])
-#else
-#define OUT(i) rounded(acc[f][n][i])
-#endif
-            if (row < M) {
-                out[(size_t)row * No + feature] = OUT(0);
-                out[(size_t)row * No + feature + 8] = OUT(2);
-            }
-            if (row + 1 < M) {
-                out[(size_t)(row + 1) * No + feature] = OUT(1);
-                out[(size_t)(row + 1) * No + feature + 8] = OUT(3);
-            }
-#undef OUT
-        }
+        for (int n = 0; n < NT; ++n) store_quad(out, No, M, n * 8 + 2 * t, feature, acc[f][n], acc[SWIGLU ? f + FO : f][n]);
     }
 }
 """

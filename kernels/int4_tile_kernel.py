@@ -63,6 +63,16 @@ __device__ __forceinline__ void copy16(unsigned dst, const void* src, unsigned b
 
 __device__ __forceinline__ void commit_stage() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
+// The weight's feature block that the block of threads' index wf = r * F + f stands for (warp r's f-th: BLOCK_OF(f)
+// of that warp's rb0), and in `live` whether the warp's output block for it is within the output (else nothing is
+// copied for it, and block 0 stands in)
+__device__ __forceinline__ int block_at(int wf, int half, bool& live) {
+    const int r = wf / F, f = wf % F;
+    const int rb0 = (blockIdx.x * RB + r) * FO, out = rb0 + f % FO, rb = out + f / FO * half;
+    live = out < half;
+    return live ? rb : 0;
+}
+
 // The 16-byte pieces of a chunk a thread copies into a stage, piece i = threadIdx.x + k * THREADS of each kind: the
 // same rows, lanes and feature blocks every chunk, so their addresses are worked out once (chunk 0's, stage 0's)
 struct Stager {
@@ -85,22 +95,23 @@ __device__ __forceinline__ Stager stager_of(const uint4* codes, const uint2* zs,
         p.xlive |= (unsigned)(i < NT * 64 && row < M) << k;
         p.xon |= (unsigned)(i < NT * 64) << k;
     }
-    // a feature block index wf = r * F + f stands for warp r's f-th block: BLOCK_OF(f) of that warp's rb0
 #pragma unroll
-    for (int k = 0; k < CP; ++k) {
-        const int i = threadIdx.x + k * THREADS, wf = i >> 5, r = wf / F, f = wf % F;
-        const int rb0 = (blockIdx.x * RB + r) * FO, out = rb0 + f % FO, rb = out + f / FO * half;
-        p.csrc[k] = codes + ((size_t)(out < half ? rb : 0) * chunks) * 32 + (i & 31);
+    for (int k = 0; k < CP; ++k) {  // 32 pieces a feature block: its lanes' 16 bytes
+        const int i = threadIdx.x + k * THREADS;
+        bool live;
+        const int rb = block_at(i >> 5, half, live);
+        p.csrc[k] = codes + ((size_t)rb * chunks) * 32 + (i & 31);
         p.cdst[k] = base + X_BYTES + i * 16;
-        p.con |= (unsigned)(i < WF * 32 && out < half) << k;
+        p.con |= (unsigned)(i < WF * 32 && live) << k;
     }
 #pragma unroll
-    for (int k = 0; k < ZP; ++k) {
-        const int i = threadIdx.x + k * THREADS, wf = i >> 2, r = wf / F, f = wf % F;
-        const int rb0 = (blockIdx.x * RB + r) * FO, out = rb0 + f % FO, rb = out + f / FO * half;
-        p.zsrc[k] = zs + (size_t)(out < half ? rb : 0) * groups * 8 + (i & 3) * 2;
+    for (int k = 0; k < ZP; ++k) {  // 4 pieces a feature block: its 8 lane groups' scales, 2 a piece
+        const int i = threadIdx.x + k * THREADS;
+        bool live;
+        const int rb = block_at(i >> 2, half, live);
+        p.zsrc[k] = zs + (size_t)rb * groups * 8 + (i & 3) * 2;
         p.zdst[k] = base + X_BYTES + C_BYTES + i * 16;
-        p.zon |= (unsigned)(i < WF * 4 && out < half) << k;
+        p.zon |= (unsigned)(i < WF * 4 && live) << k;
     }
     return p;
 }
@@ -274,23 +285,8 @@ int4_tile(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u
         if (rb0 + f >= half) return;
         const int feature = (rb0 + f) * 16 + g;
 #pragma unroll
-        for (int n = 0; n < NTW; ++n) {
-            const int row = (rp * NTW + n) * 8 + 2 * t;
-#if SWIGLU
-#define OUT(i) swiglu_of(acc[f][n][i], acc[f + FO][n][i])
-#else
-#define OUT(i) rounded(acc[f][n][i])
-#endif
-            if (row < M) {
-                out[(size_t)row * No + feature] = OUT(0);
-                out[(size_t)row * No + feature + 8] = OUT(2);
-            }
-            if (row + 1 < M) {
-                out[(size_t)(row + 1) * No + feature] = OUT(1);
-                out[(size_t)(row + 1) * No + feature + 8] = OUT(3);
-            }
-#undef OUT
-        }
+        for (int n = 0; n < NTW; ++n)
+            store_quad(out, No, M, (rp * NTW + n) * 8 + 2 * t, feature, acc[f][n], acc[SWIGLU ? f + FO : f][n]);
     }
 #endif
 }

@@ -21,12 +21,10 @@ import pytest
 import structlog
 import torch
 
-# tools/ is not installed: its tests import it from the repository root, which goes last on the path, after the
-# installed packages, since its other folders (kernels/, config/, ...) are ignis's subpackages and would shadow
-# installed packages of the same names (transformers imports the `kernels` package). `python -m pytest` puts the root
-# first: it is moved.
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT] + [str(ROOT)]
+# tools/ is not installed: its tests import it from the repository root, and importing it puts the root last on the
+# path (tools/__init__: the root's other folders would shadow installed packages of the same names).
+sys.path.append(str(Path(__file__).resolve().parent.parent))
+import tools  # noqa: E402, F401
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ignis.kernels.int4_gemv import Tuning, int4_gemv, kernel, row_tile
 from ignis.kernels.int4_mma import SHARED as MMA_SHARED
-from ignis.kernels.int4_mma import Shape, int4_mma, pack, row_tiles
+from ignis.kernels.int4_mma import MmaCodes, Shape, int4_mma, pack, row_tiles
 from ignis.kernels.int4_mma import choose as mma_choose
 from ignis.kernels.int4_mma import launch as mma_launch
 from ignis.kernels.int4_triton import Config, check, choose, int4_triton
@@ -88,6 +88,13 @@ def _int4_copies(nout: int, ncols: int, dev: torch.device) -> tuple[int, list[tu
     s = s.bfloat16()
     n4 = qw.nbytes + s.nbytes + z.nbytes
     return n4, weight_copies(n4, lambda: (qw.clone(), s.clone(), z.clone()))
+
+
+def mma_copies(nout: int, ncols: int, dev: torch.device) -> tuple[int, list[MmaCodes]]:
+    """`_int4_copies`' weight packed for int4_mma (bf16 activations): the packed bytes a call reads, and the copies."""
+    _, c4 = _int4_copies(nout, ncols, dev)
+    cm = [pack(*p, torch.bfloat16) for p in c4]
+    return cm[0].codes.nbytes + cm[0].zs.nbytes, cm
 
 
 def products(bw: float, reps: int) -> list[dict[str, Any]]:
@@ -287,10 +294,7 @@ def sweep_mma(bw: float, reps: int, loads: bool = False, deep: bool = False) -> 
     shapes_of, counts = ((mma_loads, (1, 8, 16, 64)) if loads else (mma_deep, (1,)) if deep
                          else (mma_shapes, (1, 8)))
     for name, nout, ncols in SHAPES:
-        _, c4 = _int4_copies(nout, ncols, dev)
-        cm = [pack(*p, torch.bfloat16) for p in c4]
-        del c4
-        nm = cm[0].codes.nbytes + cm[0].zs.nbytes
+        nm, cm = mma_copies(nout, ncols, dev)
         for r in counts:
             x = torch.randn(r, ncols, device=dev).bfloat16()
             floor = (nm + 2 * r * (ncols + nout)) / bw * 1e3
@@ -312,10 +316,7 @@ def sweep_hot(bw: float, reps: int) -> list[dict[str, Any]]:
     rows_out = []
     dev = torch.device("cuda")
     for name, nout, ncols in SHAPES:
-        _, c4 = _int4_copies(nout, ncols, dev)
-        cm = [pack(*p, torch.bfloat16) for p in c4]
-        del c4
-        nm = cm[0].codes.nbytes + cm[0].zs.nbytes
+        nm, cm = mma_copies(nout, ncols, dev)
         for r in (1, 8, 16, 32, 64):
             x = torch.randn(r, ncols, device=dev).bfloat16()
             floor = (nm + 2 * r * (ncols + nout)) / bw * 1e3

@@ -11,10 +11,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from ignis.kernels import int4_tile
-from ignis.kernels.int4_mma import int4_mma, pack
+from ignis.kernels.int4_mma import int4_mma
 from ignis.kernels.int4_tile import Tile
 
-from tools.quant_products import SHAPES, _int4_copies, _timed, weight_copies
+from tools.quant_products import SHAPES, _timed, mma_copies, weight_copies
 
 TILE_ROWS = (1, 8, 16, 17, 32, 64)  # the forced launches run at every count, below int4_tile.TILE_ROWS too
 # launches timed beside tile_for's own (F 2 and F 1; RS: a feature group's row tiles over more warps, for more warps
@@ -35,10 +35,7 @@ def sweep_tile(bw: float, reps: int) -> list[dict[str, Any]]:
     rows_out: list[dict[str, Any]] = []
     dev = torch.device("cuda")
     for name, nout, ncols in SHAPES:
-        _, c4 = _int4_copies(nout, ncols, dev)
-        cm = [pack(*p, torch.bfloat16) for p in c4]
-        del c4
-        nm = cm[0].codes.nbytes + cm[0].zs.nbytes
+        nm, cm = mma_copies(nout, ncols, dev)
         wb = weight_copies(nout * ncols * 2, lambda: torch.randn(nout, ncols, device=dev).bfloat16())  # noqa: B023
         for r in TILE_ROWS:
             x = torch.randn(r, ncols, device=dev).bfloat16()
