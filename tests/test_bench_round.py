@@ -50,15 +50,15 @@ def test_each_drafting_case_loads_the_drafter_its_name_says(monkeypatch: pytest.
 
 def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch: pytest.MonkeyPatch) -> None:
     from ignis.kernels import fused, gdn, gdn_cuda, int4_tile, launch
-    from ignis.model import ops, prefetch
+    from ignis.model import ops
     from tools import variants as kernel_variants
 
     args = argparse.Namespace(conv_blocks="256,1024", blas="cublas", stream="off,on", gdn="numba,cuda", conv="cuda",
-                              pdl="off,on", gdn_pdl="auto", trigger="early", int4_tile="on,off", prefetch="on")
+                              pdl="off,on", gdn_pdl="auto", trigger="early", int4_tile="on,off")
     variants = kernel_variants.combinations(args)
     assert len(variants) == 32 and len({tuple(v.values()) for v in variants}) == 32
     assert variants[0] == {"conv_blocks": "256", "blas": "cublas", "stream": "off", "gdn": "numba", "conv": "cuda",
-                           "pdl": "off", "gdn_pdl": "auto", "trigger": "early", "int4_tile": "on", "prefetch": "on"}
+                           "pdl": "off", "gdn_pdl": "auto", "trigger": "early", "int4_tile": "on"}
     libraries: list[str] = []
     monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", libraries.append)
     for name in ("CONV_BLOCKS", "CUDA_CONV"):
@@ -72,15 +72,11 @@ def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch:
     monkeypatch.setattr(launch, "GDN_PDL", launch.GDN_PDL)
     monkeypatch.setattr(launch, "EARLY_TRIGGER", launch.EARLY_TRIGGER)
     monkeypatch.setattr(int4_tile, "TILE_ROWS", int4_tile.TILE_ROWS)
-    monkeypatch.setattr(prefetch, "BYTES", prefetch.BYTES)
     shipped = int4_tile.TILE_ROWS
     kernel_variants.apply_variant(variants[-2])
     assert int4_tile.TILE_ROWS == shipped is not None
     kernel_variants.apply_variant(variants[-1])
     assert int4_tile.TILE_ROWS is None  # off: int4_mma's own warps at every row count
-    assert prefetch.BYTES == kernel_variants.PREFETCH_PLANS["on"] and prefetch.BYTES["mixer"] > 0
-    with pytest.raises(ValueError, match="--prefetch"):
-        kernel_variants.apply_variant({**variants[-1], "prefetch": "sometimes"})
     assert (fused.CONV_BLOCKS, libraries, ops.STREAMING, gdn.CUDA_COLUMNS, fused.CUDA_CONV, launch.PDL) == (
         1024, ["cublas", "cublas"], True, True, True, True)
     assert launch.EARLY_TRIGGER

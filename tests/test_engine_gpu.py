@@ -226,23 +226,6 @@ def _graph_and_eager_tokens(path: Path, backend: str, k: int, lanes: int,
     return outs
 
 
-@pytest.mark.parametrize("backend,k", [("off", 0), ("mtp", 3), ("dflash2", 7)])
-def test_rounds_that_prefetch_weights_give_the_tokens_of_rounds_that_do_not(backend: str, k: int,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """ignis.model.prefetch on: its side-stream forks are captured and joined inside the round's graphs, and graph
-    and eager rounds give the tokens of rounds without it (a prefetch reads, it writes nothing)."""
-    from ignis.kernels import l2_prefetch
-    from ignis.model import prefetch
-
-    plain = _graph_and_eager_tokens(BUILTIN, backend, k, 8, lambda engine, graphs: None)
-    issued: list[int] = []
-    launch = l2_prefetch.prefetch
-    monkeypatch.setattr(prefetch, "BYTES", {w: 2**20 for w in prefetch.WINDOWS})
-    monkeypatch.setattr(l2_prefetch, "prefetch", lambda w, n, form=None: (issued.append(n), launch(w, n, form)))
-    fetched = _graph_and_eager_tokens(BUILTIN, backend, k, 8, lambda engine, graphs: None)
-    assert issued and fetched == plain
-
-
 @pytest.mark.parametrize("backend,k", [("off", 0), ("dflash2", 7)])
 @pytest.mark.parametrize("lanes", [1, 8])
 def test_chained_graph_rounds_give_single_rounds_tokens(backend: str, k: int, lanes: int,

@@ -23,8 +23,8 @@ round's own losses.
     python -m tools.bench_round --json round.json --md round.md
     python -m tools.bench_round --models 27b --cases verify --lanes 8 --conv-blocks 1024,8192 --blas cublas,cublaslt
 
-Kernel variants (`--conv-blocks`, `--blas`, `--stream`, `--gdn`, `--conv`, `--pdl`, `--gdn-pdl`, `--int4-tile`,
-`--prefetch`: comma lists) run as every combination on each model, built once.
+Kernel variants (`--conv-blocks`, `--blas`, `--stream`, `--gdn`, `--conv`, `--pdl`, `--gdn-pdl`, `--int4-tile`: comma lists) run as
+every combination on each model, built once.
 """
 
 from __future__ import annotations
@@ -57,11 +57,11 @@ from ignis.engine.sampling import make_generator
 from ignis.engine.scheduler import Decode
 from ignis.model.cache import LaneCache
 from ignis.model.loader import load_model
-from ignis.model import ops, prefetch
+from ignis.model import ops
 from ignis.model.model import HybridModel
 from ignis.kernels import attention, fused, int4_tile, launch
 from tools.gpu_clocks import Clocks
-from tools.variants import PDL_SWITCH, PREFETCH_PLANS, apply_variant, combinations
+from tools.variants import PDL_SWITCH, apply_variant, combinations
 from ignis.model.random import random_model
 from ignis.train.shortlist import build as build_shortlist
 from ignis.params import SamplingParams
@@ -451,9 +451,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--int4-tile", default="on" if int4_tile.TILE_ROWS is not None else "off",
                     help="comma list of on, off: whether 4-bit products of 17 rows or more may run the tiled kernel "
                          "(ignis.kernels.int4_tile.TILE_ROWS; off: int4_mma's own warps at every row count)")
-    ap.add_argument("--prefetch", default=next(k for k, v in PREFETCH_PLANS.items() if v == prefetch.BYTES),
-                    help=f"comma list of {', '.join(PREFETCH_PLANS)}: the next weight's first bytes read into L2 "
-                         "beside the small kernels before its product (ignis.model.prefetch)")
     ap.add_argument("--conv", default="auto",
                     help="comma list of auto, numba, cuda: the GDN conv kernel of decodes and verifies "
                          "(ignis.kernels.fused.CUDA_CONV; auto: by the round's rows)")

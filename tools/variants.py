@@ -14,20 +14,12 @@ import itertools
 import torch
 
 from ignis.kernels import fused, gdn, gdn_cuda, int4_tile, launch
-from ignis.model import ops, prefetch
+from ignis.model import ops
 
 PDL_SWITCH = {"auto": None, "off": False, "on": True}  # --pdl's words: ignis.kernels.launch.PDL's values
 # the options `apply_variant` sets, comma lists
-VARIANTS = ("conv_blocks", "blas", "stream", "gdn", "conv", "pdl", "gdn_pdl", "trigger", "int4_tile", "prefetch")
+VARIANTS = ("conv_blocks", "blas", "stream", "gdn", "conv", "pdl", "gdn_pdl", "trigger", "int4_tile")
 TRIGGERS = {"late": False, "early": True}  # --trigger's words: ignis.kernels.launch.EARLY_TRIGGER's values
-_MB = 2**20
-# --prefetch's words: ignis.model.prefetch.BYTES's plans (MB asked for in each window)
-PREFETCH_PLANS: dict[str, dict[str, int] | None] = {
-    "off": None,
-    "mixer": {"mixer": 24 * _MB},
-    "on": {"mixer": 24 * _MB, "mlp_in": 12 * _MB, "mlp_down": 6 * _MB, "layer_in": 12 * _MB},
-    "big": {"mixer": 40 * _MB, "mlp_in": 20 * _MB, "mlp_down": 10 * _MB, "layer_in": 20 * _MB},
-}
 
 
 def combinations(args: argparse.Namespace) -> list[dict[str, str]]:
@@ -71,8 +63,6 @@ def recurrence_kernel(word: str) -> None:
 
 def apply_variant(variant: dict[str, str]) -> None:
     """Set the kernels' module switches for one combination of the variant options."""
-    if variant["prefetch"] not in PREFETCH_PLANS:  # before any switch is set
-        raise ValueError(f"--prefetch takes {', '.join(PREFETCH_PLANS)}; got {variant['prefetch']!r}")
     fused.CONV_BLOCKS = int(variant["conv_blocks"])
     torch.backends.cuda.preferred_blas_library(variant["blas"])
     ops.STREAMING = variant["stream"] == "on"
@@ -82,4 +72,3 @@ def apply_variant(variant: dict[str, str]) -> None:
     launch.GDN_PDL = PDL_SWITCH[variant["gdn_pdl"]]
     launch.EARLY_TRIGGER = TRIGGERS[variant["trigger"]]
     int4_tile.TILE_ROWS = _TILE_ROWS_SHIPPED if variant["int4_tile"] == "on" else None
-    prefetch.BYTES = PREFETCH_PLANS[variant["prefetch"]]

@@ -19,7 +19,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from ignis.kernels import attention, fused
-from ignis.model import prefetch
 from ignis.model.cache import AttnState
 from ignis.model.config import ModelConfig
 from ignis.model.decode import DecodeStep
@@ -89,7 +88,6 @@ class GatedAttention(nn.Module):
             qkv = linear(x, self.qkv_proj, False)
         else:
             qkv = torch.cat([linear(x, m.weight, False) for m in (self.q_proj, self.k_proj, self.v_proj)], dim=-1)
-        prefetch.ahead(self.o_proj.weight, "mixer")  # read beside the norms, RoPE and attention
         # q/k norms, RoPE and the K/V write, one launch on CUDA; queries come back as [B, nkv, group*C, hd]: the
         # query heads of one KV head attend together as group*C rows, with no copy of K/V per query head.
         qh = fused.qk_rope_write(qkv, _scale(self.q_norm), _scale(self.k_norm), self.q_norm.eps, step.cos, step.sin,

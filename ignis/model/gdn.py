@@ -16,7 +16,7 @@ from torch import nn
 
 from ignis.kernels import fused
 from ignis.kernels import gdn as gdn_kernels
-from ignis.model import delta_rule, prefetch
+from ignis.model import delta_rule
 from ignis.model.batch import Segment
 from ignis.model.cache import GDNState
 from ignis.model.config import ModelConfig
@@ -152,7 +152,6 @@ class GatedDeltaNet(nn.Module):
         else:
             qkv, z = linear(x, self.in_proj_qkv.weight, False), linear(x, self.in_proj_z.weight, False)
             ba = torch.cat([F.linear(x, self.in_proj_b.weight), F.linear(x, self.in_proj_a.weight)], dim=-1)
-        prefetch.ahead(self.out_proj.weight, "mixer")  # read beside the conv, recurrence and norm
         qkv = qkv.reshape(b, c, -1)  # [B, C, conv_dim] raw conv input
         rate = self.decay_rate if self.decay_rate is not None else -torch.exp(self.A_log.float())
         weight = self.conv_weight if self.conv_weight is not None else self.conv1d.weight[:, 0, :].float()

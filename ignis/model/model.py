@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ignis.kernels import fused
-from ignis.model import prefetch
 from ignis.model.attention import GatedAttention
 from ignis.model.batch import Batch, ForwardOut, Segment
 from ignis.model.cache import AttnState, GDNState, LaneCache
@@ -55,10 +54,6 @@ class MLP(nn.Module):
         """forward for the device round: the gate and up products as one, SwiGLU as one launch on CUDA."""
         if self.gate_up is None:
             return self.forward(x, False)
-        if prefetch.BYTES is not None and isinstance(self.gate_up, torch.Tensor):  # a window before the SwiGLU
-            h = linear(x, self.gate_up, False)
-            prefetch.ahead(self.down_proj.weight, "mlp_down")
-            return linear(fused.swiglu(h), self.down_proj.weight, False)
         return linear(swiglu_linear(x, self.gate_up), self.down_proj.weight, False)
 
     def forward(self, x: torch.Tensor, exact: bool) -> torch.Tensor:
@@ -107,18 +102,8 @@ class DecoderLayer(nn.Module):
             h = self.self_attn.decode(h, step, state)
         else:
             h = self.linear_attn.decode(h, step, state)
-        prefetch.ahead(self.mlp.gate_up, "mlp_in")
         x, h = add_norm(x, h, self.post_attention_layernorm)
-        h = self.mlp.decode(h)
-        prefetch.join(h.device)
-        return x, h
-
-    def first_weight(self) -> object:
-        """The weight of the layer's first product (its mixer's input projection), fused or not."""
-        if self.kind == "full_attention":
-            return self.self_attn.qkv_proj if self.self_attn.qkv_proj is not None else self.self_attn.q_proj.weight
-        gdn = self.linear_attn
-        return next((w for w in (gdn.in_proj, gdn.in_proj_qkvz) if w is not None), gdn.in_proj_qkv.weight)
+        return x, self.mlp.decode(h)
 
 
 def add_norm(x: torch.Tensor, d: torch.Tensor | None, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
@@ -203,13 +188,9 @@ class HybridModel(nn.Module):
         tapped: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             x, d = cast(DecoderLayer, layer).decode(x, d, step, cache.layers[i])
-            following = self.layers[i + 1] if i + 1 < len(self.layers) else None
-            prefetch.ahead(cast(DecoderLayer, following).first_weight() if following is not None
-                           else self.lm_head_weight(), "layer_in")
             if i in taps:
                 tapped[i] = x + d
         _, hidden = add_norm(x, d, self.norm)
-        prefetch.join(hidden.device)
         return hidden, torch.cat([tapped[t] for t in taps], dim=-1) if taps else None
 
     def decode_step(
@@ -228,11 +209,8 @@ class HybridModel(nn.Module):
     @torch.no_grad()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [.., H] -> [.., V] float32 (lm_head, or the embedding when tied)."""
-        return linear(hidden, self.lm_head_weight(), self.exact).float()
-
-    def lm_head_weight(self) -> object:
-        """The output head's weight: lm_head's, or the embedding's when tied."""
-        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return linear(hidden, weight, self.exact).float()
 
 
 class MTPHead(nn.Module):
