@@ -130,6 +130,23 @@ class Choice:
         rows = [t.repeat_interleave(slots) for t in (self.temperatures, top_k, top_p, min_p)]
         return shape_probs(scores.reshape(-1, width), *rows).view(scores.shape)
 
+    def draw(self, scores: torch.Tensor, greedy: torch.Tensor, slot: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q over the C columns, chosen column) for scores [n, C] or [n, k, C] float32 and their argmax `greedy`
+        (scores' shape without C): sampling lanes draw by inverse CDF of their `probs` at their uniforms of `slot`
+        (None: scores hold every slot); greedy lanes keep the argmax and get a one-hot q, so q always says how the
+        draft was chosen. Needs `uniforms`."""
+        assert self.uniforms is not None
+        sampling = self.temperatures > 0
+        probs = self.probs(scores)
+        u = self.uniforms[:, slot] if slot is not None else self.uniforms
+        cdf = torch.cumsum(probs.double(), dim=-1)
+        drawn = torch.searchsorted(cdf, (u * cdf[..., -1]).unsqueeze(-1), right=True).squeeze(-1)
+        drawn = drawn.clamp(max=scores.shape[-1] - 1)
+        lanes = sampling.view((-1,) + (1,) * (greedy.dim() - 1))
+        chosen = torch.where(lanes, drawn, greedy)
+        one_hot = torch.zeros_like(probs).scatter_(-1, greedy.unsqueeze(-1), 1.0)
+        return torch.where(lanes.unsqueeze(-1), probs, one_hot), chosen
+
 
 @dataclass(frozen=True)
 class Committed:

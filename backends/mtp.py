@@ -8,8 +8,11 @@ form and the device form (see ignis.backends.base). Does not own: the MTP weight
 At committed position t the layer reads the target's final-normed hidden h_t and the embedding of the token after it,
 x_{t+1}, and predicts x_{t+2}. `observe` runs it over every committed row (filling its cache at those positions) and
 keeps the output at the lane's last committed row, whose logits are the first draft. Each further draft feeds the
-previous draft's embedding and the layer's own previous output one position on. Drafting is greedy (one-hot q);
-rejection sampling keeps sampled requests exact.
+previous draft's embedding and the layer's own previous output one position on. A greedy lane takes the argmax (a
+one-hot q); a sampling lane draws each draft from the layer's softmax over its CANDIDATES best tokens, shaped as the
+request shapes the target's (`Choice.draw`: its temperature, top-k, top-p and min-p), and hands that distribution to
+rejection sampling as q, which keeps more drafts than the argmax would (BENCHMARKS.md) and the output exact either
+way.
 
 The device form runs the layer over all C verify rows of every lane (a rejected row's keys sit past the lane's
 committed positions, where the next observe or propose overwrites them before any query can see them) and keeps
@@ -22,8 +25,14 @@ import torch
 
 from ignis.backends.base import BackendContext, Choice, Committed, Observation, Proposal, ProposeIn
 from ignis.errors import ArtifactError
+from ignis.kernels.topk import topk
 from ignis.model.batch import Segment
 from ignis.model.pool import AttnState
+
+
+# the layer's best tokens a sampled draft is drawn among: a request's nucleus rarely holds more (the sampled suite cuts
+# at top-k 20), and the kernel's single top-k finds them
+CANDIDATES = 32
 
 
 class Mtp:
@@ -84,27 +93,45 @@ class Mtp:
 
     def propose(self, inp: ProposeIn) -> Proposal:
         lanes = inp.lanes
+        choice = Choice.build(inp.temperatures, inp.generators, inp.k, inp.anchors.device, inp.cuts)
         hidden = self.last[lanes]  # [n, H]
-        drafts = [self.model.logits(hidden).argmax(dim=-1)]  # d1: [n]
-        for step in range(1, inp.k):
-            positions = inp.positions + (step - 1)  # the anchor's position, then one further per draft
-            segments = tuple(
-                Segment(lane=lane, offset=i, start=int(p), length=1) for i, (lane, p) in enumerate(zip(lanes, positions.tolist()))
-            )
-            hidden = self.mtp(self.model.embed(drafts[-1]), hidden, positions, segments, self.kv)
-            drafts.append(self.model.logits(hidden).argmax(dim=-1))
-        return Proposal(tokens=torch.stack(drafts, dim=1), q=None)
+        drafts: list[torch.Tensor] = []
+        qs: list[torch.Tensor] = []
+        for step in range(inp.k):
+            if step:
+                positions = inp.positions + (step - 1)  # the anchor's position, then one further per draft
+                segments = tuple(Segment(lane=lane, offset=i, start=int(p), length=1)
+                                 for i, (lane, p) in enumerate(zip(lanes, positions.tolist())))
+                hidden = self.mtp(self.model.embed(drafts[-1]), hidden, positions, segments, self.kv)
+            self._choose(self.model.logits(hidden), choice, step, drafts, qs)
+        return Proposal(tokens=torch.stack(drafts, dim=1), q=torch.stack(qs, dim=1) if qs else None)
 
     def propose_lanes(self, lanes: torch.Tensor, anchors: torch.Tensor, positions: torch.Tensor, k: int,
                       choice: Choice, span: int) -> Proposal:
         hidden = self.last.index_select(0, lanes)  # [B, H]
-        drafts = [self.model.logits(hidden).argmax(dim=-1)]  # d1: [B]
-        for step in range(1, k):
-            at = (positions + (step - 1))[:, None]  # [B, 1]
-            dstep = self.model.decode_step(lanes, at, span=span, record=False)
-            hidden = self.mtp.decode(self.model.embed(drafts[-1]), hidden, dstep, self.kv)
-            drafts.append(self.model.logits(hidden).argmax(dim=-1))
-        return Proposal(tokens=torch.stack(drafts, dim=1), q=None)
+        drafts: list[torch.Tensor] = []
+        qs: list[torch.Tensor] = []
+        for step in range(k):
+            if step:
+                at = (positions + (step - 1))[:, None]  # [B, 1]
+                dstep = self.model.decode_step(lanes, at, span=span, record=False)
+                hidden = self.mtp.decode(self.model.embed(drafts[-1]), hidden, dstep, self.kv)
+            self._choose(self.model.logits(hidden), choice, step, drafts, qs)
+        return Proposal(tokens=torch.stack(drafts, dim=1), q=torch.stack(qs, dim=1) if qs else None)
+
+    @staticmethod
+    def _choose(logits: torch.Tensor, choice: Choice, slot: int, drafts: list[torch.Tensor],
+                qs: list[torch.Tensor]) -> None:
+        """Slot `slot`'s drafts [n] from the layer's logits [n, V] float32 onto `drafts`, and their q [n, V] onto `qs`
+        when any lane samples: drawn (`Choice.draw`) from the softmax over the layer's CANDIDATES best tokens, which
+        one top-k finds, so a draw never sorts or scans the whole vocabulary."""
+        if choice.uniforms is None:
+            drafts.append(logits.argmax(dim=-1))
+            return
+        values, ids = topk(logits, min(CANDIDATES, logits.shape[-1]))  # [n, C], largest first: column 0 is the argmax
+        q, column = choice.draw(values, torch.zeros_like(ids[:, 0]), slot)
+        drafts.append(ids.gather(1, column[:, None])[:, 0])
+        qs.append(torch.zeros_like(logits).scatter_(1, ids, q))
 
     def observe_lanes(self, rows: Committed, span: int) -> None:
         b, c = rows.tokens.shape

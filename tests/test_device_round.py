@@ -170,6 +170,43 @@ def test_a_sampling_lanes_drafts_are_cut_like_its_requests_p(ckpt: Path, model: 
         assert float(c.temperatures[lane]) == pytest.approx(0.8)
 
 
+@pytest.mark.parametrize("model", [{}, FAST], ids=["host round", "device round"])
+def test_mtp_draws_a_sampling_lanes_drafts_from_its_shaped_softmax(ckpt: Path, model: dict[str, str],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """mtp hands a sampling lane's drafts over with the distribution they were drawn from (each the inverse CDF, over
+    the layer's best tokens in rank order, of its q at the lane's uniform), cut like the request's p (at most its top-k
+    tokens), and a greedy lane beside it its argmax with a one-hot q, in both rounds."""
+    from ignis.backends.mtp import CANDIDATES, Mtp
+    from ignis.kernels.topk import topk
+
+    seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    choose = Mtp._choose
+
+    def spy(logits: torch.Tensor, choice: Choice, slot: int, drafts: list[torch.Tensor],
+            qs: list[torch.Tensor]) -> None:
+        choose(logits, choice, slot, drafts, qs)
+        if choice.uniforms is not None:
+            ranked = topk(logits, CANDIDATES)[1]  # [n, CANDIDATES]: the layer's best tokens, best first
+            seen.append((choice.temperatures > 0, drafts[-1], qs[-1], choice.uniforms[:, slot], ranked))
+
+    monkeypatch.setattr(Mtp, "_choose", staticmethod(spy))
+    ps = prompts(2, VOCAB, seed=12, lo=5, hi=20)
+    params = [SamplingParams(max_tokens=8, temperature=0.8, top_k=7, top_p=0.9, seed=3, ignore_eos=True),
+              SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)]
+    run(make_engine(ckpt, "mtp", draft_tokens=3, model=model, lanes=2), ps, params)
+    assert seen
+    for sampling, drafts, q, u, ranked in seen:
+        cdf = torch.cumsum(q.gather(1, ranked).double(), dim=-1)
+        assert torch.allclose(cdf[:, -1], torch.ones_like(u))  # q lies on the ranked tokens
+        drawn = ranked.gather(1, torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True))[:, 0]
+        assert torch.equal(drafts[sampling], drawn[sampling])
+        picked = q.gather(1, drafts[:, None])[:, 0]
+        assert torch.all(picked > 0) and torch.allclose(q.sum(dim=-1), torch.ones(q.shape[0]), atol=1e-5)
+        assert torch.all((q[sampling] > 0).sum(dim=-1) <= 7)  # within the request's top-k
+        assert torch.all(picked[~sampling] == 1.0) and torch.all((q[~sampling] > 0).sum(dim=-1) == 1)  # one-hot
+    assert any(bool((q[s] > 0).sum(dim=-1).gt(1).any()) for s, _, q, _, _ in seen)  # a spread, not an argmax
+
+
 def test_each_round_runs_under_the_blas_choice_for_its_rows(ckpt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A round's products run inside ops.products_for with its bucket's rows (lanes x columns), so a captured graph
     keeps the library chosen for them."""

@@ -361,18 +361,21 @@ def test_a_long_piece_in_flas_chunked_form_leaves_the_recurrent_kernels_state(ro
     assert float((lc - lr).norm() / lr.norm()) < 2e-2
 
 
-@pytest.mark.parametrize("drafter", ["default", "int4"])
+@pytest.mark.parametrize("drafter", ["default", "int4", "mtp"])
 def test_seeded_sampling_on_the_gpu_is_the_same_alone_and_beside_others(drafter: str) -> None:
     """Alone the round runs one lane (7 draft rows), beside others four (28): with the 4-bit drafter (projections and
-    head) the head then takes its two paths, 4-bit logits scored again below 16 rows and the 16-bit head above."""
+    head) the head then takes its two paths, 4-bit logits scored again below 16 rows and the 16-bit head above; mtp
+    draws its sampled drafts from its own softmax over the vocabulary."""
     from engines import run
     from ignis.config import load_config
 
     def engine() -> Engine:
         spec = {"spec.draft_head": "int4", "spec.draft_weights": "int4"} if drafter == "int4" else {}
+        backend = {"spec.backend": "mtp", "spec.draft_tokens": 3} if drafter == "mtp" else {
+            "spec.backend": "dflash2", "spec.draft_tokens": 7}
         return Engine(load_config(profile="h200", overrides={
-            "model.path": str(BUILTIN), "spec.backend": "dflash2", "spec.draft_tokens": 7, "engine.lanes": 4,
-            "engine.context": 1024, "log.level": "warning", **spec}))
+            "model.path": str(BUILTIN), **backend, "engine.lanes": 4, "engine.context": 1024, "log.level": "warning",
+            **spec}))
 
     ps = _heldout(4)
     sampled = SamplingParams(max_tokens=40, temperature=0.8, top_p=0.95, top_k=20, seed=99, ignore_eos=True)

@@ -92,7 +92,7 @@ def select(
         scores = unary[:, t] + edge
         pick = scores.argmax(dim=-1)
         if choice.uniforms is not None:
-            p, pick = _draw(scores, pick, choice, t)
+            p, pick = choice.draw(scores, pick, t)
             probs.append(p)
         picks.append(pick)
     tokens = cand.gather(-1, torch.stack(picks, dim=1)[..., None])[..., 0]
@@ -122,27 +122,6 @@ def pick(
     best = x.argmax(dim=-1)  # [n, k]
     if choice.uniforms is None:
         return (best if ids is None else ids[best]), None
-    p, chosen = _draw(x, best, choice, None)
+    p, chosen = choice.draw(x, best, None)
     q = p if ids is None else torch.zeros((n, k, vocab), dtype=torch.float32, device=x.device).index_copy_(2, ids, p)
     return (chosen if ids is None else ids[chosen]), q
-
-
-def _draw(
-    scores: torch.Tensor,  # [n, C] or [n, k, C] float32
-    greedy: torch.Tensor,  # scores' shape without C: the argmax
-    choice: Choice,
-    slot: int | None,  # the slot these scores belong to, None = scores hold every slot
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q over the C columns, chosen column): inverse CDF of the lane's shaped softmax(scores / T) for sampling lanes;
-    greedy lanes keep their argmax and get a one-hot q, so q always describes how the draft was chosen."""
-    assert choice.uniforms is not None
-    sampling = choice.temperatures > 0
-    probs = choice.probs(scores)
-    u = choice.uniforms[:, slot] if slot is not None else choice.uniforms
-    cdf = torch.cumsum(probs.double(), dim=-1)
-    drawn = torch.searchsorted(cdf, (u * cdf[..., -1]).unsqueeze(-1), right=True).squeeze(-1)
-    drawn = drawn.clamp(max=scores.shape[-1] - 1)
-    lanes = sampling.view((-1,) + (1,) * (greedy.dim() - 1))
-    chosen = torch.where(lanes, drawn, greedy)
-    one_hot = torch.zeros_like(probs).scatter_(-1, greedy.unsqueeze(-1), 1.0)
-    return torch.where(lanes.unsqueeze(-1), probs, one_hot), chosen

@@ -265,7 +265,8 @@ class DeviceRound:
         lanes, anchors, start = buf.lanes, buf.anchors, buf.positions
         # 1. propose
         if k:
-            u = uniforms(buf.seeds, start, STREAM_DRAFT, k) if sampling else None
+            # no uniforms where no lane draws its drafts (all greedy, or spec.draft_sampling = greedy): one-hot q
+            u = uniforms(buf.seeds, start, STREAM_DRAFT, k) if sampling and self.sample_drafts else None
             choice = Choice(buf.draft_temperature, u, buf.top_k, buf.top_p, buf.min_p)  # q cut as the request cuts p
             proposal = backend.propose_lanes(lanes, anchors, start, k, choice, span)
             drafts, q = proposal.tokens, proposal.q
