@@ -207,10 +207,17 @@ def random_shortlist(model: HybridModel, drafter_dir: Path, tokens: int) -> None
     build_shortlist(head, drafter_dir / SHORTLIST, counts, tokens)
 
 
-def decodes(lanes: int, k: int, position: int = POSITION) -> list[Decode]:
+# the sampled rounds' requests (--sampled): the acceptance tool's sampled suite's parameters
+SAMPLED = SamplingParams(max_tokens=4096, temperature=1.0, top_p=0.95, top_k=20)
+
+
+def decodes(lanes: int, k: int, position: int = POSITION, sampled: bool = False) -> list[Decode]:
+    """`lanes` requests at `position`, each drafting `k`: greedy, or sampled as `SAMPLED` (the target's draws,
+    rejection sampling and drafts drawn from the drafter's distribution)."""
     out = []
+    params = SAMPLED if sampled else SamplingParams(max_tokens=4096, temperature=0.0)
     for lane in range(lanes):
-        r = Request(id=str(lane), prompt=[1] * position, params=SamplingParams(max_tokens=4096, temperature=0.0),
+        r = Request(id=str(lane), prompt=[1] * position, params=params,
                     stop_ids=frozenset(), generator=make_generator(lane), seed=lane)
         r.tokens.append(2)
         r.lane, r.computed = lane, position
@@ -257,16 +264,17 @@ def time_replays(graph: torch.cuda.CUDAGraph, iters: int) -> float:
 SLEEP_CYCLES = 8_000_000  # a sleep kernel of about 4 ms at the H200's clock: a graph launched behind it is queued
 
 
-def host_split(dr: DeviceRound, work: list[Decode], bucket: int, span: int, iters: int) -> dict[str, float]:
+def host_split(dr: DeviceRound, work: list[Decode], bucket: int, span: int, iters: int,
+               sampling: bool) -> dict[str, float]:
     """Where a round's time past its back-to-back replay goes, ms medians of `iters` rounds each after 2 ms of an idle
     device: `DeviceRound.run`'s steps (the inputs' write and upload, the graph's launch call, the read-back queued, the
     wait, the read); one replay timed by CUDA events from an idle device; and one launched behind a sleep kernel, so
     that the launch is done before the device reaches it. The first against the last is what launching onto an idle
     device costs; the replay call against the wait, how much of the launch the device waits for. The round's graph for
-    (bucket, span) is captured."""
+    (bucket, span, sampling) is captured."""
     from ignis.engine.device_round import Launched, synchronize
 
-    buf, graph = dr.buffers[bucket], dr.graphs[(bucket, span, False)]
+    buf, graph = dr.buffers[bucket], dr.graphs[(bucket, span, sampling)]
     steps: dict[str, list[float]] = {n: [] for n in ("load", "replay_call", "send", "wait", "collect")}
     idle: list[float] = []
     queued: list[float] = []
@@ -373,10 +381,11 @@ def case_round(case: Case, model: HybridModel, path: Path, args: argparse.Namesp
     """A fresh device round for the case: (the round, its lanes' work, the bucket and key span its graph is keyed by)."""
     backend = build_backend(case.backend, case.k, model, path, lanes, args.context, device, dtype)
     cache = LaneCache(model.config, lanes=lanes, context=args.context, max_cols=case.k + 1, device=device, dtype=dtype)
-    dr = DeviceRound(model, cache, backend, device, sample_drafts=True, rounds_per_sync=args.rounds_per_sync)
+    dr = DeviceRound(model, cache, backend, device, sample_drafts=args.draft_sampling == "sampled",
+                     rounds_per_sync=args.rounds_per_sync)
     span = dr.span_for(args.position + 1, args.rounds_per_sync)  # the lanes hold position + 1 tokens (decodes)
     bucket = next(b for b in dr.buckets if b >= case.lanes)
-    return dr, decodes(case.lanes, case.k, args.position), bucket, span
+    return dr, decodes(case.lanes, case.k, args.position, args.sampled), bucket, span
 
 
 def bench_case(label: str, case: Case, model: HybridModel, path: Path, bw: float, args: argparse.Namespace,
@@ -385,11 +394,11 @@ def bench_case(label: str, case: Case, model: HybridModel, path: Path, bw: float
     dr, work, bucket, span = case_round(case, model, path, args, lanes, device, dtype)
     eager = time_rounds(dr, work, max(3, args.iters // 4))
     rounds = args.rounds_per_sync
-    capture_s = dr.capture([(bucket, span, False)])
+    capture_s = dr.capture([(bucket, span, args.sampled)])
     with Clocks(device.index or 0) as clocks:  # the SM clock the graph rounds ran at, and what capped it
         graph = time_rounds(dr, work, args.iters, rounds)
-    replay = time_replays(dr.graphs[(bucket, span, False)], args.iters)  # it replays one round's inputs again
-    split = host_split(dr, work, bucket, span, args.iters) if args.host_split else {}
+    replay = time_replays(dr.graphs[(bucket, span, args.sampled)], args.iters)  # it replays one round's inputs again
+    split = host_split(dr, work, bucket, span, args.iters, args.sampled) if args.host_split else {}
     floor = floor_bytes(model, case.lanes, case.k + 1, args.position) / bw
     return {"model": label, "case": case.name, "lanes": case.lanes, "cols": case.k + 1, "eager_ms": 1e3 * eager,
             "graph_ms": 1e3 * graph, "replay_ms": 1e3 * replay, "rounds_per_sync": rounds,
@@ -407,8 +416,8 @@ def profile_case(case: Case, model: HybridModel, path: Path, args: argparse.Name
     gpu, kernels, top = gpu_profile(partial(eager_round, dr, work))
     graph_gpu, graph_top = 0.0, list[dict[str, Any]]()
     if args.graph_profile:
-        dr.capture([(bucket, span, False)])
-        graph_gpu, _, graph_top = gpu_profile(dr.graphs[(bucket, span, False)].replay, top=40)
+        dr.capture([(bucket, span, args.sampled)])
+        graph_gpu, _, graph_top = gpu_profile(dr.graphs[(bucket, span, args.sampled)].replay, top=40)
     return {"gpu_ms_eager": 1e3 * gpu, "kernels": kernels, "top_kernels": top, "graph_gpu_ms": 1e3 * graph_gpu,
             "graph_top_kernels": graph_top}
 
@@ -467,6 +476,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-split", action="store_true",
                     help="also split each case's round past its replay into the host's steps and the launch onto an "
                          "idle device (`host_split`)")
+    ap.add_argument("--sampled", action="store_true",
+                    help="sampled requests (T = 1.0, top-p 0.95, top-k 20) instead of greedy ones")
+    ap.add_argument("--draft-sampling", choices=("sampled", "greedy"), default="sampled",
+                    help="with --sampled: drafts drawn from the drafter's distribution, or its argmax "
+                         "(spec.draft_sampling)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None)
     args = ap.parse_args(argv)
