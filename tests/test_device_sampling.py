@@ -19,7 +19,10 @@ from ignis.engine.device_sampling import (
     accept_block,
     accept_greedy,
     accept_sampled,
+    SCAN_BLOCK,
     draw,
+    first_above,
+    row_cumsum,
     shape_probs,
     uniforms,
 )
@@ -60,6 +63,36 @@ def test_draw_never_picks_a_zero_weight_token() -> None:
     u = uniforms(torch.arange(1000), torch.zeros(1000, dtype=torch.long), STREAM_BONUS, 1)[:, 0]
     picked = draw(probs, u)
     assert set(picked[0::2].tolist()) == {1, 3} and set(picked[1::2].tolist()) == {0}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_blocked_scan_is_the_cumsum_to_rounding(dtype: torch.dtype) -> None:
+    """row_cumsum's CUDA form (forced here on the CPU): rows of a whole number of blocks and not, a vocabulary's
+    length; the CPU's own form is torch.cumsum itself."""
+    g = torch.Generator().manual_seed(4)
+    for v in (SCAN_BLOCK - 1, 3 * SCAN_BLOCK, 248320):
+        x = torch.rand(3, v, generator=g, dtype=dtype) * (torch.rand(3, v, generator=g) < 0.5)
+        got, want = row_cumsum(x, blocked=True), torch.cumsum(x, dim=-1)
+        tol = 1e-6 if dtype == torch.float32 else 1e-13
+        assert got.shape == want.shape and torch.allclose(got, want, rtol=tol, atol=tol * float(want[:, -1].max()))
+    assert torch.equal(row_cumsum(x), torch.cumsum(x, dim=-1))
+
+
+def test_a_draw_over_a_cdf_that_steps_back_still_never_picks_a_zero_weight() -> None:
+    """A cdf summed in pieces may step back by a rounding where a piece starts (here by hand, at index 2, a zero
+    weight): a threshold inside that step picks the weight whose sum exceeds it, where counting the sums at or below
+    it would land on the zero; past the end, the last positive weight; over a monotone cdf, the first index above the
+    threshold, as the host rule does."""
+    probs = torch.tensor([[0.25, 0.25, 0.0, 0.5, 0.0]])
+    cdf = torch.tensor([[0.25, 0.5, 0.5 - 1e-9, 1.0, 1.0]], dtype=torch.float64)
+    picks = [int(first_above(cdf, probs, torch.tensor([t], dtype=torch.float64))) for t in (0.1, 0.4999999995, 0.7,
+                                                                                              1.0)]
+    assert picks == [0, 1, 3, 3]
+    assert int((cdf <= 0.4999999995).sum()) == 2  # the count rule's pick: the zero weight
+    monotone = torch.cumsum(probs.double(), dim=-1)
+    for t in torch.linspace(0, 0.999, 50).tolist():
+        want = int((monotone <= t).sum())  # the count rule over a monotone cdf
+        assert int(first_above(monotone, probs, torch.tensor([t], dtype=torch.float64))) == want
 
 
 def test_greedy_acceptance_equals_the_host_rule() -> None:
