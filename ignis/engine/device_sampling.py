@@ -1,9 +1,10 @@
 """Acceptance and sampling for every lane of a round at once, as device ops: no host read, so a round can be captured.
 
 Owns: per-request counter-based uniforms, per-row probability shaping (temperature, top-k, top-p and min-p held as
-tensors), drawing by inverse CDF, greedy longest-prefix acceptance and speculative rejection sampling over [B, K]
-drafts, draft by draft or as a block. Does not own: the host reference these follow (ignis.engine.accept,
-ignis.engine.sampling: the same rules, one lane at a time) or which rows are sampled (ignis.engine.device_round).
+tensors), the scans over a vocabulary's columns (`row_cumsum`), drawing by inverse CDF, greedy longest-prefix
+acceptance and speculative rejection sampling over [B, K] drafts, draft by draft or as a block. Does not own: the
+host reference these follow (ignis.engine.accept, ignis.engine.sampling: the same rules, one lane at a time) or which
+rows are sampled (ignis.engine.device_round).
 
 Randomness: a uniform is a hash of (request seed, the anchor's position, stream, slot). A lane's anchor position grows
 every round, so no number is drawn twice, and a request draws the same numbers alone or beside any other requests.
@@ -84,9 +85,9 @@ def shape_probs(
 
 def row_cumsum(x: torch.Tensor, blocked: bool | None = None) -> torch.Tensor:
     """torch.cumsum of x [N, V] over its last dimension. On CUDA (blocked None) a row longer than SCAN_BLOCK is scanned
-    a block of columns at a time and each block's sum of the blocks before it added after, which sums in another
-    order (to the dtype's rounding); elsewhere it is torch.cumsum itself, the CPU's reference. Rows stay independent,
-    so a row's sums do not depend on the rows beside it."""
+    a block of columns at a time, and the total of the blocks before each block is added to it after: the same sums
+    in another order (to the dtype's rounding). Elsewhere it is torch.cumsum itself, the CPU's reference. Rows stay
+    independent, so a row's sums do not depend on the rows beside it."""
     n, v = x.shape
     if not (x.is_cuda if blocked is None else blocked) or v <= SCAN_BLOCK:
         return torch.cumsum(x, dim=-1)
