@@ -18,9 +18,12 @@ With --host-split, also where a round's time past its back-to-back replay goes (
 SM and memory clocks, power and temperature NVML reported while its graph rounds were timed (tools.gpu_clocks), and
 what capped the clock if anything did, and `x_read_floor`: the same bytes over the bandwidth at which a one-row
 product reads a 2 GiB weight in the same run (`read_bandwidth`), which tells a machine's slower reads apart from the
-round's own losses.
+round's own losses. The requests are greedy; with --sampled they sample as the acceptance tool's sampled suite does
+(T = 1.0, top-p 0.95, top-k 20: the target's distribution shaped and drawn from, rejection sampling, drafts drawn from
+the drafter's distribution or, with --draft-sampling greedy, taken as its argmax), each round under its sampled graph.
 
     python -m tools.bench_round --json round.json --md round.md
+    python -m tools.bench_round --models 27b --cases mtp,dflash2 --sampled
     python -m tools.bench_round --models 27b --cases verify --lanes 8 --conv-blocks 1024,8192 --blas cublas,cublaslt
 
 Kernel variants (`--conv-blocks`, `--blas`, `--stream`, `--gdn`, `--conv`, `--pdl`, `--gdn-pdl`, `--int4-tile`: comma lists) run as
