@@ -238,14 +238,15 @@ def int4_mma(x: torch.Tensor, w: MmaCodes, shape: Shape | None = None, swiglu: b
         return out.reshape(*lead, width)
     nt = row_tiles(nrows)
     early = pdl(x.device)  # programmatic dependent launch (launch.PDL): the codes load while the kernel before ends
-    tile = None if shape is not None else int4_tile.tile_for(nrows, nout, sm_count(x.device), swiglu)
+    sms = sm_count(x.device)
+    base = choose(nout, ncols, w.group, sms)  # the input's split: the order of a row's sums, whichever kernel runs
+    tile = None if shape is not None else int4_tile.tile_for(nrows, nout, sms, swiglu)
     if tile is not None:  # x staged in shared memory once a block of threads: the same sums
-        base = choose(nout, ncols, w.group, sm_count(x.device))  # its split: the order of a row's sums
         int4_tile.run(rows, w.codes, w.zs, out, nout=nout, ncols=ncols, group=w.group, ks=base.ks, kw=base.kw,
                       unit=base.unit, nt=-(-nrows // 8), dtype=w.dtype, scale_dtype=w.scale_dtype, swiglu=swiglu,
                       early=early, tile=tile)
         return out.reshape(*lead, width)
-    s = shape if shape is not None else launch(choose(nout, ncols, w.group, sm_count(x.device)), nt)
+    s = shape if shape is not None else launch(base, nt)
     if swiglu:
         fused = swiglu_launch(s, nt)
         if fused is None:

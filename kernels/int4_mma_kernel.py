@@ -183,6 +183,19 @@ __device__ __forceinline__ void store_quad(u16* out, int No, int M, int row, int
     }
 #undef OUT
 }
+
+// a split's meeting (the split-K semaphore of CUTLASS): once every thread's stores before it are visible, the block
+// of threads counts itself in at cnt[blockIdx.x]; true for the last of `parts` to arrive, which then sees the others'
+__device__ __forceinline__ bool last_to_arrive(int* cnt, int parts) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(cnt + blockIdx.x, 1) == parts - 1;
+    __syncthreads();
+    if (!last) return false;
+    __threadfence();
+    return true;
+}
 """
 
 SOURCE = PRELUDE + r"""
@@ -345,7 +358,6 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
 #if KS > 1
     // every block of threads stores its fp32 partials; the last of a feature block's KS to arrive adds them in
     // split order (whichever came last) and resets the counter for the next call: the split-K semaphore of CUTLASS
-    __shared__ int last;
     const int Mall = M + row0;  // the call's rows: the workspace's
     if (kw == 0) {
 #pragma unroll
@@ -359,12 +371,7 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
                         ws[((size_t)blockIdx.y * Mall + row0 + row) * N + feature] = acc[f][n][i];
                 }
     }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(cnt + blockIdx.x, 1) == KS - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!last_to_arrive(cnt, KS)) return;
     if (kw == 0) {
 #pragma unroll
         for (int f = 0; f < F; ++f)

@@ -246,7 +246,6 @@ int4_tile(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u
 #endif
     // acc[f][n][i] is out[row (rp NTW + n) * 8 + 2t + (i & 1)][feature BLOCK_OF(f) * 16 + g + 8 (i >> 1)]
 #if PARTS > 1
-    __shared__ int last;
     if (owns) {
 #pragma unroll
         for (int f = 0; f < F; ++f)
@@ -258,12 +257,7 @@ int4_tile(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u
                     if (rb0 + f % FO < half && row < M) ws[((size_t)part * M + row) * N + feature] = acc[f][n][i];
                 }
     }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(cnt + blockIdx.x, 1) == PARTS - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!last_to_arrive(cnt, PARTS)) return;
     // the tile's outputs, a thread each in turn (consecutive threads, consecutive features): features f0 .. f0 + fw - 1
     const int f0 = blockIdx.x * RB * FO * 16, fw = min(RB * FO * 16, No - f0);
 #pragma unroll 4
