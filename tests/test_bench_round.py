@@ -33,7 +33,7 @@ def test_a_random_shortlist_holds_the_heads_rows_of_distinct_sorted_ids(tmp_path
 
 @pytest.mark.parametrize(("kind", "head", "weights"), [
     ("dflash2", "full", "model"), ("dflash2-shortlist-int4", "shortlist", "int4"), ("dflash2-head4", "int4", "model"),
-    ("dflash2-head4-int4", "int4", "int4")])
+    ("dflash2-head4-int4", "int4", "int4"), ("dflash2-head4-fp8", "int4", "fp8")])
 def test_each_drafting_case_loads_the_drafter_its_name_says(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                             kind: str, head: str, weights: str) -> None:
     import tools.bench_round as bench
@@ -51,14 +51,15 @@ def test_each_drafting_case_loads_the_drafter_its_name_says(monkeypatch: pytest.
 def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch: pytest.MonkeyPatch) -> None:
     from ignis.kernels import fused, gdn, gdn_cuda, int4_tile, launch
     from ignis.model import ops
+    from ignis.quant import fp8
     from tools import variants as kernel_variants
 
     args = argparse.Namespace(conv_blocks="256,1024", blas="cublas", stream="off,on", gdn="numba,cuda", conv="cuda",
-                              pdl="off,on", gdn_pdl="auto", trigger="early", int4_tile="on,off")
+                              pdl="off,on", gdn_pdl="auto", trigger="early", int4_tile="on,off", fp8_kernel="mma")
     variants = kernel_variants.combinations(args)
     assert len(variants) == 32 and len({tuple(v.values()) for v in variants}) == 32
     assert variants[0] == {"conv_blocks": "256", "blas": "cublas", "stream": "off", "gdn": "numba", "conv": "cuda",
-                           "pdl": "off", "gdn_pdl": "auto", "trigger": "early", "int4_tile": "on"}
+                           "pdl": "off", "gdn_pdl": "auto", "trigger": "early", "int4_tile": "on", "fp8_kernel": "mma"}
     libraries: list[str] = []
     monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", libraries.append)
     for name in ("CONV_BLOCKS", "CUDA_CONV"):
@@ -72,6 +73,7 @@ def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch:
     monkeypatch.setattr(launch, "GDN_PDL", launch.GDN_PDL)
     monkeypatch.setattr(launch, "EARLY_TRIGGER", launch.EARLY_TRIGGER)
     monkeypatch.setattr(int4_tile, "TILE_ROWS", int4_tile.TILE_ROWS)
+    monkeypatch.setattr(fp8, "FP8_KERNEL", fp8.FP8_KERNEL)
     shipped = int4_tile.TILE_ROWS
     kernel_variants.apply_variant(variants[-2])
     assert int4_tile.TILE_ROWS == shipped is not None
@@ -79,7 +81,9 @@ def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch:
     assert int4_tile.TILE_ROWS is None  # off: int4_mma's own warps at every row count
     assert (fused.CONV_BLOCKS, libraries, ops.STREAMING, gdn.CUDA_COLUMNS, fused.CUDA_CONV, launch.PDL) == (
         1024, ["cublas", "cublas"], True, True, True, True)
-    assert launch.EARLY_TRIGGER
+    assert launch.EARLY_TRIGGER and fp8.FP8_KERNEL == "mma"
+    kernel_variants.apply_variant({**variants[-1], "fp8_kernel": "triton"})
+    assert fp8.FP8_KERNEL == "triton"
     assert gdn.CUDA_NORMED and (gdn_cuda.BLOCKS, gdn_cuda.KEEP_K) == (4, True)
     kernel_variants.recurrence_kernel("cuda6")  # the recurrence alone, bounded for six blocks an SM: k read again
     assert gdn.CUDA_COLUMNS and not gdn.CUDA_NORMED and (gdn_cuda.BLOCKS, gdn_cuda.KEEP_K) == (6, False)

@@ -116,3 +116,23 @@ def test_the_plan_counts_what_the_fp8_loader_holds(tmp_path: Path) -> None:
     plan = memory_plan(load_config(profile="cpu", overrides={"model.weights": "fp8"}), src)
     assert {i.name: i.nbytes for i in plan.items}["weights"] == held
     assert plan.weights.startswith("fp8")
+
+
+@pytest.mark.parametrize("shape", [(34816, 5120), (5120, 17408), (12352, 5120), (5120, 6144)])
+def test_the_fp8_mma_kernel_compiles_for_sm90_at_every_launch_of_the_27b_products(shape: tuple[int, int]) -> None:
+    """ignis.kernels.fp8_mma at the 27B's products for one row and for 57-64 (one and eight tiles of 8), with and
+    without programmatic dependent launch: NVRTC builds each for sm_90 (the GPU tests run them, fp16 among them)."""
+    pytest.importorskip("cuda.bindings")
+    from dataclasses import replace
+
+    from ignis.kernels.fp8_mma import CHUNK, defines
+    from ignis.kernels.fp8_mma_kernel import SOURCE
+    from ignis.kernels.int4_mma import choose, launch
+    from ignis.kernels.nvrtc import compile_cubin
+
+    for nt in (1, 8):
+        s = launch(choose(*shape, CHUNK, 132), nt)
+        s = replace(s, rg=min(s.rg, nt))
+        for early in (False, True):
+            cubin = compile_cubin(SOURCE, "fp8_mma", "sm_90", defines(nt, s, torch.bfloat16, early))
+            assert 0 < cubin.registers <= 255, (nt, s, cubin.registers)

@@ -56,6 +56,7 @@ from ignis.artifact import BUILTIN
 from ignis.kernels import launch
 from ignis.model.model import HybridModel
 from ignis.quant.format import quantize, quantized_name
+from ignis.quant import fp8
 from ignis.quant.fp8 import Fp8Linear, to_fp8
 from ignis.quant import linear as quant_linear
 from ignis.quant.linear import QuantLinear, set_kernel, to_mma, uses_mma
@@ -175,7 +176,8 @@ def _gdn_pdl_ab(step: Callable[..., dict[str, Any]]) -> dict[str, Any]:
 def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
                  profile: bool = False, gdn_pdl_ab: bool = False,
                  trigger_ab: bool = False) -> dict[str, Any]:
-    """The 27B decode step in bf16, int4, int4 with the output head packed and fp8; with `swiglu_ab` the int4-head
+    """The 27B decode step in bf16, int4, int4 with the output head packed and fp8 (its products through the kernel
+    ignis.quant.fp8.FP8_KERNEL names, then through the Triton one: "fp8_triton"); with `swiglu_ab` the int4-head
     step again with SwiGLU in the gate | up product's store (SWIGLU_ROWS 8) and without (0), on the same model; with
     `gdn_pdl_ab` the int4-head step with each of GDN_PDL_ARMS; with `trigger_ab` with launch.EARLY_TRIGGER off, on, off."""
     from ignis.model.random import random_model
@@ -208,12 +210,19 @@ def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
     out["fp8_converted"] = to_fp8(model)
     fuse_and_own(model)
     out["fp8"] = decode_step("fp8", model, bw, context, iters, profile)
+    kept = fp8.FP8_KERNEL  # the same weights through the Triton kernel (ignis.kernels.gemv_triton)
+    try:
+        fp8.FP8_KERNEL = "triton"
+        out["fp8_triton"] = decode_step("fp8 triton", model, bw, context, iters, profile)
+    finally:
+        fp8.FP8_KERNEL = kept
     del model
     torch.cuda.empty_cache()
-    for form in ("int4", "int4_head", "fp8"):
+    for form in ("int4", "int4_head", "fp8", "fp8_triton"):
         out[f"speedup_{form}"] = out["bf16"]["graph_ms"] / out[form]["graph_ms"]
     print(f"27B decode step speed-up over bf16: int4 x{out['speedup_int4']:.2f} (output head too "
-          f"x{out['speedup_int4_head']:.2f}), fp8 x{out['speedup_fp8']:.2f}")
+          f"x{out['speedup_int4_head']:.2f}), fp8 x{out['speedup_fp8']:.2f} (through the Triton kernel "
+          f"x{out['speedup_fp8_triton']:.2f})")
     return out
 
 

@@ -6,7 +6,7 @@ dflash2 proposing through the target's own head, spec.draft_head = "full"; dflas
 4-bit shortlist head, spec.draft_head = "shortlist": the built-in drafter's own, a random one of SHORTLIST_TOKENS rows
 for the 27B; dflash2-sl-fp8 and dflash2-sl-int4, the same with the drafter's projections in fp8 or 4-bit,
 spec.draft_weights; dflash2-h4 and dflash2-h4-int4, proposing through the target's whole head in 4 bits,
-spec.draft_head = "int4", with the drafter's projections as they are or in 4-bit) at 1 and 8 lanes: ms a round
+spec.draft_head = "int4", with the drafter's projections as they are, in 4-bit or, dflash2-h4-fp8, in fp8) at 1 and 8 lanes: ms a round
 through `DeviceRound.run` (host work and
 the one read-back included), the graph's replays back to back (CUDA events: the device's time with the gaps between
 kernels, without the host's part), GPU kernel time and kernels per round from the profiler (an eager round, profiled
@@ -26,7 +26,8 @@ the drafter's distribution or, with --draft-sampling greedy, taken as its argmax
     python -m tools.bench_round --models 27b --cases mtp,dflash2 --sampled
     python -m tools.bench_round --models 27b --cases verify --lanes 8 --conv-blocks 1024,8192 --blas cublas,cublaslt
 
-Kernel variants (`--conv-blocks`, `--blas`, `--stream`, `--gdn`, `--conv`, `--pdl`, `--gdn-pdl`, `--int4-tile`: comma lists) run as
+Kernel variants (`--conv-blocks`, `--blas`, `--stream`, `--gdn`, `--conv`, `--pdl`, `--gdn-pdl`, `--int4-tile`,
+`--fp8-kernel`: comma lists) run as
 every combination on each model, built once.
 """
 
@@ -66,6 +67,7 @@ from ignis.kernels import attention, fused, int4_tile, launch
 from tools.gpu_clocks import Clocks
 from tools.variants import PDL_SWITCH, apply_variant, combinations
 from ignis.model.random import random_model
+from ignis.quant import fp8
 from ignis.train.shortlist import build as build_shortlist
 from ignis.params import SamplingParams
 
@@ -123,7 +125,7 @@ class Case:
 CASES = [Case("decode", "off", 0), Case("verify", "verify", 7), Case("mtp", "mtp", 7), Case("dflash2", "dflash2", 7),
          Case("dflash2-sl", "dflash2-shortlist", 7), Case("dflash2-sl-fp8", "dflash2-shortlist-fp8", 7),
          Case("dflash2-sl-int4", "dflash2-shortlist-int4", 7), Case("dflash2-h4", "dflash2-head4", 7),
-         Case("dflash2-h4-int4", "dflash2-head4-int4", 7)]
+         Case("dflash2-h4-int4", "dflash2-head4-int4", 7), Case("dflash2-h4-fp8", "dflash2-head4-fp8", 7)]
 # the random 27B drafter's shortlist head (spec.draft_head = "shortlist"): as many tokens as docs/drafter-training.md's
 # 27B command keeps (--shortlist 32768); the built-in drafter has its own (4,096)
 SHORTLIST_TOKENS = 32768
@@ -463,6 +465,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--int4-tile", default="on" if int4_tile.TILE_ROWS is not None else "off",
                     help="comma list of on, off: whether 4-bit products of 17 rows or more may run the tiled kernel "
                          "(ignis.kernels.int4_tile.TILE_ROWS; off: int4_mma's own warps at every row count)")
+    ap.add_argument("--fp8-kernel", default=fp8.FP8_KERNEL,
+                    help="comma list of mma, triton: the kernel of fp8 products at decode and verify rows "
+                         "(ignis.quant.fp8.FP8_KERNEL)")
     ap.add_argument("--conv", default="auto",
                     help="comma list of auto, numba, cuda: the GDN conv kernel of decodes and verifies "
                          "(ignis.kernels.fused.CUDA_CONV; auto: by the round's rows)")

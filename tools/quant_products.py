@@ -24,6 +24,7 @@ from ignis.kernels.int4_mma import MmaCodes, Shape, int4_mma, pack, row_tiles
 from ignis.kernels.int4_mma import choose as mma_choose
 from ignis.kernels.int4_mma import launch as mma_launch
 from ignis.kernels.int4_triton import Config, check, choose, int4_triton
+from ignis.kernels.gemv_triton import fp8_gemv
 from ignis.kernels.launch import SPLIT_COUNTERS
 from ignis.quant.format import dequantize, quantize
 from ignis.quant.fp8 import Fp8Weight, fp8_linear, quantize_fp8
@@ -121,6 +122,7 @@ def products(bw: float, reps: int) -> list[dict[str, Any]]:
                 "int4 mma": (nm, [partial(int4_mma, x, p) for p in cm]),
                 "bf16": (nb, [partial(F.linear, x, p) for p in cb]),
                 "fp8": (n8, [partial(fp8_linear, x, p) for p in c8]),
+                "fp8 triton": (n8, [partial(fp8_gemv, x, p.weight, p.scale) for p in c8]),
             }
             if r == ROWS[-1]:  # where the kernel meets prefill-sized inputs: what packed_linear does above 64 rows
                 forms["int4 reference"] = (n4, [partial(_int4_reference, x, *p) for p in c4])

@@ -15,10 +15,11 @@ import torch
 
 from ignis.kernels import fused, gdn, gdn_cuda, int4_tile, launch
 from ignis.model import ops
+from ignis.quant import fp8
 
 PDL_SWITCH = {"auto": None, "off": False, "on": True}  # --pdl's words: ignis.kernels.launch.PDL's values
 # the options `apply_variant` sets, comma lists
-VARIANTS = ("conv_blocks", "blas", "stream", "gdn", "conv", "pdl", "gdn_pdl", "trigger", "int4_tile")
+VARIANTS = ("conv_blocks", "blas", "stream", "gdn", "conv", "pdl", "gdn_pdl", "trigger", "int4_tile", "fp8_kernel")
 TRIGGERS = {"late": False, "early": True}  # --trigger's words: ignis.kernels.launch.EARLY_TRIGGER's values
 
 
@@ -72,3 +73,4 @@ def apply_variant(variant: dict[str, str]) -> None:
     launch.GDN_PDL = PDL_SWITCH[variant["gdn_pdl"]]
     launch.EARLY_TRIGGER = TRIGGERS[variant["trigger"]]
     int4_tile.TILE_ROWS = _TILE_ROWS_SHIPPED if variant["int4_tile"] == "on" else None
+    fp8.FP8_KERNEL = variant["fp8_kernel"]

@@ -6,9 +6,11 @@ load-time conversion of a model's projections), `fp8_linear` (the one function e
 through) and its reference, and joining fp8 weights by rows (`fuse_fp8`). Does not own: which projections qualify (the
 same set as the 4-bit format, ignis.quant.format.quantized_name) or loading (ignis.model.loader).
 
-The product: on CUDA with bf16 activations and up to 64 rows (decode and verify), a Triton kernel that widens the
-codes to bf16 on the way to the tensor cores and applies the row scale to the fp32 sum, x unquantized
-(ignis.kernels.gemv_triton.fp8_gemv); for more rows, torch._scaled_mm with row-wise scales. Each activation row is
+The product: on CUDA with bf16 activations and up to 64 rows (decode and verify), a kernel that widens the codes to
+bf16 on the way to the tensor cores and applies the row scale to the fp32 sum, x unquantized: the CUDA C++ one that
+loads each lane's codes straight into its mma registers (ignis.kernels.fp8_mma, `FP8_KERNEL` "mma", where NVRTC and
+an sm_89 GPU are there) or the Triton one (ignis.kernels.gemv_triton.fp8_gemv); for more rows, torch._scaled_mm with
+row-wise scales. Each activation row is
 scaled into e4m3's range by its own absolute maximum (computed on the device, no host read, so it is capturable), the
 weight operand is the [in, out] column-major view of the row-major [out, in] codes, and cuBLAS/CUTLASS sums in fp32 and
 applies both scales: y[r, o] = sa[r] * sw[o] * sum_c xq[r, c] * wq[o, c]. _scaled_mm wants the inner and output
@@ -25,14 +27,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ignis.kernels.launch import triton_installed
+from ignis.kernels.launch import nvrtc_installed, triton_installed
 from ignis.quant.format import quantized_name
 
 FP8 = torch.float8_e4m3fn
 E4M3_MAX = 448.0  # the largest finite e4m3fn value; e4m3fn has no infinity, so larger values must be clamped
 TINY = 2.0**-60  # the smallest scale: a row of zeros stays zeros
 ALIGN = 16  # _scaled_mm's multiple for the inner and output dimensions, and the rows we pad to
-FP8_TRITON_ROWS = 64  # the most rows a product takes through ignis.kernels.gemv_triton (decode and verify rounds)
+FP8_TRITON_ROWS = 64  # the most rows a product takes through the decode kernels below (decode and verify rounds)
+# Which kernel takes those rows: "mma" (ignis.kernels.fp8_mma, where it runs and takes the shape) or "triton"
+# (ignis.kernels.gemv_triton); benchmarks switch it, before any graph is captured.
+FP8_KERNEL = "mma"
 
 
 @dataclass(frozen=True)
@@ -83,15 +88,29 @@ def fp8_scaled_linear(x: torch.Tensor, weight: Fp8Weight) -> torch.Tensor:
 
 def fp8_linear(x: torch.Tensor, weight: Fp8Weight) -> torch.Tensor:
     """x [..., in] @ W^T -> [..., out] for an fp8 W. For bf16 CUDA inputs: up to 64 rows (decode and verify rounds)
-    the Triton kernel that reads the codes once with x unquantized (ignis.kernels.gemv_triton.fp8_gemv) where Triton is
-    installed, more rows (a prefill) _scaled_mm; the reference otherwise."""
+    a kernel that reads the codes once with x unquantized (`FP8_KERNEL`'s, else the Triton one where Triton is
+    installed), more rows (a prefill) _scaled_mm; the reference otherwise."""
     if x.is_cuda and x.dtype == torch.bfloat16:
-        if x.numel() <= FP8_TRITON_ROWS * x.shape[-1] and x.shape[-1] % 128 == 0 and triton_installed():
-            from ignis.kernels.gemv_triton import fp8_gemv
+        if x.numel() <= FP8_TRITON_ROWS * x.shape[-1]:
+            if FP8_KERNEL == "mma" and mma_takes(x, weight):
+                from ignis.kernels.fp8_mma import fp8_mma
 
-            return fp8_gemv(x, weight.weight, weight.scale)
+                return fp8_mma(x, weight.weight, weight.scale)
+            if x.shape[-1] % 128 == 0 and triton_installed():
+                from ignis.kernels.gemv_triton import fp8_gemv
+
+                return fp8_gemv(x, weight.weight, weight.scale)
         return fp8_scaled_linear(x, weight)
     return fp8_linear_reference(x, weight)
+
+
+def mma_takes(x: torch.Tensor, weight: Fp8Weight) -> bool:
+    """Whether ignis.kernels.fp8_mma runs this product: its shapes, a weight of contiguous rows, NVRTC, sm_89+."""
+    from ignis.kernels import fp8_mma
+
+    w = weight.weight
+    return (fp8_mma.fits(*w.shape) and w.stride() == (w.shape[1], 1) and w.data_ptr() % 16 == 0
+            and nvrtc_installed() and fp8_mma.usable(x.device))
 
 
 class Fp8Linear(nn.Module):
