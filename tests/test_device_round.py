@@ -132,12 +132,15 @@ def test_device_round_greedy_equals_the_exact_host_round(ckpt: Path, work, refer
         assert s.drafted > 0 and s.accepted == sum(s.position_accepted)
 
 
-def test_seeded_sampling_is_the_same_alone_and_beside_others(ckpt: Path) -> None:
+@pytest.mark.parametrize("backend", ["mtp", "dflash2"])
+def test_seeded_sampling_is_the_same_alone_and_beside_others(ckpt: Path, backend: str) -> None:
+    """Alone, the request's rounds hold p on its 50 largest logits (top-k 50: Sampling.CANDIDATES); beside requests
+    without a top-k, over the whole vocabulary (Sampling.VOCAB): the same tokens either way."""
     ps = prompts(4, VOCAB, seed=11, lo=5, hi=40)
     sampled = SamplingParams(max_tokens=24, temperature=0.9, top_p=0.9, top_k=50, seed=1234, ignore_eos=True)
     others = [SamplingParams(max_tokens=30, temperature=1.0, seed=i, ignore_eos=True) for i in range(3)]
-    alone = run(make_engine(ckpt, "mtp", draft_tokens=3, model=FAST, lanes=4), ps[:1], sampled)["0"].token_ids
-    crowd = run(make_engine(ckpt, "mtp", draft_tokens=3, model=FAST, lanes=4), ps, [sampled] + others)["0"].token_ids
+    alone = run(make_engine(ckpt, backend, draft_tokens=3, model=FAST, lanes=4), ps[:1], sampled)["0"].token_ids
+    crowd = run(make_engine(ckpt, backend, draft_tokens=3, model=FAST, lanes=4), ps, [sampled] + others)["0"].token_ids
     assert alone == crowd and len(alone) == 24
 
 

@@ -210,3 +210,67 @@ def test_block_verification_draws_the_target_stream() -> None:
     pairs = torch.bincount(first[:, 0] * vocab + second, minlength=vocab * vocab).double() / lanes
     assert _tv(pairs.view(vocab, vocab).sum(1), p1) < 0.02 and _tv(pairs.view(vocab, vocab).sum(0), p1) < 0.02
     assert _tv(pairs, torch.outer(p1, p1).flatten()) < 0.04
+
+
+def _rows(n: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """Per-row (temperature, top_k 1..20, top_p, min_p) as sampled requests set them, some cuts off."""
+    temperature = 0.3 + 1.5 * torch.rand(n, generator=g)
+    top_k = torch.randint(1, 21, (n,), generator=g)
+    top_p = torch.where(torch.rand(n, generator=g) < 0.3, 1.0, 0.5 + 0.5 * torch.rand(n, generator=g))
+    min_p = torch.where(torch.rand(n, generator=g) < 0.5, 0.0, 0.2 * torch.rand(n, generator=g))
+    return temperature, top_k, top_p, min_p
+
+
+def test_shape_candidates_is_shape_probs_held_on_the_largest_logits() -> None:
+    """The sparse p, scattered back over the vocabulary, is the dense p to float32's rounding, with the same support,
+    for rows of top-k 1..20 held on 32 candidates (and a row of exact ties at its k-th logit)."""
+    from ignis.engine.device_sampling import shape_candidates
+
+    g = torch.Generator().manual_seed(3)
+    n, vocab = 64, 500
+    logits = torch.randn(n, vocab, generator=g) * 3
+    logits[0, :40] = 50.0  # ties at the k-th logit: both paths keep every tied token the candidates hold
+    rows = _rows(n, g)
+    rows[1][0], rows[2][0], rows[3][0] = 20, 1.0, 0.0  # top-k 20, no top-p or min-p cut
+    cols, probs = shape_candidates(logits, *rows, width=32)
+    dense = shape_probs(logits, *rows)
+    assert cols.shape == probs.shape == (n, 32)
+    got = torch.zeros_like(dense).scatter_(1, cols, probs)
+    torch.testing.assert_close(got[1:], dense[1:], rtol=1e-5, atol=1e-7)
+    assert torch.equal(got[1:] > 0, dense[1:] > 0)
+    # 40 tokens tie at the k-th logit: the dense row keeps all 40, the sparse one the 32 of smallest id it holds
+    assert int((dense[0] > 0).sum()) == 40 and torch.equal(cols[0], torch.arange(32))
+    assert bool((probs[0] - 1 / 32).abs().max() < 1e-6)
+
+
+@pytest.mark.parametrize("rule", ["token", "block"])
+@pytest.mark.parametrize("real_q", [False, True])
+def test_acceptance_over_a_sparse_p_equals_the_dense_one(rule: str, real_q: bool) -> None:
+    """The same drafts, q and uniforms against p held sparse (`shape_candidates`) and dense (`shape_probs`): the same
+    drafts kept and the same token, lane by lane, for draft-by-draft and block verification."""
+    from ignis.engine.device_sampling import shape_candidates
+
+    g = torch.Generator().manual_seed(4)
+    b, k, vocab = 300, 4, 400
+    logits = torch.randn(b * (k + 1), vocab, generator=g) * 2.5
+    rows = [t.repeat_interleave(k + 1) for t in _rows(b, g)]
+    dense = shape_probs(logits, *rows).view(b, k + 1, vocab)
+    cols, sparse = shape_candidates(logits, *rows, width=32)
+    cols, sparse = cols.view(b, k + 1, 32), sparse.view(b, k + 1, 32)
+    q = torch.softmax(torch.randn(b, k, vocab, generator=g) * 2.5, dim=-1)
+    q = torch.where(torch.rand(b, 1, 1, generator=g) < 0.3, dense[:, :k], q)  # some lanes draft with q = p
+    drafts = torch.stack([draw(q[:, j], torch.rand(b, generator=g, dtype=torch.float64)) for j in range(k)], dim=1)
+    if not real_q:
+        drafts = dense[:, :k].argmax(dim=-1)
+    u = torch.rand(b, k, generator=g, dtype=torch.float64)
+    u_token = torch.rand(b, generator=g, dtype=torch.float64)
+    allowed = torch.randint(0, k + 1, (b,), generator=g)
+    accept = accept_block if rule == "block" else accept_sampled
+    qq = q if real_q else None
+    want = accept(drafts, dense, qq, u, u_token, allowed)
+    got = accept(drafts, sparse, qq, u, u_token, allowed, cols)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert 0 < int((want[0] > 0).sum()) < b and int((want[0] < allowed).sum()) > 0  # keeps and rejections both
+    none = torch.zeros(b, 0, dtype=torch.long)  # no drafts: the token alone, from p
+    assert torch.equal(accept(none, sparse[:, :1], None, u[:, :0], u_token, allowed * 0, cols[:, :1])[1],
+                       accept(none, dense[:, :1], None, u[:, :0], u_token, allowed * 0)[1])

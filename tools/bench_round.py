@@ -46,6 +46,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 
 from ignis.artifact import BUILTIN
@@ -216,11 +217,13 @@ def random_shortlist(model: HybridModel, drafter_dir: Path, tokens: int) -> None
 SAMPLED = SamplingParams(max_tokens=4096, temperature=1.0, top_p=0.95, top_k=20)
 
 
-def decodes(lanes: int, k: int, position: int = POSITION, sampled: bool = False) -> list[Decode]:
-    """`lanes` requests at `position`, each drafting `k`: greedy, or sampled as `SAMPLED` (the target's draws,
-    rejection sampling and drafts drawn from the drafter's distribution)."""
+def decodes(lanes: int, k: int, position: int = POSITION, sampled: bool = False,
+            top_k: int = SAMPLED.top_k) -> list[Decode]:
+    """`lanes` requests at `position`, each drafting `k`: greedy, or sampled as `SAMPLED` with its top-k `top_k` (the
+    target's draws, rejection sampling and drafts drawn from the drafter's distribution)."""
     out = []
-    params = SAMPLED if sampled else SamplingParams(max_tokens=4096, temperature=0.0)
+    params = msgspec.structs.replace(SAMPLED, top_k=top_k) if sampled else SamplingParams(max_tokens=4096,
+                                                                                          temperature=0.0)
     for lane in range(lanes):
         r = Request(id=str(lane), prompt=[1] * position, params=params,
                     stop_ids=frozenset(), generator=make_generator(lane), seed=lane)
@@ -270,7 +273,7 @@ SLEEP_CYCLES = 8_000_000  # a sleep kernel of about 4 ms at the H200's clock: a 
 
 
 def host_split(dr: DeviceRound, work: list[Decode], bucket: int, span: int, iters: int,
-               sampling: bool) -> dict[str, float]:
+               sampling: int) -> dict[str, float]:
     """Where a round's time past its back-to-back replay goes, ms medians of `iters` rounds each after 2 ms of an idle
     device: `DeviceRound.run`'s steps (the inputs' write and upload, the graph's launch call, the read-back queued, the
     wait, the read); one replay timed by CUDA events from an idle device; and one launched behind a sleep kernel, so
@@ -390,7 +393,7 @@ def case_round(case: Case, model: HybridModel, path: Path, args: argparse.Namesp
                      rounds_per_sync=args.rounds_per_sync)
     span = dr.span_for(args.position + 1, args.rounds_per_sync)  # the lanes hold position + 1 tokens (decodes)
     bucket = next(b for b in dr.buckets if b >= case.lanes)
-    return dr, decodes(case.lanes, case.k, args.position, args.sampled), bucket, span
+    return dr, decodes(case.lanes, case.k, args.position, args.sampled, args.top_k), bucket, span
 
 
 def bench_case(label: str, case: Case, model: HybridModel, path: Path, bw: float, args: argparse.Namespace,
@@ -399,11 +402,12 @@ def bench_case(label: str, case: Case, model: HybridModel, path: Path, bw: float
     dr, work, bucket, span = case_round(case, model, path, args, lanes, device, dtype)
     eager = time_rounds(dr, work, max(3, args.iters // 4))
     rounds = args.rounds_per_sync
-    capture_s = dr.capture([(bucket, span, args.sampled)])
+    mode = dr.sampling_of(work)  # the graph key's sampling a round of these lanes takes
+    capture_s = dr.capture([(bucket, span, mode)])
     with Clocks(device.index or 0) as clocks:  # the SM clock the graph rounds ran at, and what capped it
         graph = time_rounds(dr, work, args.iters, rounds)
-    replay = time_replays(dr.graphs[(bucket, span, args.sampled)], args.iters)  # it replays one round's inputs again
-    split = host_split(dr, work, bucket, span, args.iters, args.sampled) if args.host_split else {}
+    replay = time_replays(dr.graphs[(bucket, span, mode)], args.iters)  # it replays one round's inputs again
+    split = host_split(dr, work, bucket, span, args.iters, mode) if args.host_split else {}
     floor = floor_bytes(model, case.lanes, case.k + 1, args.position) / bw
     return {"model": label, "case": case.name, "lanes": case.lanes, "cols": case.k + 1, "eager_ms": 1e3 * eager,
             "graph_ms": 1e3 * graph, "replay_ms": 1e3 * replay, "rounds_per_sync": rounds,
@@ -421,8 +425,9 @@ def profile_case(case: Case, model: HybridModel, path: Path, args: argparse.Name
     gpu, kernels, top = gpu_profile(partial(eager_round, dr, work))
     graph_gpu, graph_top = 0.0, list[dict[str, Any]]()
     if args.graph_profile:
-        dr.capture([(bucket, span, args.sampled)])
-        graph_gpu, _, graph_top = gpu_profile(dr.graphs[(bucket, span, args.sampled)].replay, top=40)
+        mode = dr.sampling_of(work)
+        dr.capture([(bucket, span, mode)])
+        graph_gpu, _, graph_top = gpu_profile(dr.graphs[(bucket, span, mode)].replay, top=40)
     return {"gpu_ms_eager": 1e3 * gpu, "kernels": kernels, "top_kernels": top, "graph_gpu_ms": 1e3 * graph_gpu,
             "graph_top_kernels": graph_top}
 
@@ -486,6 +491,9 @@ def main(argv: list[str] | None = None) -> int:
                          "idle device (`host_split`)")
     ap.add_argument("--sampled", action="store_true",
                     help="sampled requests (T = 1.0, top-p 0.95, top-k 20) instead of greedy ones")
+    ap.add_argument("--top-k", type=int, default=SAMPLED.top_k,
+                    help="with --sampled: the requests' top-k (0: off, so p is shaped over the whole vocabulary; 1 to "
+                         "ignis.engine.device_sampling.CANDIDATES: over each row's largest logits)")
     ap.add_argument("--draft-sampling", choices=("sampled", "greedy"), default="sampled",
                     help="with --sampled: drafts drawn from the drafter's distribution, or its argmax "
                          "(spec.draft_sampling)")

@@ -12,7 +12,9 @@ K+1 columns), accept (greedy longest prefix, and rejection sampling with counter
 commit (each lane's recurrent state after its last kept column) and observe (the backend keeps the kept rows). Shapes
 depend only on the key (B, span, sampling): B pads the lane count to a bucket (padding rows run on the scratch
 lane), span is the number of key slots attention reads (the smallest rung of a ladder that covers every lane's
-positions), sampling adds the probability shaping that greedy rounds skip.
+positions), sampling (`Sampling`) adds the probability shaping that greedy rounds skip: over the vocabulary, or,
+where every sampling lane's top-k is at most device_sampling.CANDIDATES, over each row's largest logits (the same
+tokens drawn at the same uniforms, so a request samples alike in either round).
 
 Chained rounds (engine.rounds_per_sync): `start` may queue several rounds of the same lanes before the one sync, each
 after the first taking its anchors and positions from the last one's outputs on the device (`RoundBuffers.advance`)
@@ -35,12 +37,14 @@ import torch
 from ignis.backends.base import Choice, Committed, SpecBackend
 from ignis.engine.accept import Rule
 from ignis.engine.device_sampling import (
+    CANDIDATES,
     STREAM_ACCEPT,
     STREAM_BONUS,
     STREAM_DRAFT,
     accept_block,
     accept_greedy,
     accept_sampled,
+    shape_candidates,
     shape_probs,
     uniforms,
 )
@@ -56,6 +60,24 @@ from ignis.quant.linear import repacked
 log = get_logger(__name__)
 
 MIN_SPAN = 256  # the shortest rung of the key-span ladder; each rung doubles up to the cache's slots
+
+
+class Sampling:
+    """A round's sampling, the third part of its graph key (ints, so False and True still name the first two)."""
+
+    GREEDY = 0  # every lane greedy: argmax acceptance only
+    VOCAB = 1  # some lane samples: p shaped over the whole vocabulary
+    CANDIDATES = 2  # every sampling lane's top-k is 1..device_sampling.CANDIDATES: p held on the largest logits
+    ALL = (GREEDY, VOCAB, CANDIDATES)
+
+    @staticmethod
+    def of(reqs: list[Request], vocab: int) -> int:
+        """The sampling a round of these requests takes."""
+        sampled = [r.params for r in reqs if not r.params.greedy]
+        if not sampled:
+            return Sampling.GREEDY
+        width = min(CANDIDATES, vocab)
+        return Sampling.CANDIDATES if all(1 <= p.top_k <= width for p in sampled) else Sampling.VOCAB
 
 _INTS = ("lanes", "anchors", "positions", "allowed", "seeds", "top_k", "greedy")
 _FLOATS = ("temperature", "top_p", "min_p", "draft_temperature")
@@ -194,7 +216,7 @@ class DeviceRound:
         self.buckets = buckets(cache.lanes)
         self.spans = spans(cache.context + cache.max_cols)
         self.buffers = {b: RoundBuffers(b, self.k, cache.scratch, device, rounds_per_sync) for b in self.buckets}
-        self.graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self.pool: Any = None  # the graphs' shared memory pool (torch.cuda.graph_pool_handle())
         # the most rows of a round whose kernels launch programmatic-dependent (when launch.PDL leaves it to the round)
         self.pdl_rows = PACKED_PDL_ROWS if repacked(model) else 0
@@ -213,7 +235,7 @@ class DeviceRound:
         reqs = [d.request for d in decodes]
         size = next(b for b in self.buckets if b >= len(reqs))
         span = self.span_for(max(len(r.tokens) for r in reqs), rounds)
-        sampling = not all(r.params.greedy for r in reqs)
+        sampling = Sampling.of(reqs, self.model.config.vocab_size)
         buf = self.buffers[size]
         buf.load(decodes, self.sample_drafts)
         graph = self.graphs.get((size, span, sampling))
@@ -251,7 +273,7 @@ class DeviceRound:
         return emitted
 
     @torch.inference_mode()
-    def forward(self, buf: RoundBuffers, span: int, sampling: bool) -> None:
+    def forward(self, buf: RoundBuffers, span: int, sampling: int) -> None:
         """The round as device work on `buf`'s inputs; writes buf.out and buf.logits, the verify logits [B, C, V]
         (one buffer a bucket, shared by its graphs: memory does not grow with the number of spans). Its products
         take the BLAS library `products_for` picks for its rows, and its kernels launch programmatic-dependent where
@@ -260,7 +282,7 @@ class DeviceRound:
         with products_for(rows, self.device), dependent_launches(rows <= self.pdl_rows):
             self._forward(buf, span, sampling)
 
-    def _forward(self, buf: RoundBuffers, span: int, sampling: bool) -> None:
+    def _forward(self, buf: RoundBuffers, span: int, sampling: int) -> None:
         model, backend, k, b = self.model, self.backend, self.k, buf.size
         lanes, anchors, start = buf.lanes, buf.anchors, buf.positions
         # 1. propose
@@ -285,11 +307,15 @@ class DeviceRound:
         accepted, token = accept_greedy(drafts, logits.argmax(dim=-1), buf.allowed)
         if sampling:
             c = self.cols
-            p = shape_probs(logits.reshape(b * c, -1), buf.temperature.repeat_interleave(c),
-                            buf.top_k.repeat_interleave(c), buf.top_p.repeat_interleave(c),
-                            buf.min_p.repeat_interleave(c)).view(b, c, -1)
+            rows = [t.repeat_interleave(c) for t in (buf.temperature, buf.top_k, buf.top_p, buf.min_p)]
+            cols = None
+            if sampling == Sampling.CANDIDATES:
+                cols, p = shape_candidates(logits.reshape(b * c, -1), *rows, width=min(CANDIDATES, logits.shape[-1]))
+                cols, p = cols.view(b, c, -1), p.view(b, c, -1)
+            else:
+                p = shape_probs(logits.reshape(b * c, -1), *rows).view(b, c, -1)
             a_s, t_s = self.accept_sampled(drafts, p, q, uniforms(buf.seeds, start, STREAM_ACCEPT, k),
-                                           uniforms(buf.seeds, start, STREAM_BONUS, 1)[:, 0], buf.allowed)
+                                           uniforms(buf.seeds, start, STREAM_BONUS, 1)[:, 0], buf.allowed, cols)
             greedy = buf.greedy.bool()
             accepted, token = torch.where(greedy, accepted, a_s), torch.where(greedy, token, t_s)
         # 4. commit
@@ -305,18 +331,22 @@ class DeviceRound:
         buf.out[:, 1 : k + 1] = drafts
         buf.out[:, k + 1] = token
 
-    def keys(self) -> list[tuple[int, int, bool]]:
+    def keys(self) -> list[tuple[int, int, int]]:
         """Every (bucket, span, sampling) a round can take, the largest bucket first (its memory is then reused)."""
-        return [(b, s, m) for b in reversed(self.buckets) for s in self.spans for m in (False, True)]
+        return [(b, s, m) for b in reversed(self.buckets) for s in self.spans for m in Sampling.ALL]
 
-    def capture(self, keys: list[tuple[int, int, bool]] | None = None) -> float:
+    def sampling_of(self, decodes: list[Decode]) -> int:
+        """The `Sampling` a round of these lanes takes (the third part of its graph key)."""
+        return Sampling.of([d.request for d in decodes], self.model.config.vocab_size)
+
+    def capture(self, keys: list[tuple[int, int, int]] | None = None) -> float:
         """Capture a graph for every key (default: all); returns the seconds it took. Runs on the scratch lane only,
         so no lane's state changes."""
         t0 = time.perf_counter()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
 
-        def runs() -> Iterator[tuple[tuple[int, int, bool], Callable[[], None]]]:
+        def runs() -> Iterator[tuple[tuple[int, int, int], Callable[[], None]]]:
             for size, span, sampling in keys if keys is not None else self.keys():
                 buf = self.buffers[size]
                 buf.idle()

@@ -1,8 +1,10 @@
 """Acceptance and sampling for every lane of a round at once, as device ops: no host read, so a round can be captured.
 
 Owns: per-request counter-based uniforms, per-row probability shaping (temperature, top-k, top-p and min-p held as
-tensors), the scans over a vocabulary's columns (`row_cumsum`), drawing by inverse CDF, greedy longest-prefix
-acceptance and speculative rejection sampling over [B, K] drafts, draft by draft or as a block. Does not own: the
+tensors), over the whole vocabulary or, where every sampling row's top-k is at most CANDIDATES, over each row's
+CANDIDATES largest logits only (`shape_candidates`: the same p, held sparse), the scans over a vocabulary's columns
+(`row_cumsum`), drawing by inverse CDF, greedy longest-prefix acceptance and speculative rejection sampling over
+[B, K] drafts, draft by draft or as a block, against a dense p or a sparse one. Does not own: the
 host reference these follow (ignis.engine.accept, ignis.engine.sampling: the same rules, one lane at a time) or which
 rows are sampled (ignis.engine.device_round).
 
@@ -17,6 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ignis.kernels.topk import MAX_K, topk
+
 STREAM_ACCEPT = 0  # u_i of draft slot i in rejection sampling
 STREAM_BONUS = 1  # the draw of the model's own token (correction or bonus)
 STREAM_DRAFT = 2  # a sampling drafter's choice at each slot
@@ -26,6 +30,10 @@ _M32 = 0xFFFFFFFF
 # threads, so a round's handful of vocabulary-long rows (248,320 columns at the 27B shape) ran 0.35-0.4 ms a scan on
 # the H200, against microseconds for the same bytes cut into rows of this length.
 SCAN_BLOCK = 1024
+# Tokens a row's p holds on the sparse path: a round takes it when every sampling lane's top-k is 1..CANDIDATES. There
+# p is the dense p's nonzero entries (top-k leaves at most that many), and shaping, acceptance and the draws run over
+# [rows, CANDIDATES] instead of [rows, vocabulary]: a full sort and a dozen vocabulary-long passes fewer a round.
+CANDIDATES = MAX_K
 
 
 def _mul32(h: torch.Tensor, c: int) -> torch.Tensor:
@@ -83,6 +91,33 @@ def shape_probs(
     return probs / probs.sum(dim=-1, keepdim=True)
 
 
+def shape_candidates(
+    logits: torch.Tensor,  # [N, V] float32
+    temperature: torch.Tensor,  # [N] float32; rows at 0 (greedy) are shaped at 1 and not used
+    top_k: torch.Tensor,  # [N] int64: 1..width for every row that is used (0: the row is not cut, and not used)
+    top_p: torch.Tensor,  # [N] float32; 1 = off
+    min_p: torch.Tensor,  # [N] float32; 0 = off
+    width: int = CANDIDATES,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cols [N, width] int64, probs [N, width] float32): `shape_probs` for rows whose top-k is at most `width`, held
+    on each row's `width` largest logits (ties to the smaller id, as the dense path's stable sort keeps them), in
+    token order, every other token's probability zero as there. The same cuts on the same values; only the softmax's
+    sum runs over fewer zeros, so the probabilities agree to float32's rounding and a draw at the same uniform takes
+    the same token."""
+    t = torch.where(temperature > 0, temperature, 1.0)
+    values, cols = topk(logits.float(), width)  # [N, W]: temperature > 0 keeps the order
+    x = values / t[:, None]
+    kth = x.gather(1, (top_k - 1).clamp(0, width - 1)[:, None])  # [N, 1]
+    x = torch.where((top_k > 0)[:, None] & (x < kth), float("-inf"), x)
+    probs = torch.softmax(x, dim=-1)
+    before = torch.cumsum(probs, dim=-1) - probs  # mass of strictly larger tokens: the columns are in sorted order
+    probs = probs.masked_fill((before >= top_p[:, None]) & (top_p < 1.0)[:, None], 0.0)
+    probs = probs.masked_fill(probs < min_p[:, None] * probs[:, :1], 0.0)  # the first column is the largest
+    # in token order, as the dense row's: a draw's inverse CDF then meets the tokens in the same order
+    order = cols.argsort(dim=-1)
+    return cols.gather(1, order), (probs / probs.sum(dim=-1, keepdim=True)).gather(1, order)
+
+
 def row_cumsum(x: torch.Tensor, blocked: bool | None = None) -> torch.Tensor:
     """torch.cumsum of x [N, V] over its last dimension. On CUDA (blocked None) a row longer than SCAN_BLOCK is scanned
     a block of columns at a time, and the total of the blocks before each block is added to it after: the same sums
@@ -132,52 +167,56 @@ def accept_greedy(
 
 def accept_sampled(
     drafts: torch.Tensor,  # [B, K] int64
-    p: torch.Tensor,  # [B, K+1, V] float32: each column's target distribution (shaped by the request)
+    p: torch.Tensor,  # [B, K+1, W] float32: each column's target distribution (shaped by the request)
     q: torch.Tensor | None,  # [B, K, V] float32: the draft distribution of each slot; None = one-hot at the drafts
     u: torch.Tensor,  # [B, K] float64: acceptance uniforms
     u_token: torch.Tensor,  # [B] float64: the uniform of the emitted token's draw
     allowed: torch.Tensor,  # [B] int64
+    cols: torch.Tensor | None = None,  # [B, K+1, W] int64: the tokens p's entries are (`shape_candidates`); None: W = V
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(accepted [B], token [B]) by speculative rejection sampling: draft i is kept when u_i * q_i(d) < p_i(d); at
     the first rejection the token comes from norm(max(0, p - q)) (p without d for one-hot q), after all `allowed`
-    drafts from p itself. Each emitted token is distributed exactly as p."""
+    drafts from p itself. Each emitted token is distributed exactly as p. A sparse p (`cols`) holds every token p
+    gives mass, so the residual, which is zero wherever p is, lives on its entries too."""
     b, k = drafts.shape
-    vocab = p.shape[-1]
+    width = p.shape[-1]
     slots = torch.arange(k, device=drafts.device)
-    p_d = p[:, :k].gather(2, drafts[..., None])[..., 0]  # [B, K]
+    p_d = _at(p[:, :k], None if cols is None else cols[:, :k], drafts)  # [B, K]
     q_d = torch.ones_like(p_d) if q is None else q.gather(2, drafts[..., None])[..., 0]
     ok = (q_d > 0) & (u * q_d < p_d) & (slots[None, :] < allowed[:, None])
     accepted = ok.long().cumprod(dim=1).sum(dim=1)
-    p_a = p.gather(1, accepted[:, None, None].expand(b, 1, vocab))[:, 0]  # [B, V]
+    p_a = p.gather(1, accepted[:, None, None].expand(b, 1, width))[:, 0]  # [B, W]
+    c_a = None if cols is None else cols.gather(1, accepted[:, None, None].expand(b, 1, width))[:, 0]
     rejected = accepted < allowed
     if k == 0:
-        return accepted, draw(p_a, u_token)
+        return accepted, _token(draw(p_a, u_token), c_a)
     at = accepted.clamp(max=k - 1)[:, None]
     if q is None:
-        residual = p_a.scatter(1, drafts.gather(1, at), 0.0)
+        residual = _without(p_a, c_a, drafts.gather(1, at)[:, 0])
     else:
-        q_a = q.gather(1, at[:, :, None].expand(b, 1, vocab))[:, 0]
-        residual = torch.clamp(p_a - q_a, min=0.0)
+        q_a = q.gather(1, at[:, :, None].expand(b, 1, q.shape[-1]))[:, 0]
+        residual = torch.clamp(p_a - _cols(q_a, c_a), min=0.0)
     residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p_a)
-    return accepted, draw(torch.where(rejected[:, None], residual, p_a), u_token)
+    return accepted, _token(draw(torch.where(rejected[:, None], residual, p_a), u_token), c_a)
 
 
 def accept_block(
     drafts: torch.Tensor,  # [B, K] int64
-    p: torch.Tensor,  # [B, K+1, V] float32
+    p: torch.Tensor,  # [B, K+1, W] float32
     q: torch.Tensor | None,  # [B, K, V] float32; None = one-hot at the drafts
     u: torch.Tensor,  # [B, K] float64: u_j of the block of j + 1 drafts
     u_token: torch.Tensor,  # [B] float64
     allowed: torch.Tensor,  # [B] int64: a lane's block is its first `allowed` drafts
+    cols: torch.Tensor | None = None,  # [B, K+1, W] int64: p's tokens (`shape_candidates`); None: W = V
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(accepted [B], token [B]) by block verification (ignis.engine.accept's docstring, `accept_block` there the
     reference): the longest block of j drafts with u_{j-1} < h_j, then a token from norm(max(0, w_j p_j - q_j)), or
-    from p_j after all `allowed`."""
+    from p_j after all `allowed`; over p's entries where p is sparse, as `accept_sampled`."""
     b, k = drafts.shape
-    vocab = p.shape[-1]
+    width = p.shape[-1]
     if k == 0:
-        return allowed.new_zeros(b), draw(p[:, 0], u_token)
-    p_d = p[:, :k].gather(2, drafts[..., None])[..., 0].double()  # [B, K]
+        return allowed.new_zeros(b), _token(draw(p[:, 0], u_token), None if cols is None else cols[:, 0])
+    p_d = _at(p[:, :k], None if cols is None else cols[:, :k], drafts).double()  # [B, K]
     q_d = torch.ones_like(p_d) if q is None else q.gather(2, drafts[..., None])[..., 0].double()
     ratio = torch.where(q_d > 0, p_d / q_d.clamp(min=1e-300), 0.0)
     weights = [torch.ones_like(ratio[:, 0])]
@@ -185,27 +224,56 @@ def accept_block(
         weights.append(torch.clamp(weights[-1] * ratio[:, j], max=1.0))
     w = torch.stack(weights, dim=1)  # [B, K+1]: w_0 .. w_K
     # h_j for blocks of j = 1..K-1 drafts: the residual mass after them over itself plus what w_j leaves
-    mid = _residual(w[:, 1:k], p[:, 1:k], None if q is None else q[:, 1:k], drafts[:, 1:k]).sum(dim=-1).double()
+    mid = _residual(w[:, 1:k], p[:, 1:k], None if q is None else q[:, 1:k], drafts[:, 1:k],
+                    None if cols is None else cols[:, 1:k]).sum(dim=-1).double()
     room = mid + 1.0 - w[:, 1:k]
     h = torch.cat([torch.where(room > 0, mid / room.clamp(min=1e-300), 0.0), w[:, k:]], dim=1)  # [B, K]: h_1 .. h_K
     sizes = torch.arange(1, k + 1, device=drafts.device)
     h = torch.where(sizes[None, :] == allowed[:, None], w[:, 1:],  # a lane's last draft: h = w
                     torch.where(sizes[None, :] < allowed[:, None], h, 0.0))
     accepted = torch.where(u < h, sizes[None, :], 0).max(dim=1).values  # [B]: the longest block kept
-    p_a = p.gather(1, accepted[:, None, None].expand(b, 1, vocab))[:, 0]  # [B, V]
+    p_a = p.gather(1, accepted[:, None, None].expand(b, 1, width))[:, 0]  # [B, W]
+    c_a = None if cols is None else cols.gather(1, accepted[:, None, None].expand(b, 1, width))[:, 0]
     at = accepted.clamp(max=k - 1)
-    q_a = None if q is None else q.gather(1, at[:, None, None].expand(b, 1, vocab))[:, 0]
+    q_a = None if q is None else q.gather(1, at[:, None, None].expand(b, 1, q.shape[-1]))[:, 0]
     w_a = w.gather(1, accepted[:, None])[:, 0]  # [B]
-    residual = _residual(w_a, p_a, q_a, drafts.gather(1, at[:, None])[:, 0])
+    residual = _residual(w_a, p_a, q_a, drafts.gather(1, at[:, None])[:, 0], c_a)
     residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p_a)
-    return accepted, draw(torch.where((accepted < allowed)[:, None], residual, p_a), u_token)
+    return accepted, _token(draw(torch.where((accepted < allowed)[:, None], residual, p_a), u_token), c_a)
 
 
-def _residual(w: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None, d: torch.Tensor) -> torch.Tensor:
-    """max(0, w p - q) over the last dimension, in p's dtype; w and d have p's shape without it; q None: one-hot at
-    d."""
+def _residual(w: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None, d: torch.Tensor,
+              cols: torch.Tensor | None = None) -> torch.Tensor:
+    """max(0, w p - q) over p's last dimension, in p's dtype; w and d have p's shape without it; q None: one-hot at
+    d; cols: the tokens of p's entries (None: every token)."""
     wp = w.to(p.dtype)[..., None] * p
     if q is None:
+        if cols is not None:
+            return torch.where(cols == d[..., None], torch.clamp(wp - 1.0, min=0.0), wp)
         at = d[..., None]
         return wp.scatter(-1, at, torch.clamp(wp.gather(-1, at) - 1.0, min=0.0))
-    return torch.clamp(wp - q, min=0.0)
+    return torch.clamp(wp - _cols(q, cols), min=0.0)
+
+
+def _at(p: torch.Tensor, cols: torch.Tensor | None, d: torch.Tensor) -> torch.Tensor:
+    """p [..., W] at the tokens d [...]: zero where a sparse p (its tokens `cols`) does not hold d."""
+    if cols is None:
+        return p.gather(-1, d[..., None])[..., 0]
+    return (p * (cols == d[..., None])).sum(dim=-1)
+
+
+def _cols(q: torch.Tensor, cols: torch.Tensor | None) -> torch.Tensor:
+    """q [..., V] at a sparse p's tokens cols [..., W] (q itself where p is dense)."""
+    return q if cols is None else q.gather(-1, cols)
+
+
+def _without(p: torch.Tensor, cols: torch.Tensor | None, d: torch.Tensor) -> torch.Tensor:
+    """p [B, W] with token d [B] taken out."""
+    if cols is None:
+        return p.scatter(1, d[:, None], 0.0)
+    return p.masked_fill(cols == d[:, None], 0.0)
+
+
+def _token(drawn: torch.Tensor, cols: torch.Tensor | None) -> torch.Tensor:
+    """The token of a draw's index over p's entries."""
+    return drawn if cols is None else cols.gather(1, drawn[:, None])[:, 0]
