@@ -307,13 +307,15 @@ class DeviceRound:
         accepted, token = accept_greedy(drafts, logits.argmax(dim=-1), buf.allowed)
         if sampling:
             c = self.cols
-            rows = [t.repeat_interleave(c) for t in (buf.temperature, buf.top_k, buf.top_p, buf.min_p)]
+            temp, top_k, top_p, min_p = (t.repeat_interleave(c) for t in (buf.temperature, buf.top_k, buf.top_p,
+                                                                           buf.min_p))
             cols = None
             if sampling == Sampling.CANDIDATES:
-                cols, p = shape_candidates(logits.reshape(b * c, -1), *rows, width=min(CANDIDATES, logits.shape[-1]))
+                cols, p = shape_candidates(logits.reshape(b * c, -1), temp, top_k, top_p, min_p,
+                                           width=min(CANDIDATES, logits.shape[-1]))
                 cols, p = cols.view(b, c, -1), p.view(b, c, -1)
             else:
-                p = shape_probs(logits.reshape(b * c, -1), *rows).view(b, c, -1)
+                p = shape_probs(logits.reshape(b * c, -1), temp, top_k, top_p, min_p).view(b, c, -1)
             a_s, t_s = self.accept_sampled(drafts, p, q, uniforms(buf.seeds, start, STREAM_ACCEPT, k),
                                            uniforms(buf.seeds, start, STREAM_BONUS, 1)[:, 0], buf.allowed, cols)
             greedy = buf.greedy.bool()
