@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from ignis.engine.device_sampling import shape_probs
+from ignis.kernels.launch import triton_installed
 
 if TYPE_CHECKING:
     from ignis.config import IgnisConfig
@@ -86,6 +87,9 @@ class Proposal:
     q: torch.Tensor | None  # [n, k, V] float32: draft distribution per slot; None = one-hot at `tokens`
 
 
+DRAW_COLUMNS = 64  # the most columns Choice.draw sends to one Triton launch (ignis.kernels.draw_triton.MAX_COLUMNS)
+
+
 @dataclass(frozen=True)
 class Choice:
     """How each lane chooses its drafts: temperature 0 is greedy; others draw with their uniforms from the drafter's
@@ -136,9 +140,11 @@ class Choice:
         (None: scores hold every slot); greedy lanes keep the argmax and get a one-hot q, so q always says how the
         draft was chosen. Needs `uniforms`."""
         assert self.uniforms is not None
+        u = self.uniforms[:, slot] if slot is not None else self.uniforms
+        if scores.is_cuda and scores.shape[-1] <= DRAW_COLUMNS and triton_installed():
+            return self._draw_in_one_launch(scores, greedy, u)
         sampling = self.temperatures > 0
         probs = self.probs(scores)
-        u = self.uniforms[:, slot] if slot is not None else self.uniforms
         cdf = torch.cumsum(probs.double(), dim=-1)
         drawn = torch.searchsorted(cdf, (u * cdf[..., -1]).unsqueeze(-1), right=True).squeeze(-1)
         drawn = drawn.clamp(max=scores.shape[-1] - 1)
@@ -146,6 +152,22 @@ class Choice:
         chosen = torch.where(lanes, drawn, greedy)
         one_hot = torch.zeros_like(probs).scatter_(-1, greedy.unsqueeze(-1), 1.0)
         return torch.where(lanes.unsqueeze(-1), probs, one_hot), chosen
+
+    def _draw_in_one_launch(self, scores: torch.Tensor, greedy: torch.Tensor,
+                            u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`draw` on CUDA: every row's shaping and inverse CDF in one Triton launch (ignis.kernels.draw_triton), the
+        torch path above its reference."""
+        from ignis.kernels.draw_triton import shaped_draw
+
+        n, width = scores.shape[0], scores.shape[-1]
+        slots = scores.numel() // max(1, n * width)
+        zeros = torch.zeros_like(self.temperatures)
+        cuts = (self.top_k if self.top_k is not None else zeros.long(),
+                self.top_p if self.top_p is not None else torch.ones_like(self.temperatures),
+                self.min_p if self.min_p is not None else zeros)
+        rows = [t.repeat_interleave(slots) for t in (self.temperatures, *cuts)]
+        q, chosen = shaped_draw(scores.reshape(-1, width), *rows, u.reshape(-1), greedy.reshape(-1))
+        return q.view(scores.shape), chosen.view(greedy.shape)
 
 
 @dataclass(frozen=True)

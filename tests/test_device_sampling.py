@@ -274,3 +274,47 @@ def test_acceptance_over_a_sparse_p_equals_the_dense_one(rule: str, real_q: bool
     none = torch.zeros(b, 0, dtype=torch.long)  # no drafts: the token alone, from p
     assert torch.equal(accept(none, sparse[:, :1], None, u[:, :0], u_token, allowed * 0, cols[:, :1])[1],
                        accept(none, dense[:, :1], None, u[:, :0], u_token, allowed * 0)[1])
+
+
+@pytest.mark.parametrize("width", [16, 32, 5])
+def test_the_shaped_draw_in_one_launch_equals_choice_draws_torch_path(width: int) -> None:
+    """ignis.kernels.draw_triton (Triton's interpreter here) against Choice.draw's torch path, its reference: the same
+    q to float32's rounding and the same columns, for sampling rows with and without cuts, tied scores and greedy
+    rows (a one-hot q at their argmax)."""
+    from ignis.backends.base import Choice
+    from ignis.kernels.draw_triton import shaped_draw
+
+    g = torch.Generator().manual_seed(width)
+    n, k = 40, 3
+    scores = torch.round(torch.randn(n, k, width, generator=g) * 4) / 4  # ties among the candidates
+    temperature = torch.where(torch.rand(n, generator=g) < 0.2, 0.0, 0.3 + 1.5 * torch.rand(n, generator=g))
+    temperature, top_k, top_p, min_p = temperature, *(t for t in _rows(n, g)[1:])
+    top_k = torch.where(torch.rand(n, generator=g) < 0.3, 0, top_k)
+    u = torch.rand(n, k, generator=g, dtype=torch.float64)
+    choice = Choice(temperature, u, top_k, top_p, min_p)
+    greedy = scores.argmax(dim=-1)
+    want_q, want = choice.draw(scores, greedy, None)
+    rows = [t.repeat_interleave(k) for t in (temperature, top_k, top_p, min_p)]
+    got_q, got = shaped_draw(scores.reshape(-1, width), *rows, u.reshape(-1), greedy.reshape(-1))
+    torch.testing.assert_close(got_q.view(n, k, width), want_q, rtol=1e-5, atol=1e-7)
+    assert torch.equal(got.view(n, k), want)
+    assert bool((temperature == 0).any()) and bool(((temperature > 0) & (top_k > 0)).any())
+
+
+DRAW_COMPILE = r"""
+from ignis.kernels.draw_triton import _shaped_draw
+from tests.sm90 import build, spills
+
+types = {"scores": "*fp32", "temperature": "*fp32", "top_k": "*i64", "top_p": "*fp32", "min_p": "*fp32", "u": "*fp64",
+         "greedy": "*i64", "q": "*fp32", "chosen": "*i64"}
+for block in (16, 32, 64):
+    kernel = build(_shaped_draw, types, {"BLOCK": block}, (), 1, 1)
+    assert ".target sm_90a" in kernel.asm["ptx"] and spills(kernel) == 0, block
+    print("ok", block)
+"""
+
+
+def test_the_shaped_draw_compiles_for_sm90_without_spills() -> None:
+    from sm90 import run_child
+
+    assert run_child(DRAW_COMPILE).count("ok") == 3
