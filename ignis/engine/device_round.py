@@ -79,6 +79,7 @@ class Sampling:
         width = min(CANDIDATES, vocab)
         return Sampling.CANDIDATES if all(1 <= p.top_k <= width for p in sampled) else Sampling.VOCAB
 
+
 _INTS = ("lanes", "anchors", "positions", "allowed", "seeds", "top_k", "greedy")
 _FLOATS = ("temperature", "top_p", "min_p", "draft_temperature")
 
