@@ -24,6 +24,8 @@ interpreter on CPU tensors.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -40,6 +42,9 @@ def _add_rms_norm(
     n, eps,
     ADD: tl.constexpr, ROUND_FIRST: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
     EARLY: tl.constexpr = False,
+    base_ptr=None, dyn_ptr=None,  # CONV: base [2, n] model dtype; dyn [T, 2, n / group] model dtype, rows dyn_stride
+    dyn_stride=0, group=1, block_rows=1,
+    CONV: tl.constexpr = False,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -54,7 +59,10 @@ def _add_rms_norm(
         v = tl.load(x_ptr + row * n + offs, mask=mask, other=0.0).to(tl.float32)
         scale = tl.load(scale_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if ADD:
-        d = tl.load(d_ptr + row * n + offs, mask=mask, other=0.0).to(tl.float32)
+        if CONV:  # d is first convolved over its block's rows (DFlash2's side-1 grouped conv, two taps)
+            d = _grouped_conv_row(d_ptr, base_ptr, dyn_ptr, row, offs, mask, n, dyn_stride, group, block_rows)
+        else:
+            d = tl.load(d_ptr + row * n + offs, mask=mask, other=0.0).to(tl.float32)
         r = (v + d).to(resid_ptr.dtype.element_ty)  # the residual in the model dtype, as torch's add rounds it
         tl.store(resid_ptr + row * n + offs, r, mask=mask)
         v = r.to(tl.float32)
@@ -64,6 +72,25 @@ def _add_rms_norm(
         tl.store(normed_ptr + row * n + offs, ((v * inv).to(out).to(tl.float32) * scale).to(out), mask=mask)
     else:
         tl.store(normed_ptr + row * n + offs, (v * inv * scale).to(out), mask=mask)
+
+
+@triton.jit
+def _grouped_conv_row(d_ptr, base_ptr, dyn_ptr, row, offs, mask, n, dyn_stride, group, block_rows):
+    """Row `row` of fused.grouped_conv(d, base, dyn, group) over blocks of `block_rows` rows, as float32 holding
+    the model dtype's value: y = (base[0] + dyn[row, 0]) * d[row] + (base[1] + dyn[row, 1]) * d[row - 1], the row
+    before a block's first taken as zero, every sum and product rounded to the model dtype as that kernel does."""
+    elt = d_ptr.dtype.element_ty
+    has_before = (row % block_rows) != 0
+    dyn_row = dyn_ptr + row * dyn_stride + offs // group
+    b0 = tl.load(base_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    b1 = tl.load(base_ptr + n + offs, mask=mask, other=0.0).to(tl.float32)
+    w0 = tl.load(dyn_row, mask=mask, other=0.0).to(tl.float32)
+    w1 = tl.load(dyn_row + n // group, mask=mask, other=0.0).to(tl.float32)
+    x0 = tl.load(d_ptr + row * n + offs, mask=mask, other=0.0).to(tl.float32)
+    x1 = tl.load(d_ptr + (row - 1) * n + offs, mask=mask & has_before, other=0.0).to(tl.float32)
+    term0 = ((b0 + w0).to(elt).to(tl.float32) * x0).to(elt).to(tl.float32)
+    term1 = ((b1 + w1).to(elt).to(tl.float32) * x1).to(elt).to(tl.float32)
+    return (term0 + term1).to(elt).to(tl.float32)
 
 
 def warps(width: int) -> int:
@@ -79,8 +106,11 @@ def add_rms_norm(
     eps: float,
     *,
     round_first: bool = False,  # Qwen3's norm: w * (x / rms(x) rounded to x's dtype), rounded again
+    conv: Conv | None = None,  # d convolved first: DFlash2's side-1 grouped conv (`Conv`)
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + d, rms_norm(x + d) * scale) in x's dtype, one launch; with d None the residual is x itself."""
+    """(x + d, rms_norm(x + d) * scale) in x's dtype, one launch; with d None the residual is x itself. With `conv`,
+    d is first replaced by fused.grouped_conv(d, conv.base, conv.dyn, conv.group) over blocks of conv.rows rows,
+    bit for bit, so that conv's launch joins this one."""
     t, n = x.shape
     want = x.dtype if round_first else torch.float32
     if (n > MAX_WIDTH or not x.is_contiguous() or (d is not None and (d.shape != x.shape or not d.is_contiguous()))
@@ -88,10 +118,43 @@ def add_rms_norm(
         raise ValueError(f"add_rms_norm takes contiguous x and d [T, n <= {MAX_WIDTH}] and a {want} scale [n]; got x "
                          f"{tuple(x.shape)}, d {None if d is None else tuple(d.shape)}, scale {tuple(scale.shape)} "
                          f"{scale.dtype}")
+    extra: dict[str, object] = {}
+    if conv is not None:
+        if d is None:
+            raise ValueError("add_rms_norm's conv convolves d: d is None")
+        extra = conv.arguments(t, n, d.dtype)
     resid = x if d is None else torch.empty_like(x)
     normed = torch.empty_like(x)
     if t:
         early = {"PDL": True, "launch_pdl": True, "EARLY": launch.EARLY_TRIGGER} if pdl(x.device) else {}
         _add_rms_norm[(t,)](x, x if d is None else d, scale, resid, normed, n, float(eps), ADD=d is not None,
-                            ROUND_FIRST=round_first, BLOCK=triton.next_power_of_2(n), num_warps=warps(n), **early)
+                            ROUND_FIRST=round_first, BLOCK=triton.next_power_of_2(n), num_warps=warps(n), **early,
+                            **extra)
     return resid, normed
+
+
+@dataclass(frozen=True)
+class Conv:
+    """DFlash2's side-1 grouped dynamic conv of two taps for `add_rms_norm` to apply to d: base [2, n] and dyn
+    [T / rows, rows, 2, n / group] (a view whose rows may be strided, as GroupedConv.prepare leaves it), both in d's
+    dtype; blocks of `rows` rows, each block's first row seeing no row before it."""
+
+    base: torch.Tensor
+    dyn: torch.Tensor
+    group: int
+    rows: int
+
+    def arguments(self, t: int, n: int, dtype: torch.dtype) -> dict[str, object]:
+        """The kernel's CONV arguments for d [t, n] of `dtype`; ValueError where the shapes do not fit."""
+        base, dyn = self.base, self.dyn
+        groups = n // self.group if self.group > 0 else 0
+        if (groups * self.group != n or self.rows < 1 or t % self.rows or base.shape != (2, n) or not
+                base.is_contiguous() or dyn.shape != (t // self.rows, self.rows, 2, groups) or dyn.stride(3) != 1
+                or dyn.stride(2) != groups or dyn.stride(0) != self.rows * dyn.stride(1)
+                or base.dtype != dtype or dyn.dtype != dtype):
+            raise ValueError(f"add_rms_norm's conv takes base [2, {n}] and dyn [{t} / rows, rows, 2, {n} / group] "
+                             f"in {dtype}, taps then groups contiguous; got base {tuple(base.shape)} {base.dtype}, dyn "
+                             f"{tuple(dyn.shape)} {dyn.dtype} strides {dyn.stride()}, group {self.group}, rows "
+                             f"{self.rows}")
+        return {"base_ptr": base, "dyn_ptr": dyn, "dyn_stride": dyn.stride(1), "group": self.group,
+                "block_rows": self.rows, "CONV": True}

@@ -80,6 +80,51 @@ def test_round_first_is_the_qwen3_norm_of_the_drafter(add: bool) -> None:
         norm_triton.add_rms_norm(x, None, norm.weight.detach().double(), 1e-6, round_first=True)
 
 
+@pytest.mark.parametrize("rows_per_block,group", [(8, 16), (3, 4)])
+def test_conv_of_d_joined_to_the_norm_is_the_grouped_conv_then_the_norm(rows_per_block: int, group: int) -> None:
+    """conv: d first takes DFlash2's side-1 grouped conv over its block's rows (fused.grouped_conv's arithmetic), the
+    dyn coefficients read through the strided view GroupedConv.prepare leaves; the result is the grouped conv's
+    output added and normed, bit for bit in the residual."""
+    from ignis.backends.dflash2.model import Norm
+    from ignis.kernels.fused import grouped_conv_reference
+
+    blocks, n = 2, 64
+    t = blocks * rows_per_block
+    x, d, _ = rows(t, n, seed=rows_per_block)
+    g = torch.Generator().manual_seed(5)
+    base = torch.randn(2, 2, n, generator=g) * 0.5 + 1.0  # [side, tap, n], as GroupedConv.base_kernel
+    dyn = torch.randn(blocks, rows_per_block, 2, 2, n // group, generator=g)  # [n, B, side, tap, groups]
+    norm = Norm(n, 1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(n, generator=g) + 0.5)
+    conv = norm_triton.Conv(base[1], dyn[:, :, 1], group, rows_per_block)
+    resid, normed = norm_triton.add_rms_norm(x, d, norm.weight.detach(), 1e-6, round_first=True, conv=conv)
+    convolved = grouped_conv_reference(d.view(blocks, rows_per_block, n), base[1], dyn[:, :, 1], group).view(t, n)
+    want_resid, want_normed = norm_triton.add_rms_norm(x, convolved.contiguous(), norm.weight.detach(), 1e-6,
+                                                       round_first=True)
+    assert torch.equal(resid, want_resid) and torch.equal(normed, want_normed)
+    # a block's first row sees no row before it: the rows of the first block alone give the same
+    alone = norm_triton.add_rms_norm(x[:rows_per_block].contiguous(), d[:rows_per_block].contiguous(),
+                                     norm.weight.detach(), 1e-6, round_first=True,
+                                     conv=norm_triton.Conv(base[1], dyn[:1, :, 1], group, rows_per_block))
+    assert torch.equal(alone[0], resid[:rows_per_block])
+
+
+def test_conv_shapes_are_checked() -> None:
+    x, d, _ = rows(8, 64, seed=2)
+    weight = torch.rand(64) + 0.5
+    dyn = torch.randn(1, 8, 2, 2, 4)
+    with pytest.raises(ValueError, match="conv convolves d"):
+        norm_triton.add_rms_norm(x, None, weight, 1e-6, round_first=True,
+                                 conv=norm_triton.Conv(torch.ones(2, 64), dyn[:, :, 1], 16, 8))
+    with pytest.raises(ValueError, match="base \\[2, 64\\]"):  # three taps: not this kernel's
+        norm_triton.add_rms_norm(x, d, weight, 1e-6, round_first=True,
+                                 conv=norm_triton.Conv(torch.ones(3, 64), dyn[:, :, 1], 16, 8))
+    with pytest.raises(ValueError, match="group 16, rows 3"):  # 8 rows are not blocks of 3
+        norm_triton.add_rms_norm(x, d, weight, 1e-6, round_first=True,
+                                 conv=norm_triton.Conv(torch.ones(2, 64), dyn[:, :, 1], 16, 3))
+
+
 def test_warps_grow_with_the_row() -> None:
     assert [norm_triton.warps(n) for n in (33, 384, 1024, 2048, 5120, 8192, 65536)] == [1, 2, 4, 8, 16, 16, 16]
 
@@ -102,7 +147,7 @@ for elt, n in (("bf16", 5120), ("bf16", 384), ("fp32", 5120)):
         types = {"x_ptr": "*" + elt, "d_ptr": "*" + elt, "scale_ptr": "*fp32", "resid_ptr": "*" + elt,
                  "normed_ptr": "*" + elt, "eps": "fp32"}
         for pdl in (False, True):
-            consts = {"ADD": add, "ROUND_FIRST": False, "BLOCK": triton.next_power_of_2(n), "PDL": pdl}
+            consts = {"ADD": add, "ROUND_FIRST": False, "BLOCK": triton.next_power_of_2(n), "PDL": pdl, "CONV": False}
             kernel = build(_add_rms_norm, types, consts, ("n",), warps(n), 3)
             ptx = kernel.asm["ptx"]
             assert ".target sm_90a" in ptx
@@ -113,8 +158,16 @@ for elt, n in (("bf16", 5120), ("bf16", 384), ("fp32", 5120)):
                 wait = ptx.index("griddepcontrol.wait")
                 assert "ld.global" in ptx[:wait] and "st.global" not in ptx[:wait]
             print("ok", elt, n, add, pdl)
+# the drafter's norms with the side-1 conv of d joined (27B drafter width, bf16)
+types = {"x_ptr": "*bf16", "d_ptr": "*bf16", "scale_ptr": "*bf16", "resid_ptr": "*bf16", "normed_ptr": "*bf16",
+         "eps": "fp32", "base_ptr": "*bf16", "dyn_ptr": "*bf16"}
+for pdl in (False, True):
+    consts = {"ADD": True, "ROUND_FIRST": True, "BLOCK": 8192, "PDL": pdl, "CONV": True}
+    kernel = build(_add_rms_norm, types, consts, ("n", "dyn_stride"), warps(5120), 3)
+    assert ("griddepcontrol.wait" in kernel.asm["ptx"]) == pdl and spills(kernel) == 0, pdl
+    print("ok conv", pdl)
 """
 
 
 def test_kernel_compiles_for_sm90_with_vector_accesses() -> None:
-    assert run_child(COMPILE).count("ok") == 12
+    assert run_child(COMPILE).count("ok") == 14

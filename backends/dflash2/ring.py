@@ -11,14 +11,20 @@ switch: CUDA, fused, outside the exact mode).
 
 from __future__ import annotations
 
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
-from ignis.backends.dflash2.model import DrafterModel, Layer, Norm
+from ignis.backends.dflash2.model import DrafterModel, GroupedConv, Layer, Norm
 
 from ignis.model.ops import linear
 
+if TYPE_CHECKING:
+    from ignis.kernels import norm_triton
+
 Rings = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # per layer (K, V, positions held), as ContextCache.rings
+# Whether a sublayer's side-1 grouped conv joins the next norm's launch (norm_triton.Conv) rather than taking its own
+# (fused.grouped_conv): the same bits either way; tools.bench_round --drafter-conv times the two.
+JOIN_CONV = True
 
 
 def write(
@@ -55,12 +61,12 @@ def block(
     n, rows, hidden = x.shape
     cos, sin = _rope_table(model, x)
     q_pos = positions.contiguous()
-    h, d = x.reshape(n * rows, hidden).contiguous(), None
+    h, d, conv = x.reshape(n * rows, hidden).contiguous(), None, None
     for i, (layer, (k, v, held)) in enumerate(zip(model.layers, rings)):
         layer = cast(Layer, layer)
         att = layer.self_attn
         assert att.qkv_proj is not None
-        h, a = _add_norm(layer.input_layernorm, h, d)
+        h, a = _add_norm(layer.input_layernorm, h, d, conv)
         dyn = None
         if layer.attention_conv is not None:
             a, dyn = layer.attention_conv.prepare(a.view(n, rows, hidden))
@@ -69,23 +75,38 @@ def block(
         o = linear(drafter_triton.ring_attention(
             qkv, att.q_norm.weight, att.k_norm.weight, att.q_norm.eps, cos, sin, k, v, held, lanes, q_pos, span,
             window, c.causal[i], att.num_heads), att.o_proj.weight, False)
-        if layer.attention_conv is not None:
-            assert dyn is not None
-            o = layer.attention_conv.finish(o.view(n, rows, hidden), dyn)
-        h, y = _add_norm(layer.post_attention_layernorm, h, o.reshape(n * rows, hidden))
+        o, conv = _finish(layer.attention_conv, o.view(n, rows, hidden), dyn)
+        h, y = _add_norm(layer.post_attention_layernorm, h, o.reshape(n * rows, hidden), conv)
         if layer.mlp_conv is not None:
             y3, dyn = layer.mlp_conv.prepare(y.view(n, rows, hidden))
-            d = layer.mlp_conv.finish(layer.mlp(y3), dyn).reshape(n * rows, hidden)
+            d3, conv = _finish(layer.mlp_conv, layer.mlp(y3), dyn)
+            d = d3.reshape(n * rows, hidden)
         else:
-            d = layer.mlp(y)
-    return _add_norm(model.norm, h, d)[1].view(n, rows, hidden)
+            d, conv = layer.mlp(y), None
+    return _add_norm(model.norm, h, d, conv)[1].view(n, rows, hidden)
 
 
-def _add_norm(norm: Norm, h: torch.Tensor, d: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(h + d, norm(h + d)) in one Triton launch, rounding as `Norm` does."""
+def _finish(gc: GroupedConv | None, y: torch.Tensor, dyn: torch.Tensor | None,
+            ) -> tuple[torch.Tensor, norm_triton.Conv | None]:
+    """A sublayer's output y [n, B, H] and the side-1 conv its next norm applies first (`norm_triton.Conv`, so the
+    conv's launch joins the norm's), or y convolved here and None where that kernel takes no such conv (not two
+    taps) or the layer has none."""
     from ignis.kernels import norm_triton
 
-    return norm_triton.add_rms_norm(h, d, norm.weight, norm.eps, round_first=True)
+    if gc is None:
+        return y, None
+    assert dyn is not None
+    if gc.kernel != 2 or not JOIN_CONV:
+        return gc.finish(y, dyn), None
+    return y, norm_triton.Conv(gc.base_kernel[1].to(y.dtype), dyn, gc.group, y.shape[1])
+
+
+def _add_norm(norm: Norm, h: torch.Tensor, d: torch.Tensor | None, conv: norm_triton.Conv | None = None,
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h + d, norm(h + d)) in one Triton launch, rounding as `Norm` does; with `conv`, d convolved first."""
+    from ignis.kernels import norm_triton
+
+    return norm_triton.add_rms_norm(h, d, norm.weight, norm.eps, round_first=True, conv=conv)
 
 
 def _rope_table(model: DrafterModel, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
