@@ -49,17 +49,21 @@ def test_each_drafting_case_loads_the_drafter_its_name_says(monkeypatch: pytest.
 
 
 def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ignis.backends import base as backends
+    from ignis.backends.dflash2 import ring
     from ignis.kernels import fused, gdn, gdn_cuda, int4_tile, launch
     from ignis.model import ops
     from ignis.quant import fp8
     from tools import variants as kernel_variants
 
     args = argparse.Namespace(conv_blocks="256,1024", blas="cublas", stream="off,on", gdn="numba,cuda", conv="cuda",
-                              pdl="off,on", gdn_pdl="auto", trigger="early", int4_tile="on,off", fp8_kernel="mma")
+                              pdl="off,on", gdn_pdl="auto", trigger="early", int4_tile="on,off", fp8_kernel="mma",
+                              draw="triton", drafter_conv="joined")
     variants = kernel_variants.combinations(args)
     assert len(variants) == 32 and len({tuple(v.values()) for v in variants}) == 32
     assert variants[0] == {"conv_blocks": "256", "blas": "cublas", "stream": "off", "gdn": "numba", "conv": "cuda",
-                           "pdl": "off", "gdn_pdl": "auto", "trigger": "early", "int4_tile": "on", "fp8_kernel": "mma"}
+                           "pdl": "off", "gdn_pdl": "auto", "trigger": "early", "int4_tile": "on", "fp8_kernel": "mma",
+                           "draw": "triton", "drafter_conv": "joined"}
     libraries: list[str] = []
     monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", libraries.append)
     for name in ("CONV_BLOCKS", "CUDA_CONV"):
@@ -74,6 +78,8 @@ def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch:
     monkeypatch.setattr(launch, "EARLY_TRIGGER", launch.EARLY_TRIGGER)
     monkeypatch.setattr(int4_tile, "TILE_ROWS", int4_tile.TILE_ROWS)
     monkeypatch.setattr(fp8, "FP8_KERNEL", fp8.FP8_KERNEL)
+    monkeypatch.setattr(backends, "DRAW_COLUMNS", backends.DRAW_COLUMNS)
+    monkeypatch.setattr(ring, "JOIN_CONV", ring.JOIN_CONV)
     shipped = int4_tile.TILE_ROWS
     kernel_variants.apply_variant(variants[-2])
     assert int4_tile.TILE_ROWS == shipped is not None
@@ -95,6 +101,14 @@ def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch:
     assert not gdn.CUDA_COLUMNS and not gdn.STEP
     with pytest.raises(ValueError, match="--gdn"):
         kernel_variants.recurrence_kernel("cuda9")
+    draws = kernel_variants.combinations(argparse.Namespace(**{**vars(args), "draw": "torch,triton,torch"}))
+    assert [v["draw"] for v in draws[:3]] == ["torch", "triton", "torch"]  # a word may repeat: arms alternate
+    kernel_variants.apply_variant(draws[0])
+    assert backends.DRAW_COLUMNS == 0  # the torch reference's launches
+    kernel_variants.apply_variant(draws[1])
+    assert backends.DRAW_COLUMNS == 64 and ring.JOIN_CONV
+    kernel_variants.apply_variant({**draws[1], "drafter_conv": "apart"})
+    assert not ring.JOIN_CONV
 
 
 def test_every_case_is_timed_before_any_is_profiled(monkeypatch: pytest.MonkeyPatch) -> None:

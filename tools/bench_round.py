@@ -27,7 +27,7 @@ the drafter's distribution or, with --draft-sampling greedy, taken as its argmax
     python -m tools.bench_round --models 27b --cases verify --lanes 8 --conv-blocks 1024,8192 --blas cublas,cublaslt
 
 Kernel variants (`--conv-blocks`, `--blas`, `--stream`, `--gdn`, `--conv`, `--pdl`, `--gdn-pdl`, `--int4-tile`,
-`--fp8-kernel`: comma lists) run as
+`--fp8-kernel`, `--draw`, `--drafter-conv`: comma lists) run as
 every combination on each model, built once.
 """
 
@@ -50,7 +50,9 @@ import msgspec
 import torch
 
 from ignis.artifact import BUILTIN
+from ignis.backends import base as backends_base
 from ignis.backends.base import BackendContext, Choice, Committed, Proposal, SpecBackend
+from ignis.backends.dflash2 import ring
 from ignis.backends.dflash2.backend import DFlash2
 from ignis.backends.dflash2.config import DrafterConfig, drafter_config_json
 from ignis.backends.dflash2.weights import SHORTLIST, random_drafter, spread_layer_ids
@@ -473,6 +475,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fp8-kernel", default=fp8.FP8_KERNEL,
                     help="comma list of mma, triton: the kernel of fp8 products at decode and verify rows "
                          "(ignis.quant.fp8.FP8_KERNEL)")
+    ap.add_argument("--draw", default="triton" if backends_base.DRAW_COLUMNS else "torch",
+                    help="comma list of triton, torch: how a sampled draft is shaped and drawn on CUDA (triton: one "
+                         "launch a slot, ignis.kernels.draw_triton; torch: its reference, about thirty launches; "
+                         "ignis.backends.base.DRAW_COLUMNS); a word may repeat, to alternate the arms")
+    ap.add_argument("--drafter-conv", default="joined" if ring.JOIN_CONV else "apart",
+                    help="comma list of joined, apart: whether the dflash2 drafter's side-1 grouped convs join the "
+                         "next norm's launch (ignis.backends.dflash2.ring.JOIN_CONV) or take their own")
     ap.add_argument("--conv", default="auto",
                     help="comma list of auto, numba, cuda: the GDN conv kernel of decodes and verifies "
                          "(ignis.kernels.fused.CUDA_CONV; auto: by the round's rows)")

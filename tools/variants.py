@@ -13,13 +13,16 @@ import itertools
 
 import torch
 
+from ignis.backends import base as backends
+from ignis.backends.dflash2 import ring
 from ignis.kernels import fused, gdn, gdn_cuda, int4_tile, launch
 from ignis.model import ops
 from ignis.quant import fp8
 
 PDL_SWITCH = {"auto": None, "off": False, "on": True}  # --pdl's words: ignis.kernels.launch.PDL's values
 # the options `apply_variant` sets, comma lists
-VARIANTS = ("conv_blocks", "blas", "stream", "gdn", "conv", "pdl", "gdn_pdl", "trigger", "int4_tile", "fp8_kernel")
+VARIANTS = ("conv_blocks", "blas", "stream", "gdn", "conv", "pdl", "gdn_pdl", "trigger", "int4_tile", "fp8_kernel",
+            "draw", "drafter_conv")
 TRIGGERS = {"late": False, "early": True}  # --trigger's words: ignis.kernels.launch.EARLY_TRIGGER's values
 
 
@@ -30,6 +33,7 @@ def combinations(args: argparse.Namespace) -> list[dict[str, str]]:
 
 
 _TILE_ROWS_SHIPPED = int4_tile.TILE_ROWS  # --int4-tile on: from where ignis ships it
+_DRAW_SHIPPED = backends.DRAW_COLUMNS  # --draw triton: the most columns a sampled draft's one-launch draw takes
 GDN_KERNELS = ("auto", "numba", "cuda", "cuda4", "cuda5", "cuda6", "step", "step4", "step5", "step-normed",
                "apart")  # --gdn's words (`recurrence_kernel`)
 # the recurrence's switches as ignis ships them, which --gdn auto restores
@@ -74,3 +78,5 @@ def apply_variant(variant: dict[str, str]) -> None:
     launch.EARLY_TRIGGER = TRIGGERS[variant["trigger"]]
     int4_tile.TILE_ROWS = _TILE_ROWS_SHIPPED if variant["int4_tile"] == "on" else None
     fp8.FP8_KERNEL = variant["fp8_kernel"]
+    backends.DRAW_COLUMNS = {"triton": _DRAW_SHIPPED, "torch": 0}[variant["draw"]]
+    ring.JOIN_CONV = {"joined": True, "apart": False}[variant["drafter_conv"]]
