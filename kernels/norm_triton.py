@@ -1,8 +1,8 @@
 """The residual add and RMSNorm of the decode round in Triton: `add_rms_norm`, a program a row.
 
 Owns: the kernel and its launch on torch's current stream (Triton launches there), allocating only the outputs, so a
-CUDA graph captures it; and `Conv`, the dflash2 drafter's side-1 grouped conv of d that the kernel can apply before
-the add (its rounding is fused.grouped_conv's, so that conv's own launch joins this one). Does not own: the torch reference (ignis.kernels.fused.add_rms_norm_reference), the numba
+CUDA graph captures it; and `Conv`, the dflash2 drafter's side-1 grouped conv of d that the kernel can apply
+before the add (its rounding is fused.grouped_conv's, so that conv's own launch joins this one). Does not own: the torch reference (ignis.kernels.fused.add_rms_norm_reference), the numba
 kernel it replaces where Triton is installed (ignis.kernels.fused_kernel), or when it runs (ignis.kernels.fused).
 
 Why (docs/adr/0006-fused-layer-kernels.md has the numbers): a decode round runs two of these a layer on rows of a
