@@ -2,8 +2,9 @@
 
 Owns: the kernel and its launch on torch's current stream (Triton launches there), allocating only the outputs, so a
 CUDA graph captures it; and `Conv`, the dflash2 drafter's side-1 grouped conv of d that the kernel can apply
-before the add (its rounding is fused.grouped_conv's, so that conv's own launch joins this one). Does not own: the torch reference (ignis.kernels.fused.add_rms_norm_reference), the numba
-kernel it replaces where Triton is installed (ignis.kernels.fused_kernel), or when it runs (ignis.kernels.fused).
+before the add (its rounding is fused.grouped_conv's, so that conv's own launch joins this one). Does not own: the
+torch reference (ignis.kernels.fused.add_rms_norm_reference), the numba kernel it replaces where Triton is installed
+(ignis.kernels.fused_kernel), or when it runs (ignis.kernels.fused).
 
 Why (docs/adr/0006-fused-layer-kernels.md has the numbers): a decode round runs two of these a layer on rows of a
 few thousand values, so a launch is bound by its chain of memory latencies, not by its bytes. Here a row's x, d and
