@@ -177,8 +177,7 @@ class DevicePrefill:
         positions = buf.start[:, None] + self.offsets[:c]  # [1, C]
         step = model.decode_step(lanes, positions, span=span, record=False)
         hidden, taps = model.decode(tokens, step, self.cache, taps=self.backend.tap_layers)
-        logits = model.logits(hidden[-1:])  # [1, V] float32
-        self.logits.copy_(logits)
+        logits = model.logits(hidden[-1:], out=self.logits)  # [1, V] float32
         drawn = draw(shape_probs(logits, buf.temperature, buf.top_k, buf.top_p, buf.min_p),
                      uniforms(buf.seed, positions[:, -1], STREAM_BONUS, 1)[:, 0])
         first = torch.where(buf.greedy.bool(), logits.argmax(dim=-1), drawn)  # [1]

@@ -300,10 +300,10 @@ class DeviceRound:
         # 2. verify
         step = model.decode_step(lanes, positions, span=span, record=k > 0)
         hidden, taps = model.decode(tokens, step, self.cache, taps=backend.tap_layers)
-        logits = model.logits(hidden).view(b, self.cols, -1)
-        if buf.logits.shape != logits.shape:
-            buf.logits = torch.empty_like(logits)  # the first run of the bucket, before any capture
-        buf.logits.copy_(logits)
+        shape = (b, self.cols, model.config.vocab_size)
+        if buf.logits.shape != shape:  # the first run of the bucket, before any capture
+            buf.logits = torch.empty(shape, dtype=torch.float32, device=hidden.device)
+        logits = model.logits(hidden, out=buf.logits)
         # 3. accept
         accepted, token = accept_greedy(drafts, logits.argmax(dim=-1), buf.allowed)
         if sampling:

@@ -207,10 +207,13 @@ class HybridModel(nn.Module):
         return F.embedding(ids, self.embed_tokens.weight)
 
     @torch.no_grad()
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [.., H] -> [.., V] float32 (lm_head, or the embedding when tied)."""
+    def logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden [.., H] -> [.., V] float32 (lm_head, or the embedding when tied); with `out` (float32, the result's
+        shape), written there, the head's output widened by that one copy rather than into a new tensor."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return linear(hidden, weight, self.exact).float()
+        if out is None:
+            return linear(hidden, weight, self.exact).float()
+        return out.copy_(linear(hidden, weight, self.exact).view(out.shape))
 
 
 class MTPHead(nn.Module):
