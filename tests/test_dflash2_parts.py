@@ -115,6 +115,25 @@ def test_context_longer_than_the_window_gives_the_drafts_of_a_from_scratch_windo
         assert torch.equal(be.propose(inp).tokens, expected)
 
 
+@pytest.mark.parametrize("weights", ["model", "fp8"])
+def test_a_dense_drafters_layers_hold_their_keys_and_values_in_one_buffer(ckpt: Path, target: ModelConfig,
+                                                                          tmp_path: Path, weights: str) -> None:
+    """Fused, a dense drafter's layers keep q | k | v in one [L, rows, H] buffer, so that `context_weights` (every
+    layer's k | v, one batched product for the context) is a view of the weights the layers' own products read; a
+    converted drafter's projections are not dense, and have none."""
+    be = backend(ckpt, save_random_drafter(tmp_path / "d", target, num_layers=3), weights=weights)
+    stacked = be.model.context_weights
+    if weights == "fp8":
+        assert stacked is None
+        return
+    assert stacked is not None and stacked.shape[0] == 3
+    for i, layer in enumerate(be.model.layers):
+        att = layer.self_attn
+        assert torch.equal(stacked[i], torch.cat([att.k_proj.weight, att.v_proj.weight]))
+        assert stacked[i].data_ptr() == att.k_proj.weight.data_ptr()  # a view: no second copy
+        assert att.qkv_proj.data_ptr() == att.q_proj.weight.data_ptr()
+
+
 def test_draft_tokens_above_the_trained_width_is_refused_naming_it(ckpt: Path, target: ModelConfig,
                                                                    tmp_path: Path) -> None:
     drafter = save_random_drafter(tmp_path / "d", target, block_size=4)

@@ -21,12 +21,15 @@ from ignis.backends.dflash2.config import DrafterConfig
 from ignis.kernels import fused, int4_mma
 from torch import nn
 
-from ignis.model.ops import Rope, Weight, apply_rope, fuse_rows, linear, swiglu_linear
+from ignis.model.ops import Rope, Weight, apply_rope, fuse_rows, gate_linear, linear, swiglu_linear
 from ignis.quant.format import quantize
 from ignis.quant.fp8 import Fp8Linear, fuse_fp8, quantize_fp8
 from ignis.quant.linear import QuantLinear, fuse_packed, uses_mma
 
 
+# Whether a grouped conv's coefficients take `gate_linear`'s product outside training (tools.bench_round
+# --conv-coefficients times both); the same values up to the order of fp32 sums.
+GEMV_COEFFICIENTS = True
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # `converted`'s
 INT4_GROUPS = (128, 64)  # `to_int4`'s group of input columns: the first that divides a projection's inputs
 
@@ -80,8 +83,14 @@ class GroupedConv(nn.Module):
         nn.init.zeros_(self.kernel_projection.weight)
 
     def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [n, B, H] -> (convolved x [n, B, H], side-1 coefficients [n, B, kernel, groups])."""
-        dyn = self.kernel_projection(x).view(*x.shape[:-1], 2, self.kernel, self.groups)
+        """x [n, B, H] -> (convolved x [n, B, H], side-1 coefficients [n, B, kernel, groups]). Outside training the
+        coefficients' product is `gate_linear`'s (on CUDA at a round's rows one Triton launch, not cuBLAS's split-K
+        product and its reduction; F.linear elsewhere); training keeps nn.Linear's autograd."""
+        if torch.is_grad_enabled() or not GEMV_COEFFICIENTS:
+            dyn = self.kernel_projection(x)
+        else:
+            dyn = gate_linear(x, self.kernel_projection.weight)
+        dyn = dyn.view(*x.shape[:-1], 2, self.kernel, self.groups)
         return self._convolve(x, dyn[..., 0, :, :], 0), dyn[..., 1, :, :]
 
     def finish(self, y: torch.Tensor, dyn: torch.Tensor) -> torch.Tensor:
@@ -106,13 +115,14 @@ class Attention(nn.Module):
 
         self.qkv_proj: Weight | None = None  # [(nh + 2 nkv) hd, H]: q | k | v, once fused (inference)
 
-    def fuse(self) -> None:
+    def fuse(self, out: torch.Tensor | None = None) -> None:
+        """out: where a dense q | k | v is held (`fuse_rows`), else a new tensor."""
         if isinstance(self.q_proj, Fp8Linear):
             self.qkv_proj = fuse_fp8((self.q_proj, self.k_proj, self.v_proj))  # type: ignore[arg-type]
         elif isinstance(self.q_proj, QuantLinear):  # None where the three did not pack alike: they run unfused
             self.qkv_proj = fuse_packed((self.q_proj, self.k_proj, self.v_proj))  # type: ignore[arg-type]
         else:
-            self.qkv_proj = fuse_rows(self.q_proj, self.k_proj, self.v_proj)
+            self.qkv_proj = fuse_rows(self.q_proj, self.k_proj, self.v_proj, out=out)
 
     def keys(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] -> K, V [T, nkv, hd]: K normed and rotated at the rows' positions (cos/sin [T, rd])."""
@@ -236,6 +246,8 @@ class DrafterModel(nn.Module):
         self.norm = Norm(c.hidden_size, c.rms_norm_eps)
         self.candidate_selector = Selector(c) if c.is_v2 else None
         self.rope = Rope(c.rotary_dim, c.rope_theta)
+        # [L, 2 nkv hd, H]: every layer's k | v rows, a view of the layers' fused q | k | v (`fuse`, dense weights)
+        self.context_weights: torch.Tensor | None = None
 
     @torch.no_grad()
     def to_fp8(self) -> int:
@@ -283,10 +295,20 @@ class DrafterModel(nn.Module):
     @torch.no_grad()
     def fuse(self) -> None:
         """Inference only: each layer's q, k, v and gate, up projections become one product each (views of one
-        weight, no extra memory). A model being trained stays unfused."""
-        for layer in self.layers:
-            cast(Layer, layer).self_attn.fuse()
+        weight, no extra memory). A model being trained stays unfused. Dense layers hold their q | k | v in one buffer
+        [L, rows, H], so that the context's keys and values of every layer are one batched product
+        (`context_weights`)."""
+        attns = [cast(Layer, layer).self_attn for layer in self.layers]
+        stacked = None
+        if all(type(a.q_proj) is nn.Linear for a in attns):
+            q = attns[0].q_proj.weight
+            rows = q.shape[0] + attns[0].k_proj.weight.shape[0] + attns[0].v_proj.weight.shape[0]
+            stacked = torch.empty((len(attns), rows, q.shape[1]), dtype=q.dtype, device=q.device)
+        for i, (layer, att) in enumerate(zip(self.layers, attns)):
+            att.fuse(stacked[i] if stacked is not None else None)
             cast(Layer, layer).mlp.fuse()
+        if stacked is not None:
+            self.context_weights = stacked[:, attns[0].num_heads * attns[0].head_dim :]
 
     def context_kv(
         self,

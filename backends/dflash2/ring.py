@@ -39,10 +39,13 @@ def write(
 
     c = _add_norm(model.hidden_norm, model.fc(taps), None)[1]
     cos, sin = _rope_table(model, c)
-    for layer, (k, v, held) in zip(model.layers, rings):
+    stacked = model.context_weights
+    # every layer's k | v of the rows in one strided-batched product where the layers' weights share a buffer
+    kvs = torch.bmm(c.expand(stacked.shape[0], -1, -1), stacked.transpose(1, 2)) if stacked is not None else None
+    for i, (layer, (k, v, held)) in enumerate(zip(model.layers, rings)):
         att = cast(Layer, layer).self_attn
         assert att.qkv_proj is not None
-        kv = linear(c, att.qkv_proj[att.num_heads * att.head_dim :], False)
+        kv = kvs[i] if kvs is not None else linear(c, att.qkv_proj[att.num_heads * att.head_dim :], False)
         drafter_triton.ring_write(kv, att.k_norm.weight, att.k_norm.eps, cos, sin, lane_ix, positions, k, v, held)
 
 

@@ -204,9 +204,9 @@ GATE_ROWS = 64  # the most activation rows `gate_linear` sends to the Triton ker
 
 
 def gate_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight^T for a dense weight of few output rows beside quantized projections (a quantized Gated DeltaNet's
-    gates b | a): on CUDA at decode and verify rows one Triton launch (ignis.kernels.gemv_triton.dense_gemv), where
-    cuBLAS runs a split-K GEMM and a reduction; F.linear elsewhere."""
+    """x @ weight^T for a dense weight of few output rows (a quantized Gated DeltaNet's gates b | a beside its packed
+    projections, a dflash2 drafter's grouped convs' coefficients): on CUDA at decode and verify rows one Triton launch
+    (ignis.kernels.gemv_triton.dense_gemv), where cuBLAS runs a split-K GEMM and a reduction; F.linear elsewhere."""
     if (x.is_cuda and x.numel() <= GATE_ROWS * x.shape[-1] and x.shape[-1] % 128 == 0 and x.dtype == weight.dtype
             and triton_installed()):
         from ignis.kernels.gemv_triton import dense_gemv
@@ -215,10 +215,11 @@ def gate_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x, weight)
 
 
-def fuse_rows(*linears: nn.Linear) -> torch.Tensor:
+def fuse_rows(*linears: nn.Linear, out: torch.Tensor | None = None) -> torch.Tensor:
     """One weight [sum(out), in] holding the rows of `linears`, which keep their parameters as views of it: the
-    projections that read the same input become one matrix product, with no extra memory."""
-    weight = torch.cat([m.weight.detach() for m in linears])
+    projections that read the same input become one matrix product, with no extra memory. With `out` (that shape),
+    the rows are held there, say one slice of a larger buffer."""
+    weight = torch.cat([m.weight.detach() for m in linears], out=out)
     offset = 0
     for m in linears:
         n = m.weight.shape[0]
