@@ -27,7 +27,7 @@ the drafter's distribution or, with --draft-sampling greedy, taken as its argmax
     python -m tools.bench_round --models 27b --cases verify --lanes 8 --conv-blocks 1024,8192 --blas cublas,cublaslt
 
 Kernel variants (`--conv-blocks`, `--blas`, `--stream`, `--gdn`, `--conv`, `--pdl`, `--gdn-pdl`, `--int4-tile`,
-`--fp8-kernel`, `--draw`, `--drafter-conv`, `--conv-coefficients`: comma lists) run as
+`--fp8-kernel`, `--draw`, `--drafter-conv`: comma lists) run as
 every combination on each model, built once.
 """
 
@@ -52,7 +52,6 @@ import torch
 from ignis.artifact import BUILTIN
 from ignis.backends import base as backends_base
 from ignis.backends.base import BackendContext, Choice, Committed, Proposal, SpecBackend
-from ignis.backends.dflash2 import model as drafter_model
 from ignis.backends.dflash2 import ring
 from ignis.backends.dflash2.backend import DFlash2
 from ignis.backends.dflash2.config import DrafterConfig, drafter_config_json
@@ -483,9 +482,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drafter-conv", default="joined" if ring.JOIN_CONV else "apart",
                     help="comma list of joined, apart: whether the dflash2 drafter's side-1 grouped convs join the "
                          "next norm's launch (ignis.backends.dflash2.ring.JOIN_CONV) or take their own")
-    ap.add_argument("--conv-coefficients", default="gemv" if drafter_model.GEMV_COEFFICIENTS else "cublas",
-                    help="comma list of gemv, cublas: the product of the dflash2 drafter's grouped convs' coefficients "
-                         "(ignis.backends.dflash2.model.GEMV_COEFFICIENTS; gemv: ignis.model.ops.gate_linear's)")
     ap.add_argument("--conv", default="auto",
                     help="comma list of auto, numba, cuda: the GDN conv kernel of decodes and verifies "
                          "(ignis.kernels.fused.CUDA_CONV; auto: by the round's rows)")

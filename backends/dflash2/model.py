@@ -21,15 +21,12 @@ from ignis.backends.dflash2.config import DrafterConfig
 from ignis.kernels import fused, int4_mma
 from torch import nn
 
-from ignis.model.ops import Rope, Weight, apply_rope, fuse_rows, gate_linear, linear, swiglu_linear
+from ignis.model.ops import Rope, Weight, apply_rope, fuse_rows, linear, swiglu_linear
 from ignis.quant.format import quantize
 from ignis.quant.fp8 import Fp8Linear, fuse_fp8, quantize_fp8
 from ignis.quant.linear import QuantLinear, fuse_packed, uses_mma
 
 
-# Whether a grouped conv's coefficients take `gate_linear`'s product outside training (tools.bench_round
-# --conv-coefficients times both); the same values up to the order of fp32 sums.
-GEMV_COEFFICIENTS = True
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # `converted`'s
 INT4_GROUPS = (128, 64)  # `to_int4`'s group of input columns: the first that divides a projection's inputs
 
@@ -83,14 +80,8 @@ class GroupedConv(nn.Module):
         nn.init.zeros_(self.kernel_projection.weight)
 
     def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [n, B, H] -> (convolved x [n, B, H], side-1 coefficients [n, B, kernel, groups]). Outside training the
-        coefficients' product is `gate_linear`'s (on CUDA at a round's rows one Triton launch, not cuBLAS's split-K
-        product and its reduction; F.linear elsewhere); training keeps nn.Linear's autograd."""
-        if torch.is_grad_enabled() or not GEMV_COEFFICIENTS:
-            dyn = self.kernel_projection(x)
-        else:
-            dyn = gate_linear(x, self.kernel_projection.weight)
-        dyn = dyn.view(*x.shape[:-1], 2, self.kernel, self.groups)
+        """x [n, B, H] -> (convolved x [n, B, H], side-1 coefficients [n, B, kernel, groups])."""
+        dyn = self.kernel_projection(x).view(*x.shape[:-1], 2, self.kernel, self.groups)
         return self._convolve(x, dyn[..., 0, :, :], 0), dyn[..., 1, :, :]
 
     def finish(self, y: torch.Tensor, dyn: torch.Tensor) -> torch.Tensor:

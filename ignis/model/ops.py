@@ -204,9 +204,9 @@ GATE_ROWS = 64  # the most activation rows `gate_linear` sends to the Triton ker
 
 
 def gate_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight^T for a dense weight of few output rows (a quantized Gated DeltaNet's gates b | a beside its packed
-    projections, a dflash2 drafter's grouped convs' coefficients): on CUDA at decode and verify rows one Triton launch
-    (ignis.kernels.gemv_triton.dense_gemv), where cuBLAS runs a split-K GEMM and a reduction; F.linear elsewhere."""
+    """x @ weight^T for a dense weight of few output rows beside quantized projections (a quantized Gated DeltaNet's
+    gates b | a): on CUDA at decode and verify rows one Triton launch (ignis.kernels.gemv_triton.dense_gemv), where
+    cuBLAS runs a split-K GEMM and a reduction; F.linear elsewhere."""
     if (x.is_cuda and x.numel() <= GATE_ROWS * x.shape[-1] and x.shape[-1] % 128 == 0 and x.dtype == weight.dtype
             and triton_installed()):
         from ignis.kernels.gemv_triton import dense_gemv
