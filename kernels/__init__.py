@@ -6,7 +6,9 @@ the GDN conv and gated norm, SwiGLU, q/k norms + RoPE + K/V write, the drafter's
 attention for decode and verify rounds (`attention`: a Triton kernel on tensor cores, `attention_triton`, ADR 0009,
 or the numba one, ADR 0006); the 4-bit GEMV/GEMM for decode and verify rows (`int4_mma`, CUDA C++ on tensor cores
 over codes repacked into their register order, compiled at run time by `nvrtc`; or, over the format's codes,
-`int4_triton` on tensor cores or `int4_gemv`, ADR 0005).
+`int4_triton` on tensor cores or `int4_gemv`, ADR 0005); the dflash2 selector's work after the proposal head (`topk_cuda`,
+a warp-sorted top-k of few wide rows in CUDA C++, and `selector_triton`, the 4-bit head's rescoring and the greedy
+walk, ADR 0010).
 Does not own: library kernels used as they are (torch SDPA, cuBLAS, fla's Gated DeltaNet prefill), nor when the
 engine calls a kernel.
 

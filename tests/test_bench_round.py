@@ -50,7 +50,7 @@ def test_each_drafting_case_loads_the_drafter_its_name_says(monkeypatch: pytest.
 
 def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch: pytest.MonkeyPatch) -> None:
     from ignis.backends import base as backends
-    from ignis.backends.dflash2 import ring
+    from ignis.backends.dflash2 import ring, selector
     from ignis.kernels import fused, gdn, gdn_cuda, int4_tile, launch
     from ignis.model import ops
     from ignis.quant import fp8
@@ -58,12 +58,12 @@ def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch:
 
     args = argparse.Namespace(conv_blocks="256,1024", blas="cublas", stream="off,on", gdn="numba,cuda", conv="cuda",
                               pdl="off,on", gdn_pdl="auto", trigger="early", int4_tile="on,off", fp8_kernel="mma",
-                              draw="triton", drafter_conv="joined")
+                              draw="triton", drafter_conv="joined", selector="triton")
     variants = kernel_variants.combinations(args)
     assert len(variants) == 32 and len({tuple(v.values()) for v in variants}) == 32
     assert variants[0] == {"conv_blocks": "256", "blas": "cublas", "stream": "off", "gdn": "numba", "conv": "cuda",
                            "pdl": "off", "gdn_pdl": "auto", "trigger": "early", "int4_tile": "on", "fp8_kernel": "mma",
-                           "draw": "triton", "drafter_conv": "joined"}
+                           "draw": "triton", "drafter_conv": "joined", "selector": "triton"}
     libraries: list[str] = []
     monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", libraries.append)
     for name in ("CONV_BLOCKS", "CUDA_CONV"):
@@ -80,6 +80,7 @@ def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch:
     monkeypatch.setattr(fp8, "FP8_KERNEL", fp8.FP8_KERNEL)
     monkeypatch.setattr(backends, "DRAW_COLUMNS", backends.DRAW_COLUMNS)
     monkeypatch.setattr(ring, "JOIN_CONV", ring.JOIN_CONV)
+    monkeypatch.setattr(selector, "FUSED", selector.FUSED)
     shipped = int4_tile.TILE_ROWS
     kernel_variants.apply_variant(variants[-2])
     assert int4_tile.TILE_ROWS == shipped is not None
@@ -108,7 +109,9 @@ def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch:
     kernel_variants.apply_variant(draws[1])
     assert backends.DRAW_COLUMNS == 64 and ring.JOIN_CONV
     kernel_variants.apply_variant({**draws[1], "drafter_conv": "apart"})
-    assert not ring.JOIN_CONV
+    assert not ring.JOIN_CONV and selector.FUSED
+    kernel_variants.apply_variant({**draws[1], "selector": "torch"})
+    assert not selector.FUSED  # the numba top-k and torch's ops after the head
 
 
 def test_every_case_is_timed_before_any_is_profiled(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -176,9 +176,11 @@ def test_the_greedy_walk_in_one_launch_equals_the_loop(monkeypatch: pytest.Monke
     anchors = torch.randint(0, cfg.vocab_size, (n,), generator=g, device=CUDA)
     choice = Choice(torch.zeros(n, device=CUDA), None)
     sel = model.candidate_selector
+    monkeypatch.setattr(selector, "FUSED", False)  # the walk over torch's edges (the fused one: test_selector_triton_gpu)
     with torch.inference_mode():
         assert selector.walk_in_one_launch(logits)
         got, _ = selector.select(cfg, sel, hidden, logits, None, anchors, choice, cfg.vocab_size)
         monkeypatch.setattr(selector, "walk_in_one_launch", lambda logits: False)
         want, _ = selector.select(cfg, sel, hidden, logits, None, anchors, choice, cfg.vocab_size)
     assert torch.equal(got, want)
+

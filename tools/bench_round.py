@@ -27,7 +27,7 @@ the drafter's distribution or, with --draft-sampling greedy, taken as its argmax
     python -m tools.bench_round --models 27b --cases verify --lanes 8 --conv-blocks 1024,8192 --blas cublas,cublaslt
 
 Kernel variants (`--conv-blocks`, `--blas`, `--stream`, `--gdn`, `--conv`, `--pdl`, `--gdn-pdl`, `--int4-tile`,
-`--fp8-kernel`, `--draw`, `--drafter-conv`: comma lists) run as
+`--fp8-kernel`, `--draw`, `--drafter-conv`, `--selector`: comma lists) run as
 every combination on each model, built once.
 """
 
@@ -52,7 +52,7 @@ import torch
 from ignis.artifact import BUILTIN
 from ignis.backends import base as backends_base
 from ignis.backends.base import BackendContext, Choice, Committed, Proposal, SpecBackend
-from ignis.backends.dflash2 import ring
+from ignis.backends.dflash2 import ring, selector
 from ignis.backends.dflash2.backend import DFlash2
 from ignis.backends.dflash2.config import DrafterConfig, drafter_config_json
 from ignis.backends.dflash2.weights import SHORTLIST, random_drafter, spread_layer_ids
@@ -482,6 +482,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drafter-conv", default="joined" if ring.JOIN_CONV else "apart",
                     help="comma list of joined, apart: whether the dflash2 drafter's side-1 grouped convs join the "
                          "next norm's launch (ignis.backends.dflash2.ring.JOIN_CONV) or take their own")
+    ap.add_argument("--selector", default="triton" if selector.FUSED else "torch",
+                    help="comma list of triton, torch: the dflash2 selector's work after the proposal head on CUDA "
+                         "(triton: the top-k, the 4-bit head's rescoring and the greedy walk in five launches, "
+                         "ignis.backends.dflash2.selector.FUSED; torch: the numba top-k and torch's ops)")
     ap.add_argument("--conv", default="auto",
                     help="comma list of auto, numba, cuda: the GDN conv kernel of decodes and verifies "
                          "(ignis.kernels.fused.CUDA_CONV; auto: by the round's rows)")

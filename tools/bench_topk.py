@@ -90,7 +90,30 @@ def _correct(x: torch.Tensor, k: int) -> bool:
     return torch.equal(ids, ref_ids) and torch.equal(vals, ref_vals)
 
 
-def grid_row(rows: int, ncols: int, k: int, dtype: torch.dtype, bw: float, flush: torch.Tensor, iters: int) -> dict:
+def cuda_row(x: torch.Tensor, k: int, flush: torch.Tensor, iters: int, shapes: list[tuple[int, int]]) -> dict:
+    """The two-launch CUDA C++ kernel (ignis.kernels.topk_cuda) on x at each (BLOCKS_PER_SM, MIN_SHARE) of `shapes`:
+    exact against the reference, and its cold and warm µs."""
+    from ignis.kernels import topk_cuda
+
+    ref_vals, ref_ids = topk_reference(x, k)
+    shipped = (topk_cuda.BLOCKS_PER_SM, topk_cuda.MIN_SHARE)
+    out: dict[str, Any] = {}
+    try:
+        for per_sm, share in shapes:
+            topk_cuda.BLOCKS_PER_SM, topk_cuda.MIN_SHARE = per_sm, share
+            vals, ids = topk_cuda.topk(x, k)
+            name = f"cuda_{per_sm}_{share}"
+            out[f"{name}_exact"] = torch.equal(ids, ref_ids) and torch.equal(vals, ref_vals)
+            fn = lambda: topk_cuda.topk(x, k)  # noqa: E731
+            out[f"{name}_cold_us"] = _graph_cold_us(fn, iters, flush)
+            out[f"{name}_warm_us"] = _graph_warm_us(fn)
+    finally:
+        topk_cuda.BLOCKS_PER_SM, topk_cuda.MIN_SHARE = shipped
+    return out
+
+
+def grid_row(rows: int, ncols: int, k: int, dtype: torch.dtype, bw: float, flush: torch.Tensor, iters: int,
+             cuda_shapes: list[tuple[int, int]] | None = None) -> dict:
     x = torch.randn(rows, ncols, device="cuda").to(dtype)
     floor = x.numel() * x.element_size() / bw * 1e6
     ours = lambda: topk(x, k)  # noqa: E731
@@ -103,6 +126,7 @@ def grid_row(rows: int, ncols: int, k: int, dtype: torch.dtype, bw: float, flush
         "ours_eager_us": _events_median_us(ours, iters, flush), "ours_cold_us": _graph_cold_us(ours, iters, flush),
         "ours_warm_us": _graph_warm_us(ours), "torch_eager_us": _events_median_us(theirs, iters, flush),
         "torch_cold_us": _graph_cold_us(theirs, iters, flush), "torch_warm_us": _graph_warm_us(theirs),
+        **(cuda_row(x, k, flush, iters, cuda_shapes) if cuda_shapes and k <= 32 else {}),
     }
 
 
@@ -152,6 +176,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--cuda", default="", help="the CUDA C++ kernel (k <= 32) too, at each BLOCKS_PER_SMxMIN_SHARE "
+                    "of this comma list (e.g. 4x256,8x128); its figures go to the JSON lines")
     ap.add_argument("--out", help="write the markdown report here too")
     ap.add_argument("--json", help="write every number here")
     ap.add_argument("--commit", help="the commit measured, where the checkout has no git metadata")
@@ -202,7 +228,9 @@ def main(argv: list[str] | None = None) -> None:
         for rows in map(int, args.rows.split(",")):
             for ncols in map(int, args.cols.split(",")):
                 for k in map(int, args.k.split(",")):
-                    r = grid_row(rows, ncols, k, getattr(torch, dtype_name), bw, flush, args.iters)
+                    shapes = [tuple(map(int, w.split("x"))) for w in args.cuda.split(",") if w]
+                    r = grid_row(rows, ncols, k, getattr(torch, dtype_name), bw, flush, args.iters,
+                                 shapes)  # type: ignore[arg-type]
                     r["x_floor"] = r["ours_cold_us"] / r["floor_us"]
                     r["vs_torch"] = r["torch_cold_us"] / r["ours_cold_us"]
                     grid.append(r)

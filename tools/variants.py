@@ -14,7 +14,7 @@ import itertools
 import torch
 
 from ignis.backends import base as backends
-from ignis.backends.dflash2 import ring
+from ignis.backends.dflash2 import ring, selector
 from ignis.kernels import fused, gdn, gdn_cuda, int4_tile, launch
 from ignis.model import ops
 from ignis.quant import fp8
@@ -22,7 +22,7 @@ from ignis.quant import fp8
 PDL_SWITCH = {"auto": None, "off": False, "on": True}  # --pdl's words: ignis.kernels.launch.PDL's values
 # the options `apply_variant` sets, comma lists
 VARIANTS = ("conv_blocks", "blas", "stream", "gdn", "conv", "pdl", "gdn_pdl", "trigger", "int4_tile", "fp8_kernel",
-            "draw", "drafter_conv")
+            "draw", "drafter_conv", "selector")
 TRIGGERS = {"late": False, "early": True}  # --trigger's words: ignis.kernels.launch.EARLY_TRIGGER's values
 
 
@@ -80,3 +80,4 @@ def apply_variant(variant: dict[str, str]) -> None:
     fp8.FP8_KERNEL = variant["fp8_kernel"]
     backends.DRAW_COLUMNS = {"triton": _DRAW_SHIPPED, "torch": 0}[variant["draw"]]
     ring.JOIN_CONV = {"joined": True, "apart": False}[variant["drafter_conv"]]
+    selector.FUSED = {"triton": True, "torch": False}[variant["selector"]]

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ignis.backends.dflash2.model import INT4_GROUPS
-from ignis.backends.dflash2.selector import topk
+from ignis.backends.dflash2.selector import fused_on, topk
 from ignis.model.ops import Weight, linear
 from ignis.quant.format import quantize
 from ignis.quant.linear import MmaCodes, PackedWeight, QuantLinear, uses_mma
@@ -122,10 +122,11 @@ class PackedHead:
         return self.dense is not None and not self.exact and hidden.numel() > PACKED_ROWS * hidden.shape[-1]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [..., H] -> [..., V] float32 from the 4-bit head (or the 16-bit one, `dense_rows`)."""
+        """hidden [..., H] -> [..., V] from the 4-bit head (or the 16-bit one, `dense_rows`), in the product's dtype
+        (the model's: float32 in exact mode): `candidates` ranks them as they are."""
         if self.dense is not None and self.dense_rows(hidden):
-            return linear(hidden, self.dense, self.exact).float()
-        return linear(hidden, self.weight, self.exact).float()
+            return linear(hidden, self.dense, self.exact)
+        return linear(hidden, self.weight, self.exact)
 
     def candidates(self, hidden: torch.Tensor, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The k best tokens of each row and their logits, largest first, ties to the smaller id (as the selector's
@@ -136,8 +137,14 @@ class PackedHead:
         rows = logits.reshape(n * s, vocab)
         if self.dense is None or self.dense_rows(hidden):  # logits of the head the target itself reads
             values, ids = topk(rows, k)
-            return values.view(n, s, k), ids.view(n, s, k)
+            return values.float().view(n, s, k), ids.view(n, s, k)
         wide = min(RESCORE * k, vocab)
+        if fused_on(rows) and not self.exact:  # the rescoring in two launches: no sort, gather or second top-k
+            from ignis.kernels import selector_triton
+
+            values, ids = selector_triton.rescore(hidden.reshape(n * s, -1).to(self.dense.dtype), self.dense,
+                                                  topk(rows, wide)[1], k)
+            return values.view(n, s, k), ids.view(n, s, k)
         ids = topk(rows, wide)[1].sort(dim=-1).values  # by id, so equal logits keep the smaller id first
         # one product a row against its own rows (bmm: each row's bits are its own whatever rows share the call)
         exact = torch.bmm(self.dense[ids], hidden.reshape(n * s, -1, 1).to(self.dense.dtype))[..., 0]

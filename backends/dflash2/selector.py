@@ -27,14 +27,35 @@ from ignis.kernels.topk import MAX_K, topk_reference
 from ignis.kernels.topk import topk as kernel_topk
 
 
+# The selector's GPU work after the head in few launches: the top-k over a head's logits in two (ignis.kernels.
+# topk_cuda), the 4-bit head's rescoring in two and the greedy walk making its own edges in one (ignis.kernels.
+# selector_triton). False: the numba top-k, the rescoring and the edges in torch, and the walk over every
+# (predecessor, candidate) pair's edge (tools.bench_round --selector times the two).
+FUSED = True
+# Most rows whose top-k takes the CUDA C++ kernel: on the H200 it took 21-42 µs against the numba kernel's 24-60 at one
+# to eight rows of the 27B's vocabulary, the same at 14, and 172 against 96-122 at 56 (BENCHMARKS.md, "The drafter's
+# candidates"), so more rows keep the numba kernel.
+CUDA_TOPK_ROWS = 8
+
+
 def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x [R, V] -> (values, ids) [R, k]: largest first, ties to the smaller id, on every device.
 
-    The numba-cuda kernel on GPU (the torch reference on CPU); a k beyond the kernel's register lists takes the
-    reference, which selects the same way."""
+    On GPU the two-launch CUDA C++ kernel (FUSED, k <= 32, at most CUDA_TOPK_ROWS rows) or the numba-cuda one, on
+    CPU the torch reference; a k beyond the kernels' lists takes the reference, which selects the same way."""
+    if fused_on(x) and x.shape[0] <= CUDA_TOPK_ROWS:
+        from ignis.kernels import topk_cuda
+
+        if topk_cuda.fits(x, k):
+            return topk_cuda.topk(x, k)
     if k <= MAX_K:
         return kernel_topk(x, k)
     return topk_reference(x, k)
+
+
+def fused_on(x: torch.Tensor) -> bool:
+    """Whether the selector's fused kernels run for tensors like x: CUDA, Triton installed, FUSED."""
+    return FUSED and x.is_cuda and triton_installed()
 
 
 def transform(cfg: DrafterConfig, logits: torch.Tensor) -> torch.Tensor:
@@ -67,7 +88,13 @@ def select(
     cand = cand.view(n, k, -1)
     if ids is not None:
         cand = ids[cand]
-    unary = transform(cfg, values.view(n, k, -1))  # [n, k, K] float32; monotonic, so the candidate set is the same
+    unary = transform(cfg, values.view(n, k, -1).float())  # [n, k, K]; monotonic, so the candidate set is the same
+    if choice.uniforms is None and fused_on(logits):  # every lane greedy: the walk makes the edges it reads
+        from ignis.kernels import selector_triton
+
+        hp = selector.hidden_projection(hidden)
+        return selector_triton.walk(unary, cand, hp, selector.predecessor_codebook.detach(),
+                                    selector.successor_codebook.detach(), anchors), None
     hp = selector.hidden_projection(hidden).float()  # [n, k, r]
     succ = selector.successor_codebook[cand].float()  # [n, k, K, r]
     # Edge scores of every (predecessor, candidate) pair at once: the anchor before slot 0, slot t-1's candidates
