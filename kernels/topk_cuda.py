@@ -8,11 +8,10 @@ elements returned), or which calls take this kernel rather than the numba one (i
 ignis.backends.dflash2.selector).
 
 Why: the drafter's proposal head gives a few rows of 248,320 logits at the 27B shape, of which the selector wants the
-16 or 32 best. The numba kernel ranks every element into per-lane lists: 24-32 µs for one row, 41-60 for seven. Here
-a warp sorts and merges only the loads where a key beats its list's last: 21 µs and 42 (k = 32), the same as numba at
-14 rows and slower past that (BENCHMARKS.md, "The drafter's candidates"), so the selector sends it at most eight
-rows. Still some 20x the rows' bytes: while a warp's list fills, nearly every load passes, and each costs a sort and a
-merge of 32 keys across the warp.
+16 or 32 best. The numba kernel ranks every element into per-lane lists: 23-32 µs for one row, 40-60 for seven,
+55-71 for fourteen. Here each lane sorts what it loaded and the warp merges only the ranks that can still enter its
+list: 21, 29 and 41 µs (BENCHMARKS.md, "The drafter's candidates"); slower than numba's from some 56 rows on, so the
+selector sends it at most sixteen rows (two lanes' drafts).
 """
 
 from __future__ import annotations
@@ -26,9 +25,9 @@ from ignis.kernels.launch import nvrtc_installed, sm_count
 from ignis.kernels.topk_cuda_kernel import SOURCE
 
 MAX_K = 32  # one list entry a lane
-UNROLL = 8  # elements a lane loads before it filters them
-MIN_SHARE = 256  # columns a warp filters at least: fewer chunks on short rows
-BLOCKS_PER_SM = 4  # the chunks aim at this many blocks of 8 warps an SM over all rows
+UNROLL = 16  # elements a lane loads and sorts before the warp merges them (a power of two)
+MIN_SHARE = 512  # columns a warp filters at least (32 x UNROLL: one load): fewer chunks on short rows
+BLOCKS_PER_SM = 8  # the chunks aim at this many blocks of 8 warps an SM over all rows
 _lock = threading.Lock()
 _functions: dict[tuple[bool, torch.device], tuple[object, object]] = {}
 

@@ -2,15 +2,16 @@
 ignis.kernels.topk_cuda).
 
 Owns: `SOURCE` and its compile-time sizes (BF16: elements are bf16 bits, else float32; UNROLL: elements a lane loads
-before it filters them). Does not own: the launch, its checks or the split of a row (ignis.kernels.topk_cuda).
+and sorts before the warp merges them, a power of two). Does not own: the launch, its checks or the split of a row (ignis.kernels.topk_cuda).
 
 Every element becomes one 64-bit key: its value's bits made order-preserving in the high word (-0.0 as +0.0, every
 NaN above +inf) and the column complemented in the low word, so one signed comparison is ignis.kernels.topk's whole
 order and no two keys of a row are equal. A warp keeps a list of its 32 largest keys, lane i the i-th; it reads its
 columns 32 at a time, and where any of them is above the list's last (one vote a load), it sorts them across its
-lanes (a bitonic network of shuffles) and merges them into the list (one half-cleaner network). Once the list holds
-a row's large values few loads pass; until then nearly every one does, and its sort and merge (about 21 dependent
-shuffle stages) set the kernel's time, not its loads.
+lanes (a bitonic network of shuffles) and merges them into the list (one half-cleaner network). Each lane first sorts
+the UNROLL keys it loaded, and the warp offers them rank by rank, stopping at the first rank where no lane's key beats
+the list's last: a row's 32 largest seldom put more than a few in one lane, so a few sorts and merges (about 21
+dependent shuffle stages each) take each load of UNROLL x 32 columns.
 - `topk_chunks`: block (chunk, row), 8 warps: each warp filters its share of the chunk, warp 0 then merges the
   other warps' lists into its own and stores the chunk's 32 best keys, sorted.
 - `topk_merge`: block (row): the 8 warps merge the row's chunks' sorted lists the same way, warp 0 merges theirs
@@ -64,10 +65,33 @@ __device__ __forceinline__ long long merge32(long long a, long long b, int lane)
     return v;
 }
 
-// The warp's keys join its list where any of them passes the list's last (the 32nd largest so far).
-__device__ __forceinline__ void offer(long long key, long long &list, long long &last, int lane) {
-    if (__any_sync(FULL, key > last)) {
-        list = merge32(list, sort32(key, lane), lane);
+// A lane's UNROLL keys sorted in its registers, largest first (a bitonic network over compile-time indices).
+__device__ __forceinline__ void sort_lane(long long (&key)[UNROLL]) {
+#pragma unroll
+    for (int k = 2; k <= UNROLL; k <<= 1)
+#pragma unroll
+        for (int j = k >> 1; j > 0; j >>= 1)
+#pragma unroll
+            for (int i = 0; i < UNROLL; ++i) {
+                const int l = i ^ j;
+                if (l > i) {
+                    const long long a = key[i], b = key[l];
+                    const bool down = (i & k) == 0;
+                    key[i] = down ? max(a, b) : min(a, b);
+                    key[l] = down ? min(a, b) : max(a, b);
+                }
+            }
+}
+
+// The warp's keys, each lane's sorted, join its list rank by rank: every lane's r-th largest at once, until no lane's
+// beats the list's last (the 32nd largest so far). A lane's later ranks are smaller still, so nothing is missed,
+// and a row's 32 largest seldom put more than a few in one lane: a few ranks, not all UNROLL, are merged.
+__device__ __forceinline__ void offer(long long (&key)[UNROLL], long long &list, long long &last, int lane) {
+    sort_lane(key);
+#pragma unroll
+    for (int r = 0; r < UNROLL; ++r) {
+        if (!__any_sync(FULL, key[r] > last)) break;
+        list = merge32(list, sort32(key[r], lane), lane);
         last = __shfl_sync(FULL, list, 31);
     }
 }
@@ -97,8 +121,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) topk_chunks(
             int col = base + u * 32 + lane;
             key[u] = col < we ? make_key(widen(xr[col]), col) : LOWEST;
         }
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) offer(key[u], list, last, lane);
+        offer(key, list, last, lane);
     }
     gather_lists(lists, list, lane, warp);
     if (warp == 0) keys[((long long)row * nchunks + s) * 32 + lane] = list;

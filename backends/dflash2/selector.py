@@ -32,10 +32,10 @@ from ignis.kernels.topk import topk as kernel_topk
 # selector_triton). False: the numba top-k, the rescoring and the edges in torch, and the walk over every
 # (predecessor, candidate) pair's edge (tools.bench_round --selector times the two).
 FUSED = True
-# Most rows whose top-k takes the CUDA C++ kernel: on the H200 it took 21-42 µs against the numba kernel's 24-60 at one
-# to eight rows of the 27B's vocabulary, the same at 14, and 172 against 96-122 at 56 (BENCHMARKS.md, "The drafter's
-# candidates"), so more rows keep the numba kernel.
-CUDA_TOPK_ROWS = 8
+# Most rows whose top-k takes the CUDA C++ kernel: on the H200 it took 21, 29 and 41 µs against the numba kernel's
+# 23-32, 40-60 and 55-71 at 1, 7 and 14 rows of the 27B's vocabulary, and 127 against 83-123 at 56 (BENCHMARKS.md,
+# "The drafter's candidates"), so more rows keep the numba kernel.
+CUDA_TOPK_ROWS = 16
 
 
 def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
