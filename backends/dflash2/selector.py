@@ -75,10 +75,11 @@ def select(
     choice: Choice,
     vocab: int,
     candidates: Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]] | None = None,
+    fused: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Drafts [n, k] int64 and q [n, k, vocab] float32 (None when every lane is greedy). candidates: the head's own
     choice of the K best (hidden, logits, K) -> (values, ids) [n, k, K] (the 4-bit head's, .packed_head), in place
-    of the top-k over `logits`."""
+    of the top-k over `logits`. fused False (exact mode): a greedy walk keeps the loop's sums, whatever the device."""
     n, k, width = logits.shape
     # A shortlist narrower than top_k offers all its tokens.
     if candidates is None:
@@ -89,7 +90,7 @@ def select(
     if ids is not None:
         cand = ids[cand]
     unary = transform(cfg, values.view(n, k, -1).float())  # [n, k, K]; monotonic, so the candidate set is the same
-    if choice.uniforms is None and fused_on(logits):  # every lane greedy: the walk makes the edges it reads
+    if choice.uniforms is None and fused and fused_on(logits):  # every lane greedy: the walk makes its edges
         from ignis.kernels import selector_triton
 
         hp = selector.hidden_projection(hidden)
