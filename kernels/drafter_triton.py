@@ -299,39 +299,3 @@ def ring_write(
         _ring_write[(t, nkv)](kv, k_weight, cos, sin, lane_ix.contiguous(), positions.contiguous(), kc, vc, kpos,
                               kv.stride(0), kc.stride(0), kc.stride(1), kpos.stride(0), size, float(eps),
                               NKV=nkv, HD=hd, ROT=cos.shape[-1], num_warps=1)
-
-
-@triton.jit
-def _walk(
-    unary,  # [n, k, K] f32 contiguous: each slot's candidates' transformed logits
-    first,  # [n, K] f32 contiguous: the edge from the anchor to slot 0's candidates
-    pairs,  # [n, k - 1, K, K] f32 contiguous: the edge from slot t's candidate p to slot t + 1's candidate c
-    cand,  # [n, k, K] int64 contiguous: the candidates' token ids
-    tokens,  # [n, k] int64 out
-    K, k: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    b = tl.program_id(0).to(tl.int64)
-    c = tl.arange(0, BLOCK_K)
-    ok = c < K
-    edge = tl.load(first + b * K + c, mask=ok, other=0.0)
-    pick = tl.zeros([], tl.int32)
-    for t in tl.static_range(k):
-        if t > 0:
-            edge = tl.load(pairs + ((b * (k - 1) + t - 1) * K + pick) * K + c, mask=ok, other=0.0)
-        s = tl.where(ok, tl.load(unary + (b * k + t) * K + c, mask=ok, other=0.0) + edge, float("-inf"))
-        pick = tl.argmax(s, 0, tie_break_left=True).to(tl.int32)
-        tl.store(tokens + b * k + t, tl.load(cand + (b * k + t) * K + pick))
-
-
-def walk(unary: torch.Tensor, first: torch.Tensor, pairs: torch.Tensor | None, cand: torch.Tensor) -> torch.Tensor:
-    """The greedy selector walk of every lane in one launch: per slot the candidate of the best unary + edge score
-    (ties to the earlier candidate, as torch's argmax), the edge read from the previous slot's pick. unary [n, k, K]
-    f32, first [n, K] f32, pairs [n, k - 1, K, K] f32 (None when k = 1), cand [n, k, K] int64 -> tokens [n, k]."""
-    n, k, width = unary.shape
-    tokens = torch.empty((n, k), dtype=torch.long, device=unary.device)
-    if pairs is None:
-        pairs = first  # never read with k = 1
-    if n:
-        _walk[(n,)](unary.contiguous(), first.contiguous(), pairs.contiguous(), cand.contiguous(), tokens, width,
-                    k=k, BLOCK_K=max(2, triton.next_power_of_2(width)), num_warps=1)
-    return tokens

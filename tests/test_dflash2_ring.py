@@ -172,27 +172,3 @@ for nh, nkv, hd, rot in ((32, 8, 128, 128), (32, 8, 128, 32), (6, 2, 64, 64)):
 
 def test_kernels_compile_for_sm90_without_spills() -> None:
     assert run_child(COMPILE).count("ok") == 9
-
-
-@pytest.mark.parametrize("k,top_k,width", [(7, 16, 64), (5, 6, 64), (1, 8, 64), (3, 16, 10)])
-def test_greedy_walk_in_one_launch_equals_the_loop(k: int, top_k: int, width: int,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """The selector's greedy walk as one kernel (ignis.kernels.drafter_triton.walk) picks what the loop picks, slot
-    after slot along the edges of the previous pick (a shortlist narrower than top_k offers all its tokens)."""
-    from ignis.backends.dflash2 import selector
-    from test_dflash2_parts import _selector_setup
-
-    vocab = 64
-    cfg, sel = _selector_setup(vocab, top_k=top_k, seed=k)
-    g = torch.Generator().manual_seed(top_k)
-    n = 4
-    hidden = torch.randn(n, k, cfg.hidden_size, generator=g)
-    logits = torch.round(torch.randn(n, k, width, generator=g) * 2) / 2
-    ids = None if width == vocab else torch.randperm(vocab, generator=g)[:width]  # a shortlist's columns
-    anchors = torch.randint(0, vocab, (n,), generator=g)
-    choice = Choice(torch.zeros(n), None)
-    with torch.no_grad():
-        want, _ = selector.select(cfg, sel, hidden, logits, ids, anchors, choice, vocab)
-        monkeypatch.setattr(selector, "walk_in_one_launch", lambda logits: True)
-        got, q = selector.select(cfg, sel, hidden, logits, ids, anchors, choice, vocab)
-    assert q is None and torch.equal(got, want)

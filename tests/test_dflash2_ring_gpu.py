@@ -162,25 +162,3 @@ def test_ring_write_equals_context_kv_and_write_rows(shape: str) -> None:
         assert torch.equal(pos[:LANES], pos2[:LANES])
         assert relative(k2[:LANES], k[:LANES]) < 1e-2 and relative(v2[:LANES], v[:LANES]) < 1e-2, (
             relative(k2[:LANES], k[:LANES]), relative(v2[:LANES], v[:LANES]))
-
-
-def test_the_greedy_walk_in_one_launch_equals_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ignis.backends.base import Choice
-    from ignis.backends.dflash2 import selector
-
-    cfg, model = drafter("builtin")
-    g = torch.Generator(device=CUDA).manual_seed(6)
-    n, k = 8, 7
-    hidden = torch.randn(n, k, cfg.hidden_size, generator=g, device=CUDA, dtype=BF16)
-    logits = torch.randn(n, k, cfg.vocab_size, generator=g, device=CUDA)
-    anchors = torch.randint(0, cfg.vocab_size, (n,), generator=g, device=CUDA)
-    choice = Choice(torch.zeros(n, device=CUDA), None)
-    sel = model.candidate_selector
-    monkeypatch.setattr(selector, "FUSED", False)  # the walk over torch's edges (the fused one: test_selector_triton_gpu)
-    with torch.inference_mode():
-        assert selector.walk_in_one_launch(logits)
-        got, _ = selector.select(cfg, sel, hidden, logits, None, anchors, choice, cfg.vocab_size)
-        monkeypatch.setattr(selector, "walk_in_one_launch", lambda logits: False)
-        want, _ = selector.select(cfg, sel, hidden, logits, None, anchors, choice, cfg.vocab_size)
-    assert torch.equal(got, want)
-

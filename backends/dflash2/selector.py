@@ -29,8 +29,8 @@ from ignis.kernels.topk import topk as kernel_topk
 
 # The selector's GPU work after the head in few launches: the top-k over a head's logits in two (ignis.kernels.
 # topk_cuda), the 4-bit head's rescoring in two and the greedy walk making its own edges in one (ignis.kernels.
-# selector_triton). False: the numba top-k, the rescoring and the edges in torch, and the walk over every
-# (predecessor, candidate) pair's edge (tools.bench_round --selector times the two).
+# selector_triton). False: the numba top-k, and the rescoring, the edges and the walk in torch, the reference the
+# CPU runs (tools.bench_round --selector times the two).
 FUSED = True
 # Most rows whose top-k takes the CUDA C++ kernel: on the H200 it took 21, 29 and 41 µs against the numba kernel's
 # 23-32, 40-60 and 55-71 at 1, 7 and 14 rows of the 27B's vocabulary, and 127 against 83-123 at 56 (BENCHMARKS.md,
@@ -79,7 +79,7 @@ def select(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Drafts [n, k] int64 and q [n, k, vocab] float32 (None when every lane is greedy). candidates: the head's own
     choice of the K best (hidden, logits, K) -> (values, ids) [n, k, K] (the 4-bit head's, .packed_head), in place
-    of the top-k over `logits`. fused False (exact mode): a greedy walk keeps the loop's sums, whatever the device."""
+    of the top-k over `logits`. fused False (exact mode): a greedy walk is the loop, whatever the device."""
     n, k, width = logits.shape
     # A shortlist narrower than top_k offers all its tokens.
     if candidates is None:
@@ -106,10 +106,6 @@ def select(
         pred = selector.predecessor_codebook[cand[:, :-1]].float() * hp[:, 1:, None, :]  # [n, k-1, K, r]
         pairs = torch.einsum("ntpr,ntcr->ntpc", pred, succ[:, 1:])  # [n, k-1, K (predecessor), K]
     width_k = cand.shape[-1]
-    if choice.uniforms is None and walk_in_one_launch(logits):  # every lane greedy
-        from ignis.kernels import drafter_triton
-
-        return drafter_triton.walk(unary, first, pairs, cand), None
     picks, probs = [], []
     pick = anchors  # unused for slot 0
     for t in range(k):
@@ -128,12 +124,6 @@ def select(
         return tokens, None
     q = torch.zeros((n, k, vocab), dtype=torch.float32, device=logits.device)
     return tokens, q.scatter_(-1, cand, torch.stack(probs, dim=1))
-
-
-def walk_in_one_launch(logits: torch.Tensor) -> bool:
-    """A greedy walk runs as one Triton launch (ignis.kernels.drafter_triton.walk) on CUDA where Triton is installed;
-    the loop below, which it equals, is the CPU's and the reference."""
-    return logits.is_cuda and triton_installed()
 
 
 def pick(
