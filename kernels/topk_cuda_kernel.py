@@ -2,16 +2,16 @@
 ignis.kernels.topk_cuda).
 
 Owns: `SOURCE` and its compile-time sizes (BF16: elements are bf16 bits, else float32; UNROLL: elements a lane loads
-and sorts before the warp merges them, a power of two). Does not own: the launch, its checks or the split of a row (ignis.kernels.topk_cuda).
+and sorts before the warp merges them, a power of two). Does not own: the launch, its checks or the split of a row
+(ignis.kernels.topk_cuda).
 
 Every element becomes one 64-bit key: its value's bits made order-preserving in the high word (-0.0 as +0.0, every
 NaN above +inf) and the column complemented in the low word, so one signed comparison is ignis.kernels.topk's whole
-order and no two keys of a row are equal. A warp keeps a list of its 32 largest keys, lane i the i-th; it reads its
-columns 32 at a time, and where any of them is above the list's last (one vote a load), it sorts them across its
-lanes (a bitonic network of shuffles) and merges them into the list (one half-cleaner network). Each lane first sorts
-the UNROLL keys it loaded, and the warp offers them rank by rank, stopping at the first rank where no lane's key beats
-the list's last: a row's 32 largest seldom put more than a few in one lane, so a few sorts and merges (about 21
-dependent shuffle stages each) take each load of UNROLL x 32 columns.
+order and no two keys of a row are equal. A warp keeps a list of its 32 largest keys, lane i the i-th. Each lane
+loads and sorts UNROLL keys; the warp then offers them rank by rank (every lane's r-th largest: a bitonic sort across
+the lanes, then a half-cleaner merge into the list), stopping at the first rank where no lane's key beats the list's
+last. A row's 32 largest seldom put more than a few in one lane, so a few sorts and merges (about 21 dependent
+shuffle stages each) take each load of UNROLL x 32 columns.
 - `topk_chunks`: block (chunk, row), 8 warps: each warp filters its share of the chunk, warp 0 then merges the
   other warps' lists into its own and stores the chunk's 32 best keys, sorted.
 - `topk_merge`: block (row): the 8 warps merge the row's chunks' sorted lists the same way, warp 0 merges theirs

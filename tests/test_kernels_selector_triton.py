@@ -74,7 +74,7 @@ def test_rescore_takes_the_k_best_by_the_heads_rows_ties_to_the_smaller_id(on_cp
         selector_triton.rescore(x, head, wide, width + 1)
 
 
-def test_the_packed_heads_fused_candidates_are_its_torch_paths(on_cpu: None) -> None:
+def test_the_packed_heads_fused_candidates_are_its_torch_paths(on_cpu: None, monkeypatch: pytest.MonkeyPatch) -> None:
     from ignis.backends.dflash2 import selector
     from ignis.backends.dflash2.packed_head import PackedHead
 
@@ -83,18 +83,15 @@ def test_the_packed_heads_fused_candidates_are_its_torch_paths(on_cpu: None) -> 
     hidden = torch.randint(-2, 3, (1, 5, 256), generator=torch.Generator().manual_seed(5)).float()
     logits = head.logits(hidden)
     got = head.candidates(hidden, logits, 16)
-    selector.FUSED = False
-    try:
-        want = head.candidates(hidden, logits, 16)
-    finally:
-        selector.FUSED = True
+    monkeypatch.setattr(selector, "FUSED", False)  # the torch path
+    want = head.candidates(hidden, logits, 16)
     assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
 
 
 @pytest.mark.parametrize("k,top_k,width,flat", [(7, 16, 64, False), (5, 6, 64, False), (1, 8, 64, False),
                                                  (3, 16, 10, False), (7, 16, 64, True)])
 def test_the_walk_making_its_edges_picks_what_the_loop_picks(on_cpu: None, k: int, top_k: int, width: int,
-                                                              flat: bool) -> None:
+                                                              flat: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Integer codebooks and hidden projections make every score exact, with many ties: the kernel's picks must be
     the loop's, slot after slot, ties to the earlier candidate."""
     from ignis.backends.base import Choice
@@ -118,11 +115,8 @@ def test_the_walk_making_its_edges_picks_what_the_loop_picks(on_cpu: None, k: in
     choice = Choice(torch.zeros(n), None)
     with torch.no_grad():
         got, q = selector.select(cfg, sel, hidden, logits, ids, anchors, choice, vocab)
-        selector.FUSED = False
-        try:
-            want, _ = selector.select(cfg, sel, hidden, logits, ids, anchors, choice, vocab)
-        finally:
-            selector.FUSED = True
+        monkeypatch.setattr(selector, "FUSED", False)  # the torch path
+        want, _ = selector.select(cfg, sel, hidden, logits, ids, anchors, choice, vocab)
     assert q is None and torch.equal(got, want)
 
 

@@ -62,20 +62,18 @@ def _integers(shape: tuple[int, ...], low: int, high: int, seed: int) -> torch.T
     return torch.randint(low, high, shape, generator=g, device=CUDA).to(BF16)
 
 
-def test_the_packed_heads_fused_candidates_are_its_torch_paths_at_the_27b_head() -> None:
+def test_the_packed_heads_fused_candidates_are_its_torch_paths_at_the_27b_head(monkeypatch: pytest.MonkeyPatch) -> None:
     dense = _integers((VOCAB, HIDDEN), -3, 4, 1)
     head = PackedHead(dense, exact=False)
     for lanes in (1, 2):  # 7 and 14 rows: the 4-bit head's rows
         hidden = _integers((lanes, 7, HIDDEN), -2, 3, lanes)
         with torch.inference_mode():
             logits = head.logits(hidden)
-            assert selector.FUSED and selector.fused_on(logits)
+            monkeypatch.setattr(selector, "FUSED", True)
+            assert selector.fused_on(logits)
             got = head.candidates(hidden, logits, 16)
-            selector.FUSED = False
-            try:
-                want = head.candidates(hidden, logits, 16)
-            finally:
-                selector.FUSED = True
+            monkeypatch.setattr(selector, "FUSED", False)  # the torch path
+            want = head.candidates(hidden, logits, 16)
         assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
 
 
@@ -97,7 +95,7 @@ def test_rescore_and_topk_replay_in_a_graph() -> None:
     assert torch.equal(out[1], want[1]) and torch.equal(out[0], want[0]) and not torch.equal(first[1], want[1])
 
 
-def test_the_walk_making_its_edges_picks_what_the_loop_picks_at_the_27b_shape() -> None:
+def test_the_walk_making_its_edges_picks_what_the_loop_picks_at_the_27b_shape(monkeypatch: pytest.MonkeyPatch) -> None:
     from ignis.backends.dflash2.config import DrafterConfig, drafter_config_json
     from ignis.backends.dflash2.model import Selector
     from test_dflash2_ring_gpu import ARCH
@@ -123,10 +121,8 @@ def test_the_walk_making_its_edges_picks_what_the_loop_picks_at_the_27b_shape() 
         anchors = torch.randint(0, VOCAB, (n,), device=CUDA, generator=torch.Generator(device=CUDA).manual_seed(9))
         choice = Choice(torch.zeros(n, device=CUDA), None)
         with torch.inference_mode():
+            monkeypatch.setattr(selector, "FUSED", True)
             got, _ = selector.select(cfg, sel, hidden, logits, None, anchors, choice, VOCAB)
-            selector.FUSED = False
-            try:
-                want, _ = selector.select(cfg, sel, hidden, logits, None, anchors, choice, VOCAB)
-            finally:
-                selector.FUSED = True
+            monkeypatch.setattr(selector, "FUSED", False)  # the torch path
+            want, _ = selector.select(cfg, sel, hidden, logits, None, anchors, choice, VOCAB)
         assert torch.equal(got, want), flat

@@ -83,7 +83,6 @@ class DFlash2:
         # CUDA outside the exact mode; tests switch it on for CPU tensors under Triton's interpreter.
         self.ring = (ctx.device.type == "cuda" and not ctx.model.exact and triton_installed()
                      and ring_fits(cfg, ctx.dtype))
-        self.exact = ctx.model.exact  # the greedy walk then keeps the loop's arithmetic (selector.select's `fused`)
         self.offsets = torch.arange(cfg.block_size, dtype=torch.long, device=ctx.device)  # [B] int64, device
         self.masks = torch.full((cfg.width,), cfg.mask_token_id, dtype=torch.long, device=ctx.device)  # [B-1] int64
         log.info(
@@ -178,7 +177,7 @@ class DFlash2:
             logits, columns = self.target.logits(hidden), None
         if self.model.candidate_selector is not None:
             tokens, q = select(self.cfg, self.model.candidate_selector, hidden, logits, columns, anchors, choice,
-                               self.vocab, candidates, fused=not self.exact)
+                               self.vocab, candidates, fused=not self.target.exact)
         else:
             tokens, q = pick(self.cfg, logits, columns, choice, self.vocab)
         return Proposal(tokens=tokens, q=q)
