@@ -79,6 +79,7 @@ class ProposeIn:
     generators: list[torch.Generator]  # per lane, for backends that sample their drafts
     cuts: list[tuple[int, float, float]] | None = None  # per lane: the request's (top_k, top_p, min_p); None = none
     span: int = 0  # the largest anchor position among the lanes (rows any lane has committed)
+    greedy_round: bool = False  # every lane takes the target's argmax (Choice.greedy_round)
 
 
 @dataclass
@@ -103,24 +104,27 @@ class Choice:
     top_k: torch.Tensor | None = None  # [n] int64, device: 0 = off; None (with top_p and min_p) = no lane cuts
     top_p: torch.Tensor | None = None  # [n] float32, device: 1 = off
     min_p: torch.Tensor | None = None  # [n] float32, device: 0 = off
+    # Every lane of the round takes the target's argmax: the drafts change only how many are kept, never the output,
+    # so a backend may draft with a cheaper approximation (dflash2's spec.draft_weights = "int4-greedy").
+    greedy_round: bool = False
 
     @staticmethod
     def build(temperatures: list[float], generators: list[torch.Generator], k: int, device: torch.device,
-              cuts: list[tuple[int, float, float]] | None = None) -> Choice:
+              cuts: list[tuple[int, float, float]] | None = None, greedy_round: bool = False) -> Choice:
         """The host form: uniforms from each sampling lane's own generator; `cuts` holds each lane's (top_k, top_p,
         min_p)."""
         temps = torch.tensor(temperatures, dtype=torch.float32, device=device)
         if all(t <= 0.0 for t in temperatures):
-            return Choice(temps, None)
+            return Choice(temps, None, greedy_round=greedy_round)
         rows = [torch.rand(k, generator=g, dtype=torch.float64) if t > 0.0 else torch.zeros(k, dtype=torch.float64)
                 for t, g in zip(temperatures, generators)]
         uniforms = torch.stack(rows).to(device, non_blocking=True)
         if not cuts:
-            return Choice(temps, uniforms)
+            return Choice(temps, uniforms, greedy_round=greedy_round)
         top_k, top_p, min_p = zip(*cuts)
         return Choice(temps, uniforms, torch.tensor(top_k, dtype=torch.int64, device=device),
                       torch.tensor(top_p, dtype=torch.float32, device=device),
-                      torch.tensor(min_p, dtype=torch.float32, device=device))
+                      torch.tensor(min_p, dtype=torch.float32, device=device), greedy_round)
 
     def probs(self, scores: torch.Tensor) -> torch.Tensor:
         """scores [n, C] or [n, k, C] float32 -> each lane's draft distribution over the C columns, the same shape:

@@ -102,9 +102,14 @@ class SpecSection:
     # The dflash2 drafter's projections: in the checkpoint's precision ("model"), float8 e4m3 with a scale per
     # output channel made at load ("fp8": a byte a weight, about 40% less drafter memory at the 27B shape, acceptance
     # unchanged, not faster on the H200; its products run ignis.quant.fp8's kernel on CUDA, the dequantized reference
-    # elsewhere), or 4-bit codes over groups of 128 input columns made at load ("int4": the 4-bit product of
-    # ignis.quant.linear, as a quantized target's). Drafts only propose: the output stays the target's.
-    draft_weights: str = choice("model", "model", "fp8", "int4")
+    # elsewhere), 4-bit codes over groups of 128 input columns made at load ("int4": the 4-bit product of
+    # ignis.quant.linear, as a quantized target's), the checkpoint's precision plus a 4-bit copy of the layers'
+    # projections that rounds of one or two greedy lanes read ("int4-greedy": faster one-lane rounds for a quarter
+    # more drafter memory; sampled rounds and the context's K/V keep the checkpoint's precision, so a seeded request
+    # samples the same tokens alone and beside others), or "auto": "int4-greedy" for 16-bit layer projections of
+    # 1 GiB or more beside a 16-bit target on a GPU that runs the mma kernel, outside exact mode (a 27B's drafter),
+    # else "model" (backends/dflash2/greedy_copy.py). Drafts only propose: the output stays the target's.
+    draft_weights: str = choice("auto", "auto", "model", "fp8", "int4", "int4-greedy")
     # Sampled requests: draw drafts from the drafter's own distribution q, shaped by the request's temperature, top-k,
     # top-p and min-p ("sampled"), or take its argmax, a one-hot q ("greedy"). Both keep the output exact; q that
     # follows the target accepts more.

@@ -31,7 +31,7 @@ import torch
 
 from ignis.config import IgnisConfig
 from ignis.config.schema import AUTO
-from ignis.errors import ConfigError
+from ignis.errors import ArtifactError, ConfigError
 from ignis.model.cache import LaneCache
 from ignis.model.pool import PAGE, KVPool
 from ignis.model.config import ModelConfig
@@ -327,13 +327,44 @@ def _proposal_head(cfg: IgnisConfig, drafter_dir: Path, target: ModelConfig, dty
 
 def proposal_head_bytes(cfg: IgnisConfig, model_dir: Path, target: ModelConfig, dtype: torch.dtype,
                         cuda: bool) -> int:
-    """What the dflash2 drafter's proposal head will hold beside the target's for `cfg` (a 4-bit copy of a 16-bit
-    head, or the shortlist's rows), for the model in `model_dir` as it is stored (4-bit or not, its head too or not):
-    memory the engine reserves before it fits the K/V pool (ignis.engine.defaults)."""
+    """What the dflash2 drafter's proposal head and its greedy copy will hold beside the target's and the drafter's
+    own weights for `cfg` (a 4-bit copy of a 16-bit head or the shortlist's rows; the 4-bit copy of its layers'
+    projections), for the model in `model_dir` as it is stored (4-bit or not, its head too or not): memory the engine
+    reserves before it fits the K/V pool (ignis.engine.defaults)."""
+    from ignis.backends.dflash2.config import DrafterConfig
+    from ignis.backends.dflash2.weights import expected_shapes
+
     quant = QuantConfig.of(json.loads((model_dir / "config.json").read_text()), model_dir / "config.json")
-    head, _ = _proposal_head(cfg, cfg.spec.drafter_dir(model_dir), target, dtype, cuda, quantized=quant is not None,
+    path = cfg.spec.drafter_dir(model_dir)
+    head, _ = _proposal_head(cfg, path, target, dtype, cuda, quantized=quant is not None,
                              head_packed=quant is not None and quant.head)
-    return head
+    try:
+        shapes = expected_shapes(DrafterConfig.from_dir(path, target))
+    except ArtifactError:  # a drafter that does not fit the target is refused at load, with its reason
+        return head
+    copy, _ = _greedy_copy(cfg, shapes, dtype, cuda, quantized=quant is not None)
+    return head + copy
+
+
+def _greedy_copy(cfg: IgnisConfig, shapes: dict[str, tuple[int, ...]], dtype: torch.dtype, cuda: bool, *,
+                 quantized: bool) -> tuple[int, str]:
+    """(bytes, weights): what the dflash2 drafter's 4-bit copy of its layers' projections holds (0 where it has none)
+    for checkpoint tensors of these shapes, and what spec.draft_weights gives, "auto" resolved as the backend
+    resolves it (backends.dflash2.greedy_copy.resolve)."""
+    from ignis.artifact import resolve_exact
+    from ignis.backends.dflash2.greedy_copy import auto_copy, copy_bytes
+    from ignis.backends.dflash2.model import int4_layout, layer_projection
+
+    device = torch.device("cuda" if cuda else "cpu")
+    layers = [(s[0], s[1]) for name, s in shapes.items() if layer_projection(name)]
+    chosen = cfg.spec.draft_weights
+    if chosen == "auto":
+        size = torch.finfo(dtype).bits // 8
+        _, mma = int4_layout(layers, device, dtype)
+        nbytes = sum(out * cols for out, cols in layers) * size
+        auto = auto_copy(nbytes, size, mma=mma, exact=resolve_exact(cfg, device), quantized=quantized)
+        chosen = "int4-greedy" if layers and auto else "model"
+    return (copy_bytes(layers, device, dtype) if chosen == "int4-greedy" else 0), chosen
 
 
 def _drafter(cfg: IgnisConfig, model_dir: Path, target: ModelConfig, dtype: torch.dtype, cuda: bool, *,
@@ -365,9 +396,11 @@ def _drafter(cfg: IgnisConfig, model_dir: Path, target: ModelConfig, dtype: torc
                            for (out, cols), g in zip(converted, groups, strict=True))
         context = ContextCache(dcfg, lanes=ec.lanes, context=ec.context, device=torch.device("meta"), dtype=dtype)
         head, chosen = _proposal_head(cfg, path, target, dtype, cuda, quantized=quantized, head_packed=head_packed)
-        form = {"fp8": ", projections in fp8", "int4": ", projections in 4-bit"}.get(cfg.spec.draft_weights, "")
+        copy, projections = _greedy_copy(cfg, shapes, dtype, cuda, quantized=quantized)
+        form = {"fp8": ", projections in fp8", "int4": ", projections in 4-bit",
+                "int4-greedy": ", a 4-bit copy of its layers for greedy rounds"}.get(projections, "")
         form += {"shortlist": ", shortlist head", "int4": ", 4-bit head"}.get(chosen, "")
-        return Item("drafter", weights + context.nbytes() + head,
+        return Item("drafter", weights + copy + context.nbytes() + head,
                     f"dflash2, {params / 1e9:.2f} B parameters{form} + its context K/V ({dcfg.num_layers} layers)")
     if cfg.spec.backend == "mtp":
         return Item("drafter", 0, "mtp: its layer's K/V is in the pool (weights are the target's)")

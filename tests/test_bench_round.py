@@ -33,7 +33,7 @@ def test_a_random_shortlist_holds_the_heads_rows_of_distinct_sorted_ids(tmp_path
 
 @pytest.mark.parametrize(("kind", "head", "weights"), [
     ("dflash2", "full", "model"), ("dflash2-shortlist-int4", "shortlist", "int4"), ("dflash2-head4", "int4", "model"),
-    ("dflash2-head4-int4", "int4", "int4"), ("dflash2-head4-fp8", "int4", "fp8")])
+    ("dflash2-head4-int4", "int4", "int4"), ("dflash2-head4-fp8", "int4", "fp8"), ("dflash2-auto", "auto", "auto")])
 def test_each_drafting_case_loads_the_drafter_its_name_says(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                             kind: str, head: str, weights: str) -> None:
     import tools.bench_round as bench

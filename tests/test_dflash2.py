@@ -175,6 +175,56 @@ def test_an_int4_drafter_keeps_greedy_output_and_its_drafts(ckpt: Path, work, re
     assert s.accepted > s.drafted / 4
 
 
+def _spy_forms(backend: Any) -> list[tuple[bool, int]]:
+    """Records (whether the greedy copy ran, block rows) for every block pass the backend drafts."""
+    seen: list[tuple[bool, int]] = []
+    hidden = backend.hidden
+
+    def spy(lane_ix: torch.Tensor, *args: Any, **kw: Any) -> torch.Tensor:
+        model = args[4] if len(args) > 4 else kw.get("model")
+        seen.append((model is not None and model is backend.greedy_model, lane_ix.shape[0] * (args[2] + 1)))
+        return hidden(lane_ix, *args, **kw)
+
+    backend.hidden = spy
+    return seen
+
+
+@pytest.mark.parametrize("model", [{}, {"model.exact": "off"}], ids=["exact", "fused"])
+def test_the_greedy_copy_drafts_greedy_rounds_of_few_rows_only(ckpt: Path, work, reference, drafters,
+                                                               model: dict[str, str]) -> None:
+    """spec.draft_weights = "int4-greedy": the drafter keeps its own projections and gains a 4-bit copy of its
+    layers' (sharing every other tensor), which greedy rounds of at most 16 block rows (two lanes of 7 drafts) read
+    and every other round does not; greedy output still equals off, and a sampled lane drafts with the drafter as it
+    is."""
+    ps, params = work
+    engine = make_engine(ckpt, drafters["dflash2"], 7, 4, weights="int4-greedy", **model)
+    backend = engine.runner.backend
+    drafter, copy = backend.model, backend.greedy_model
+    assert copy is not None and backend.draft_weights == "int4-greedy"
+    assert not any(isinstance(m, QuantLinear) for m in drafter.modules())
+    assert len([m for m in copy.modules() if isinstance(m, QuantLinear)]) == 2 * 7  # fc stays the drafter's
+    assert copy.fc.weight is drafter.fc.weight and copy.norm.weight is drafter.norm.weight
+    assert copy.candidate_selector.successor_codebook is drafter.candidate_selector.successor_codebook
+    packed = sum(t.nbytes for m in copy.modules() if isinstance(m, QuantLinear) for t in m.buffers())
+    dense = load_drafter(drafters["dflash2"], drafter.config, device=torch.device("cpu"), dtype=torch.float32)
+    own = sum(t.nbytes for t in (*dense.parameters(), *dense.buffers()))
+    assert backend.nbytes() == own + packed + backend.cache.nbytes() + backend.offsets.nbytes + backend.masks.nbytes
+    seen = _spy_forms(backend)
+    out = run(engine, ps, params)
+    for rid, ref in reference.items():
+        assert out[rid].token_ids == ref, f"request {rid} diverged from off"
+    assert any(used for used, _ in seen) and any(not used for used, _ in seen)
+    assert all(used == (rows <= 16) for used, rows in seen)
+    assert engine.stats().accepted > engine.stats().drafted / 4  # the table survives the 4-bit rounding
+    seen.clear()
+    assert run(engine, ps[:1], params[0])["0"].token_ids == reference["0"]
+    assert seen and all(used and rows <= 8 for used, rows in seen)
+    seen.clear()
+    sampled = SamplingParams(max_tokens=12, temperature=1.0, seed=3, ignore_eos=True)
+    run(engine, ps[:1], sampled)  # a lane alone: few enough rows, but it samples
+    assert seen and not any(used for used, _ in seen)
+
+
 @pytest.mark.parametrize("model", [{}, {"model.exact": "off"}], ids=["exact", "fused"])
 def test_a_4bit_proposal_head_keeps_greedy_output_and_every_token(ckpt: Path, work, reference, drafters,
                                                                   model: dict[str, str]) -> None:

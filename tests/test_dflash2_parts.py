@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ignis.backends.base import BackendContext, Choice, Observation, ProposeIn
+from ignis.backends.dflash2 import greedy_copy
 from ignis.backends.dflash2.backend import DFlash2
 from ignis.backends.dflash2.config import DFLASH, DrafterConfig, drafter_config_json
 from ignis.backends.dflash2.model import Selector
@@ -149,7 +150,26 @@ def test_an_int4_drafter_whose_inputs_the_groups_do_not_divide_is_refused_naming
     with pytest.raises(ConfigError) as err:
         backend(ckpt, drafter, weights="int4")
     assert err.value.key == "spec.draft_weights" and "down_proj takes 96 inputs" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        backend(ckpt, drafter, weights="int4-greedy")
+    assert err.value.key == "spec.draft_weights" and "down_proj takes 96 inputs" in str(err.value)
     assert backend(ckpt, drafter).draft_tokens == 7  # the same drafter in its own precision loads
+
+
+def test_auto_draft_weights_make_the_greedy_copy_for_a_large_16bit_drafter_on_a_gpu_only(
+        ckpt: Path, target: ModelConfig, tmp_path: Path) -> None:
+    """spec.draft_weights = "auto": "int4-greedy" for 16-bit layer projections of 1 GiB or more where the 4-bit mma
+    kernel runs, outside exact mode, beside a target that is not 4-bit; "model" otherwise, as on this CPU."""
+    gib = greedy_copy.AUTO_BYTES
+    assert greedy_copy.auto_copy(3 * gib, 2, mma=True, exact=False, quantized=False)
+    assert not greedy_copy.auto_copy(gib - 1, 2, mma=True, exact=False, quantized=False)  # the built-in's is MiBs
+    assert not greedy_copy.auto_copy(3 * gib, 4, mma=True, exact=False, quantized=False)  # fp32: no mma product
+    assert not greedy_copy.auto_copy(3 * gib, 2, mma=False, exact=False, quantized=False)
+    assert not greedy_copy.auto_copy(3 * gib, 2, mma=True, exact=True, quantized=False)
+    assert not greedy_copy.auto_copy(3 * gib, 2, mma=True, exact=False, quantized=True)  # a 4-bit target's card
+    b = backend(ckpt, save_random_drafter(tmp_path / "d", target), weights="auto")
+    assert b.draft_weights == "model" and b.greedy_model is None
+    assert b.settled_spec == {"draft_head": "full", "draft_weights": "model"}
 
 
 @pytest.mark.parametrize("head", ["full", "shortlist", "int4", "auto"])

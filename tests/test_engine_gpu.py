@@ -248,12 +248,12 @@ def test_chained_graph_rounds_give_single_rounds_tokens(backend: str, k: int, la
     assert outs[0] == outs[1] and 2 in chained
 
 
-@pytest.mark.parametrize("head", ["full", "int4"])
+@pytest.mark.parametrize(("weights", "head"), [("int4", "full"), ("int4", "int4"), ("int4-greedy", "int4")])
 @pytest.mark.parametrize("lanes", [1, 8])
-def test_an_int4_drafter_in_graph_rounds_gives_the_eager_rounds_tokens(lanes: int, head: str) -> None:
+def test_an_int4_drafter_in_graph_rounds_gives_the_eager_rounds_tokens(lanes: int, weights: str, head: str) -> None:
     """spec.draft_weights = "int4" (and spec.draft_head = "int4", the target's head in 4 bits): the drafter's
     projections (and head) held in the mma kernel's order run under capture, and the captured round gives the eager
-    device round's tokens."""
+    device round's tokens; so do greedy rounds of one and two lanes through the 4-bit copy of "int4-greedy"."""
     from engines import run
     from ignis.config import load_config
     from ignis.engine.core import Engine
@@ -264,10 +264,12 @@ def test_an_int4_drafter_in_graph_rounds_gives_the_eager_rounds_tokens(lanes: in
     outs = []
     for graphs in (True, False):
         engine = Engine(load_config(profile="h200", overrides={
-            "model.path": str(BUILTIN), "spec.backend": "dflash2", "spec.draft_tokens": 7, "spec.draft_weights": "int4",
-            "spec.draft_head": head, "engine.lanes": lanes, "engine.context": 1024, "engine.cuda_graphs": graphs,
-            "log.level": "warning"}))
-        packed = [m for m in engine.runner.backend.model.modules() if isinstance(m, QuantLinear)]
+            "model.path": str(BUILTIN), "spec.backend": "dflash2", "spec.draft_tokens": 7,
+            "spec.draft_weights": weights, "spec.draft_head": head, "engine.lanes": lanes, "engine.context": 1024,
+            "engine.cuda_graphs": graphs, "log.level": "warning"}))
+        backend = engine.runner.backend
+        drafter = backend.greedy_model if weights == "int4-greedy" else backend.model
+        packed = [m for m in drafter.modules() if isinstance(m, QuantLinear)]
         assert packed and all(m.mma is not None for m in packed)
         packed_head = engine.runner.backend.packed_head
         assert (packed_head is not None and packed_head.module is not None and packed_head.module.mma is not None) \
@@ -361,16 +363,17 @@ def test_a_long_piece_in_flas_chunked_form_leaves_the_recurrent_kernels_state(ro
     assert float((lc - lr).norm() / lr.norm()) < 2e-2
 
 
-@pytest.mark.parametrize("drafter", ["default", "int4", "mtp"])
+@pytest.mark.parametrize("drafter", ["default", "int4", "int4-greedy", "mtp"])
 def test_seeded_sampling_on_the_gpu_is_the_same_alone_and_beside_others(drafter: str) -> None:
     """Alone the round runs one lane (7 draft rows), beside others four (28): with the 4-bit drafter (projections and
-    head) the head then takes its two paths, 4-bit logits scored again below 16 rows and the 16-bit head above; mtp
-    draws its sampled drafts from its own softmax over the vocabulary."""
+    head) the head then takes its two paths, 4-bit logits scored again below 16 rows and the 16-bit head above; the
+    4-bit copy of "int4-greedy" drafts no sampled round, alone or not; mtp draws its sampled drafts from its own softmax
+    over the vocabulary."""
     from engines import run
     from ignis.config import load_config
 
     def engine() -> Engine:
-        spec = {"spec.draft_head": "int4", "spec.draft_weights": "int4"} if drafter == "int4" else {}
+        spec = {"spec.draft_head": "int4", "spec.draft_weights": drafter} if drafter.startswith("int4") else {}
         backend = {"spec.backend": "mtp", "spec.draft_tokens": 3} if drafter == "mtp" else {
             "spec.backend": "dflash2", "spec.draft_tokens": 7}
         return Engine(load_config(profile="h200", overrides={

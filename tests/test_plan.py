@@ -49,7 +49,7 @@ def q27b(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 DFLASH2 = {"spec.backend": "dflash2", "spec.draft_tokens": 7}
 # profile -> (weights it states, whether the 27B with its drafter fits, total GiB as its comment states)
-PROFILES = {"rtx5090": ("int4", True, 27.8), "rtxpro6000": ("bf16", True, 74.5), "h200": ("bf16", True, 74.5),
+PROFILES = {"rtx5090": ("int4", True, 27.8), "rtxpro6000": ("bf16", True, 75.3), "h200": ("bf16", True, 75.3),
             "rtx50-16gb": ("int4", False, 27.8)}
 
 
@@ -67,9 +67,9 @@ def test_each_profile_plans_the_27b_with_its_drafter(profile: str, q27b: dict[st
     # 3 bytes of scale and zero point a group of 128 (4 as the loader repacks them for the mma kernel on a GPU), the
     # embedding, head, norms, gates and MTP layer in bf16.
     assert (17.0 if weights == "int4" else 50.5) * GIB < items["weights"] < (18.0 if weights == "int4" else 51.5) * GIB
-    # 1.83 B parameters in bf16 and its context K/V, and beside a bf16 target the 4-bit copy of its head (0.63 GiB,
-    # spec.draft_head = "auto")
-    assert (3.3 if weights == "int4" else 3.9) * GIB < items["drafter"] < (4.2 if weights == "int4" else 4.5) * GIB
+    # 1.83 B parameters in bf16 and its context K/V, and beside a bf16 target the 4-bit copies of its head (0.63 GiB,
+    # spec.draft_head = "auto") and of its layers' projections (0.79 GiB, spec.draft_weights = "auto")
+    assert (3.3 if weights == "int4" else 4.9) * GIB < items["drafter"] < (4.2 if weights == "int4" else 5.4) * GIB
     assert plan.capacity == cfg.engine.memory_mib * 2**20
     assert plan.fits == fits
     assert round(plan.total / GIB, 1) == total
@@ -82,7 +82,7 @@ def test_the_h200_fp8_option_plans_the_27b_as_its_comment_states(q27b: dict[str,
     items = {i.name: i.nbytes for i in plan.items}
     # the projections in one byte a weight (plus four a row), the embedding, head, norms, gates and MTP in bf16
     assert 27.5 * GIB < items["weights"] < 29.0 * GIB and plan.weights.startswith("fp8")
-    assert round(items["weights"] / GIB, 1) == 28.2 and round(plan.total / GIB, 1) == 51.9 and plan.fits
+    assert round(items["weights"] / GIB, 1) == 28.2 and round(plan.total / GIB, 1) == 52.7 and plan.fits
 
 
 def test_an_fp8_drafter_is_planned_at_a_byte_a_projection_weight(q27b: dict[str, Path]) -> None:
@@ -107,6 +107,28 @@ def test_an_int4_drafter_is_planned_at_half_a_byte_a_projection_weight(q27b: dic
     held = 4 if uses_mma(torch.device("cuda"), torch.bfloat16) else 3
     assert bf16.nbytes - int4.nbytes == 2 * weights - (weights // 2 + weights // 128 * held)
     assert "projections in 4-bit" in int4.how and "projections in 4-bit" not in bf16.how
+
+
+def test_the_greedy_copy_is_planned_where_auto_makes_one(q27b: dict[str, Path]) -> None:
+    """spec.draft_weights = "int4-greedy" adds the 4-bit copy of the five layers' projections to the drafter's
+    16-bit weights (fc and the context's K/V stay as they are); "auto" makes it beside a bf16 target on a GPU and
+    not beside a 4-bit target, whose card was chosen by its memory."""
+    def drafter(weights: str, path: Path, **more: str) -> tuple[int, str]:
+        cfg = load_config(profile="h200", overrides={**DFLASH2, "spec.draft_weights": weights, **more})
+        item = {i.name: i for i in memory_plan(cfg, path).items}["drafter"]
+        return item.nbytes, item.how
+
+    (model, how), (greedy, greedy_how), (auto, _) = (drafter(w, q27b["bf16"]) for w in ("model", "int4-greedy", "auto"))
+    # q, k, v (6,144 rows), o (4,096 -> 5,120), gate, up and down (17,408) of five layers: half a byte a weight, and
+    # a group of 128's scale and zero (4 bytes in the mma kernel's order on CUDA, else a bf16 scale and a byte)
+    weights = 5 * (6144 * 5120 + 5120 * 4096 + 3 * 17408 * 5120)
+    held = 4 if uses_mma(torch.device("cuda"), torch.bfloat16) else 3
+    assert greedy - model == weights // 2 + weights // 128 * held
+    assert "copy of its layers" in greedy_how and "copy of its layers" not in how
+    assert auto == (greedy if held == 4 else model)  # "auto" asks for the mma kernel
+    assert drafter("auto", q27b["int4"])[0] == drafter("model", q27b["int4"])[0]
+    cpu = {"model.device": "cpu"}
+    assert drafter("auto", q27b["bf16"], **cpu)[0] == drafter("model", q27b["bf16"], **cpu)[0]
 
 
 def test_a_4bit_proposal_head_is_planned_as_a_copy_of_a_16bit_head_only(q27b: dict[str, Path]) -> None:
@@ -174,9 +196,9 @@ def test_serve_refuses_a_plan_that_cannot_fit_with_the_numbers(q27b: dict[str, P
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--profile", "rtx5090", "--model", str(q27b["bf16"])]) == 2
     err = capsys.readouterr().err
-    assert "need 61.58 GiB but 32607 MiB (engine.memory_mib) has 31.84 GiB" in err
+    assert "need 62.37 GiB but 32607 MiB (engine.memory_mib) has 31.84 GiB" in err
     # the drafter with a 4-bit copy of the bf16 head (spec.draft_head = "auto" beside a 16-bit target)
-    assert "weights 50.89, kv cache 4.02, recurrent states 0.84, drafter 4.23" in err and "headroom -29.73" in err
+    assert "weights 50.89, kv cache 4.02, recurrent states 0.84, drafter 5.02" in err and "headroom -30.53" in err
     # More lanes than the card holds whole contexts for: the K/V pool takes what is left and the lanes share it...
     plan = memory_plan(load_config(profile="rtx5090", overrides={"engine.lanes": 16}), q27b["int4"])
     kv = {i.name: i for i in plan.items}["kv cache"]

@@ -5,22 +5,24 @@ each case (plain decode; the target's verify round with free drafts; mtp and dfl
 dflash2 proposing through the target's own head, spec.draft_head = "full"; dflash2-sl, dflash2 proposing through its
 4-bit shortlist head, spec.draft_head = "shortlist": the built-in drafter's own, a random one of SHORTLIST_TOKENS rows
 for the 27B; dflash2-sl-fp8 and dflash2-sl-int4, the same with the drafter's projections in fp8 or 4-bit,
-spec.draft_weights; dflash2-h4 and dflash2-h4-int4, proposing through the target's whole head in 4 bits,
-spec.draft_head = "int4", with the drafter's projections as they are, in 4-bit or, dflash2-h4-fp8, in fp8) at 1 and 8 lanes: ms a round
-through `DeviceRound.run` (host work and
-the one read-back included), the graph's replays back to back (CUDA events: the device's time with the gaps between
-kernels, without the host's part), GPU kernel time and kernels per round from the profiler (an eager round, profiled
-after every case's timings; with --graph-profile also the graph replay's own kernels, `graph_top_kernels`: what a kernel
-costs inside the round rather than after a slow eager launch), and the ratio to the floor: the bytes a round must move (the target's weights once, each lane's
-recurrent state read and written, its keys and values read) over the device-to-device copy bandwidth measured in the
-same run. The drafter is not in the floor: "x floor" of a drafting round is against the target's own floor.
-With --host-split, also where a round's time past its back-to-back replay goes (`host_split`). Each row also holds the
-SM and memory clocks, power and temperature NVML reported while its graph rounds were timed (tools.gpu_clocks), and
-what capped the clock if anything did, and `x_read_floor`: the same bytes over the bandwidth at which a one-row
-product reads a 2 GiB weight in the same run (`read_bandwidth`), which tells a machine's slower reads apart from the
-round's own losses. The requests are greedy; with --sampled they sample as the acceptance tool's sampled suite does
-(T = 1.0, top-p 0.95, top-k 20: the target's distribution shaped and drawn from, rejection sampling, drafts drawn from
-the drafter's distribution or, with --draft-sampling greedy, taken as its argmax), each round under its sampled graph.
+spec.draft_weights; dflash2-h4 and dflash2-h4-int4, proposing through the target's whole head in 4 bits, spec.draft_head
+= "int4", with the drafter's projections as they are, in 4-bit or, dflash2-h4-fp8, in fp8; dflash2-auto, the engine's
+defaults for the model and device: spec.draft_head and spec.draft_weights "auto", at the 27B the 4-bit head and the
+drafter's 4-bit copy of its layers for greedy rounds of one or two lanes) at 1 and 8 lanes: ms a round through
+`DeviceRound.run` (host work and the one read-back included), the graph's replays back to back (CUDA events: the
+device's time with the gaps between kernels, without the host's part), GPU kernel time and kernels per round from the
+profiler (an eager round, profiled after every case's timings; with --graph-profile also the graph replay's own kernels,
+`graph_top_kernels`: what a kernel costs inside the round rather than after a slow eager launch), and the ratio to the
+floor: the bytes a round must move (the target's weights once, each lane's recurrent state read and written, its keys
+and values read) over the device-to-device copy bandwidth measured in the same run. The drafter is not in the floor: "x
+floor" of a drafting round is against the target's own floor. With --host-split, also where a round's time past its
+back-to-back replay goes (`host_split`). Each row also holds the SM and memory clocks, power and temperature NVML
+reported while its graph rounds were timed (tools.gpu_clocks), and what capped the clock if anything did, and
+`x_read_floor`: the same bytes over the bandwidth at which a one-row product reads a 2 GiB weight in the same run
+(`read_bandwidth`), which tells a machine's slower reads apart from the round's own losses. The requests are greedy;
+with --sampled they sample as the acceptance tool's sampled suite does (T = 1.0, top-p 0.95, top-k 20: the target's
+distribution shaped and drawn from, rejection sampling, drafts drawn from the drafter's distribution or, with
+--draft-sampling greedy, taken as its argmax), each round under its sampled graph.
 
     python -m tools.bench_round --json round.json --md round.md
     python -m tools.bench_round --models 27b --cases mtp,dflash2 --sampled
@@ -52,13 +54,13 @@ import torch
 from ignis.artifact import BUILTIN
 from ignis.backends import base as backends_base
 from ignis.backends.base import BackendContext, Choice, Committed, Proposal, SpecBackend
-from ignis.backends.dflash2 import ring, selector
+from ignis.backends.dflash2 import greedy_copy, ring, selector
 from ignis.backends.dflash2.backend import DFlash2
 from ignis.backends.dflash2.config import DrafterConfig, drafter_config_json
 from ignis.backends.dflash2.weights import SHORTLIST, random_drafter, spread_layer_ids
 from ignis.backends.mtp import Mtp
 from ignis.config import load_config
-from ignis.engine.device_round import DeviceRound
+from ignis.engine.device_round import DeviceRound, Sampling
 from ignis.engine.request import Request
 from ignis.engine.sampling import make_generator
 from ignis.engine.scheduler import Decode
@@ -128,7 +130,8 @@ class Case:
 CASES = [Case("decode", "off", 0), Case("verify", "verify", 7), Case("mtp", "mtp", 7), Case("dflash2", "dflash2", 7),
          Case("dflash2-sl", "dflash2-shortlist", 7), Case("dflash2-sl-fp8", "dflash2-shortlist-fp8", 7),
          Case("dflash2-sl-int4", "dflash2-shortlist-int4", 7), Case("dflash2-h4", "dflash2-head4", 7),
-         Case("dflash2-h4-int4", "dflash2-head4-int4", 7), Case("dflash2-h4-fp8", "dflash2-head4-fp8", 7)]
+         Case("dflash2-h4-int4", "dflash2-head4-int4", 7), Case("dflash2-h4-fp8", "dflash2-head4-fp8", 7),
+         Case("dflash2-auto", "dflash2-auto", 7)]
 # the random 27B drafter's shortlist head (spec.draft_head = "shortlist"): as many tokens as docs/drafter-training.md's
 # 27B command keeps (--shortlist 32768); the built-in drafter has its own (4,096)
 SHORTLIST_TOKENS = 32768
@@ -184,7 +187,9 @@ def build_backend(kind: str, k: int, model: HybridModel, path: Path, lanes: int,
     if kind in ("off", "verify"):
         return FreeDrafts(k)
     head, weights = "full", "model"
-    if kind.startswith(("dflash2-shortlist", "dflash2-head4")):
+    if kind == "dflash2-auto":  # what the engine's defaults resolve to for this model and device
+        kind, head, weights = "dflash2", "auto", "auto"
+    elif kind.startswith(("dflash2-shortlist", "dflash2-head4")):
         weights = next((w for w in ("fp8", "int4") if kind.endswith(f"-{w}")), "model")
         kind, head = "dflash2", "shortlist" if kind.startswith("dflash2-shortlist") else "int4"
     overrides = {"model.path": str(path), "spec.backend": kind, "spec.draft_tokens": k, "spec.draft_head": head,
@@ -414,7 +419,14 @@ def bench_case(label: str, case: Case, model: HybridModel, path: Path, bw: float
     return {"model": label, "case": case.name, "lanes": case.lanes, "cols": case.k + 1, "eager_ms": 1e3 * eager,
             "graph_ms": 1e3 * graph, "replay_ms": 1e3 * replay, "rounds_per_sync": rounds,
             "floor_ms": 1e3 * floor, "x_floor": graph / floor, "capture_s": capture_s, "host_split": split,
-            "clocks": clocks.summary()}
+            "clocks": clocks.summary(), "greedy_copy": reads_greedy_copy(dr.backend, bucket, case.k, mode)}
+
+
+def reads_greedy_copy(backend: SpecBackend, lanes: int, k: int, mode: int) -> bool:
+    """Whether a round of `lanes` lanes drafting `k` under graph key sampling `mode` drafts with dflash2's 4-bit copy
+    of its layers (spec.draft_weights = "int4-greedy", ignis.backends.dflash2.greedy_copy)."""
+    return (isinstance(backend, DFlash2) and backend.greedy_model is not None
+            and greedy_copy.reads_copy(mode == Sampling.GREEDY, lanes, k))
 
 
 def profile_case(case: Case, model: HybridModel, path: Path, args: argparse.Namespace, lanes: int,
@@ -452,6 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens-per-round", type=float, default=5.589,
                     help="dflash2 tokens per round of the built-in pair on held-out code (BENCHMARKS.md), for the "
                          "projected speed-up")
+    ap.add_argument("--copy-tokens-per-round", type=float, default=5.518,
+                    help="the same with the drafter's 4-bit copy of its layers drafting every round (spec.draft_weights "
+                         "= int4-greedy at one lane, BENCHMARKS.md), for the projected speed-up of rounds that read it")
     ap.add_argument("--conv-blocks", default=str(fused.CONV_BLOCKS),
                     help="comma list: the GDN conv's block target (ignis.kernels.fused.conv_tile); raised, a verify's "
                          "columns spread over more blocks")
@@ -544,9 +559,12 @@ def main(argv: list[str] | None = None) -> int:
     for label in {r["model"] for r in timed}:
         for lanes in (1, 8):
             off = [r for r in timed if r["model"] == label and r["case"] == "decode" and r["lanes"] == lanes]
-            spec = [r for r in timed if r["model"] == label and r["case"] == "dflash2" and r["lanes"] == lanes]
-            if off and spec:
-                projected[f"{label}:{lanes}"] = args.tokens_per_round * off[0]["graph_ms"] / spec[0]["graph_ms"]
+            for case in ("dflash2", "dflash2-auto"):  # the default drafter: "dflash2-auto" keys its own projection
+                spec = [r for r in timed if r["model"] == label and r["case"] == case and r["lanes"] == lanes]
+                if off and spec:
+                    tokens = args.copy_tokens_per_round if spec[0].get("greedy_copy") else args.tokens_per_round
+                    key = f"{label}:{lanes}" + ("" if case == "dflash2" else f":{case}")
+                    projected[key] = tokens * off[0]["graph_ms"] / spec[0]["graph_ms"]
     result = {"device": torch.cuda.get_device_name(), "copy_tb_s": bw / 1e12, "read_tb_s": read_bw / 1e12,
               "context": args.context,
               "attention": args.attention, "position": args.position, "rows": rows, "projected_speedup": projected}

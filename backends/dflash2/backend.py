@@ -21,7 +21,7 @@ import torch
 from ignis.backends.base import BackendContext, Choice, Committed, Observation, Proposal, ProposeIn
 from ignis.backends.dflash2.config import DrafterConfig
 from ignis.backends.dflash2.context import ContextCache
-from ignis.backends.dflash2 import ring
+from ignis.backends.dflash2 import greedy_copy, ring
 from ignis.backends.dflash2.model import DrafterModel
 from ignis.backends.dflash2.packed_head import PackedHead, resolve, target_head
 from ignis.backends.dflash2.selector import pick, select
@@ -56,18 +56,26 @@ class DFlash2:
         self.draft_tokens = spec.draft_tokens
         self.tap_layers = cfg.target_layer_ids
         self.model = load_drafter(path, cfg, device=ctx.device, dtype=ctx.dtype) if drafter is None else drafter
-        if spec.draft_weights == "fp8":
-            self.model.to_fp8()
-        elif spec.draft_weights == "int4":
-            try:
+        self.draft_weights = greedy_copy.resolve(spec.draft_weights, self.model, ctx.model, ctx.device)
+        # the drafter greedy rounds of few rows read (.greedy_copy); None = every round reads `model`
+        self.greedy_model: DrafterModel | None = None
+        try:
+            if self.draft_weights == "fp8":
+                self.model.to_fp8()
+            elif self.draft_weights == "int4":
                 self.model.to_int4()
-            except ValueError as e:
-                raise ConfigError("spec.draft_weights", f"int4 does not fit the drafter in {path}: {e}") from e
+            elif self.draft_weights == "int4-greedy":
+                self.greedy_model = greedy_copy.packed_copy(self.model)
+        except ValueError as e:
+            raise ConfigError("spec.draft_weights", f"int4 does not fit the drafter in {path}: {e}") from e
         if not ctx.model.exact:  # fewer, larger launches; exact mode keeps the reference arithmetic
-            self.model.fuse()
-            self.model.rope.precompute(ctx.context + cfg.block_size + 1, ctx.device, ctx.dtype)
+            for model in (self.model, self.greedy_model):
+                if model is not None:
+                    model.fuse()
+            self.model.rope.precompute(ctx.context + cfg.block_size + 1, ctx.device, ctx.dtype)  # the copy's too
         self.draft_head = resolve(spec.draft_head, ctx.model, ctx.device)  # "auto" made "full" or "int4"
-        self.settled_spec = {"draft_head": self.draft_head}  # the engine's reported config says which
+        # the engine's reported config says which "auto" became
+        self.settled_spec = {"draft_head": self.draft_head, "draft_weights": self.draft_weights}
         self.shortlist: ShortlistHead | None = None
         if self.draft_head == "shortlist":
             self.shortlist = ShortlistHead(path / SHORTLIST, hidden=target.hidden_size, vocab=self.vocab,
@@ -88,7 +96,7 @@ class DFlash2:
         log.info(
             "ignis.runtime.draft_head",
             draft_head=self.draft_head,
-            draft_weights=spec.draft_weights,
+            draft_weights=self.draft_weights,
             drafter=str(path),
             variant=cfg.variant,
             draft_tokens=self.draft_tokens,
@@ -105,7 +113,9 @@ class DFlash2:
         return self.cache.ring
 
     def nbytes(self) -> int:
-        weights = sum(t.nbytes for t in (*self.model.parameters(), *self.model.buffers()))  # fp8 codes are buffers
+        held = {t.data_ptr(): t.nbytes for m in (self.model, self.greedy_model) if m is not None
+                for t in (*m.parameters(), *m.buffers())}  # fp8 and 4-bit codes are buffers; the copy shares the rest
+        weights = sum(held.values())
         head = self.shortlist.nbytes() if self.shortlist is not None else 0
         head += self.packed_head.nbytes() if self.packed_head is not None else 0
         return weights + head + self.cache.nbytes() + self.offsets.nbytes + self.masks.nbytes
@@ -156,7 +166,7 @@ class DFlash2:
     @torch.inference_mode()
     def propose(self, inp: ProposeIn) -> Proposal:
         lane_ix = torch.tensor(inp.lanes, dtype=torch.long, device=self.device)
-        choice = Choice.build(inp.temperatures, inp.generators, inp.k, self.device, inp.cuts)
+        choice = Choice.build(inp.temperatures, inp.generators, inp.k, self.device, inp.cuts, inp.greedy_round)
         return self._draft(lane_ix, inp.anchors, inp.positions, inp.k, choice, inp.span)
 
     @torch.inference_mode()
@@ -166,7 +176,10 @@ class DFlash2:
 
     def _draft(self, lane_ix: torch.Tensor, anchors: torch.Tensor, positions: torch.Tensor, k: int, choice: Choice,
                span: int) -> Proposal:
-        hidden = self.hidden(lane_ix, anchors, positions, k, span)
+        model = self.model
+        if self.greedy_model is not None and greedy_copy.reads_copy(choice.greedy_round, lane_ix.shape[0], k):
+            model = self.greedy_model
+        hidden = self.hidden(lane_ix, anchors, positions, k, span, model)
         candidates = None
         if self.shortlist is not None:
             logits, columns = self.shortlist.logits(hidden), self.shortlist.token_ids
@@ -183,9 +196,11 @@ class DFlash2:
         return Proposal(tokens=tokens, q=q)
 
     def hidden(self, lane_ix: torch.Tensor, anchors: torch.Tensor, positions: torch.Tensor, k: int,
-               span: int) -> torch.Tensor:
+               span: int, model: DrafterModel | None = None) -> torch.Tensor:
         """The drafter's final-normed rows after each lane's anchor, [n, k, H]. lane_ix, anchors, positions: [n]
-        int64, device; span: a host bound on the rows any of these lanes has committed."""
+        int64, device; span: a host bound on the rows any of these lanes has committed; model: the drafter's form
+        that runs the block (the drafter as it is by default, or its greedy copy)."""
+        model = model if model is not None else self.model
         n = lane_ix.shape[0]
         q_pos = positions[:, None] + self.offsets[: k + 1]  # [n, k+1]
         ids = torch.cat([anchors[:, None], self.masks[:k].expand(n, k)], dim=1)
@@ -193,11 +208,11 @@ class DFlash2:
         if self.cfg.input_embedding_scale != 1.0:
             x = x * self.cfg.input_embedding_scale
         if self.ring:
-            return ring.block(self.model, x, q_pos, self.cache.rings(), lane_ix, span)[:, 1:].contiguous()
+            return ring.block(model, x, q_pos, self.cache.rings(), lane_ix, span)[:, 1:].contiguous()
         kv, masks = self.cache.gather(lane_ix, q_pos, span)
         # The anchor row proposes nothing. Contiguous, so the output head is one plain 2-D product: on the strided
         # view cuBLAS picked a kernel that read the 2.5 GB head once per 8 rows at 8 lanes (4.7 ms, 27B shape, H200).
-        return self.model.block(x, q_pos, kv, masks)[:, 1:].contiguous()
+        return model.block(x, q_pos, kv, masks)[:, 1:].contiguous()
 
 
 def ring_fits(cfg: DrafterConfig, dtype: torch.dtype) -> bool:

@@ -13,6 +13,7 @@ dynamic causal convs over block rows, whose output-side coefficients are predict
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import cast
 
 import torch
@@ -45,7 +46,14 @@ def converted(name: str) -> bool:
     """Whether `to_fp8` and `to_int4` (spec.draft_weights) convert the module `name` (or the checkpoint tensor
     `name`.weight): fc and every layer's attention and MLP projections."""
     name = name.removesuffix(".weight")
-    return name == "fc" or (name.startswith("layers.") and name.rsplit(".", 1)[-1] in PROJECTIONS)
+    return name == "fc" or layer_projection(name)
+
+
+def layer_projection(name: str) -> bool:
+    """Whether the module `name` (or the checkpoint tensor `name`.weight) is one of a layer's attention and MLP
+    projections: what a block pass reads and the context's writes do not all read (.greedy_copy packs these)."""
+    name = name.removesuffix(".weight")
+    return name.startswith("layers.") and name.rsplit(".", 1)[-1] in PROJECTIONS
 
 
 class Norm(nn.Module):
@@ -256,13 +264,14 @@ class DrafterModel(nn.Module):
         return done
 
     @torch.no_grad()
-    def to_int4(self) -> int:
-        """Inference only, before `fuse`: the projections `converted` names become 4-bit QuantLinear (the format's
-        min-max codes over groups of 128 input columns, 64 where 128 does not divide them; ignis.quant.format), one
-        at a time on the weight's device, all held in the mma kernel's order where that kernel runs and takes every
-        one of them (else none, so that a layer's projections still fuse). Raises ValueError, before converting any,
-        where a projection's inputs are not a multiple of 64. Returns how many were converted."""
-        targets = [(name, cast(nn.Linear, m)) for name, m in self.named_modules() if converted(name)]
+    def to_int4(self, names: Callable[[str], bool] = converted) -> int:
+        """Inference only, before `fuse`: the projections `names` selects (`converted`'s by default) become 4-bit
+        QuantLinear (the format's min-max codes over groups of 128 input columns, 64 where 128 does not divide them;
+        ignis.quant.format), one at a time on the weight's device, all held in the mma kernel's order where that
+        kernel runs and takes every one of them (else none, so that a layer's projections still fuse). Raises
+        ValueError, before converting any, where a projection's inputs are not a multiple of 64. Returns how many
+        were converted."""
+        targets = [(name, cast(nn.Linear, m)) for name, m in self.named_modules() if names(name)]
         if not targets:
             return 0
         weight = targets[0][1].weight

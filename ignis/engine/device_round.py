@@ -290,7 +290,8 @@ class DeviceRound:
         if k:
             # no uniforms where no lane draws its drafts (all greedy, or spec.draft_sampling = greedy): one-hot q
             u = uniforms(buf.seeds, start, STREAM_DRAFT, k) if sampling and self.sample_drafts else None
-            choice = Choice(buf.draft_temperature, u, buf.top_k, buf.top_p, buf.min_p)  # q cut as the request cuts p
+            # q cut as the request cuts p
+            choice = Choice(buf.draft_temperature, u, buf.top_k, buf.top_p, buf.min_p, sampling == Sampling.GREEDY)
             proposal = backend.propose_lanes(lanes, anchors, start, k, choice, span)
             drafts, q = proposal.tokens, proposal.q
         else:

@@ -173,6 +173,7 @@ class Runner:
             generators=[r.generator for r in reqs],
             cuts=[(r.params.top_k, r.params.top_p, r.params.min_p) for r in reqs],
             span=max(len(r.tokens) - 1 for r in reqs),
+            greedy_round=all(r.params.greedy for r in reqs),
         )
         return self.backend.propose(inp)
 

@@ -1,0 +1,95 @@
+"""spec.draft_weights = "int4-greedy": a 4-bit copy of the drafter's layers for the rounds whose drafts cannot change
+what the round outputs.
+
+Owns: `packed_copy` (a DrafterModel that shares every tensor of the drafter but its layers' attention and MLP
+projections, which it holds as 4-bit codes), when a round reads it (`reads_copy`: every lane greedy, at most
+GREEDY_ROWS block rows), what "auto" resolves to (`auto_copy`, `resolve`) and what the copy holds (`copy_bytes`, for
+the memory plan). Does not own: whether a round is greedy (Choice.greedy_round, set by the round), the 4-bit format or
+its products (ignis.quant, ignis.model.ops.linear).
+
+Why it is exact: a greedy round emits the target's argmax whatever the drafts are, so drafting it with a cheaper copy
+changes only how many drafts are kept. A round with a sampled lane drafts with the drafter as it is (the drafts
+steer which tokens a seeded request draws), so a request samples the same tokens alone and beside others. The
+context's K/V (fc, every layer's k and v) are always written by the drafter as it is: what a lane's context holds does
+not depend on which rounds it took part in.
+
+Why it pays: one lane's block is 8 rows, where the drafter's round is its bytes (the 27B's layers read 3.4 GB of
+16-bit projections a round, 0.9 GB in 4 bits) and the 4-bit product at 8-16 rows runs near its own bytes; at more
+rows it runs several times them (BENCHMARKS.md), so larger rounds keep the 16-bit layers, and the copy costs memory
+(0.9 GiB at the 27B shape) rather than any round's time.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from ignis.backends.dflash2.model import INT4_GROUPS, DrafterModel, int4_layout, layer_projection
+from ignis.quant.linear import QuantLinear
+
+# Most block rows (lanes x (drafts + 1)) a greedy round drafts with the copy: two lanes of 7 drafts. The 4-bit product
+# ran 2-2.5x its bytes at 16 rows on the H200 (half a 16-bit product's time) and 3.4-5.5x at 32 (no faster).
+GREEDY_ROWS = 16
+# "auto" holds the copy for 16-bit layer projections of at least this many bytes on a GPU that runs the 4-bit mma
+# kernel, outside exact mode, beside a target that is not 4-bit: the 27B's random 5-layer drafter (3.4 GB) measured
+# its one-lane rounds 0.6-0.7 ms shorter with 4-bit layers on the H200; a small drafter (the built-in's) is left as
+# it is, and a 4-bit target (chosen to fit a card) is not given a copy to hold.
+AUTO_BYTES = 1 << 30
+
+
+def auto_copy(projection_bytes: int, element_size: int, *, mma: bool, exact: bool, quantized: bool) -> bool:
+    """What spec.draft_weights = "auto" resolves to for layer projections of `projection_bytes` held in
+    `element_size`-byte weights, beside a target whose projections are 4-bit or not (`quantized`), where the 4-bit
+    product runs the mma kernel (`mma`) or not: True for "int4-greedy", else "model"."""
+    return mma and not exact and not quantized and element_size == 2 and projection_bytes >= AUTO_BYTES
+
+
+def resolve(choice: str, drafter: DrafterModel, target: nn.Module, device: torch.device) -> str:
+    """spec.draft_weights as the backend takes it: "auto" becomes "int4-greedy" or "model" (`auto_copy`), others
+    stay."""
+    if choice != "auto":
+        return choice
+    shapes = projection_shapes(drafter)
+    if not shapes:
+        return "model"
+    weight = next(p for n, p in drafter.named_parameters() if layer_projection(n))
+    _, mma = int4_layout(list(shapes.values()), device, weight.dtype)
+    quantized = any(isinstance(m, QuantLinear) for m in target.modules())
+    exact = bool(getattr(target, "exact", False))
+    nbytes = sum(out * cols for out, cols in shapes.values()) * weight.element_size()
+    return "int4-greedy" if auto_copy(nbytes, weight.element_size(), mma=mma, exact=exact, quantized=quantized) \
+        else "model"
+
+
+def projection_shapes(drafter: DrafterModel) -> dict[str, tuple[int, int]]:
+    """(out, in) of every layer projection the copy packs, by module name."""
+    return {n: (m.out_features, m.in_features) for n, m in drafter.named_modules()
+            if layer_projection(n) and isinstance(m, nn.Linear)}
+
+
+def copy_bytes(shapes: list[tuple[int, int]], device: torch.device, dtype: torch.dtype) -> int:
+    """What the copy holds for layer projections of these (out, in) shapes: half a byte a weight, and a group's scale
+    and zero point (4 bytes a row and group in the mma kernel's order, else a scale in `dtype` and a byte)."""
+    groups, mma = int4_layout(shapes, device, dtype)
+    held = 4 if mma else torch.finfo(dtype).bits // 8 + 1
+    return sum(out * cols // 2 + out * (cols // (g or INT4_GROUPS[-1])) * held
+               for (out, cols), g in zip(shapes, groups, strict=True))
+
+
+def packed_copy(drafter: DrafterModel) -> DrafterModel:
+    """The drafter with its layers' projections in 4 bits (`DrafterModel.to_int4`), every other tensor (embedding-side
+    fc, norms, convs, selector, RoPE tables) the drafter's own: call before either is fused. ValueError where a
+    projection's inputs are not a multiple of the format's smallest group."""
+    shared: dict[int, object] = {id(t): t for t in (*drafter.parameters(), *drafter.buffers())}
+    shared[id(drafter.rope)] = drafter.rope
+    twin = copy.deepcopy(drafter, memo=shared)
+    twin.to_int4(layer_projection)
+    return twin
+
+
+def reads_copy(greedy_round: bool, lanes: int, drafts: int) -> bool:
+    """Whether a round of `lanes` blocks of `drafts` drafts (and their anchors) drafts with the copy."""
+    return greedy_round and lanes * (drafts + 1) <= GREEDY_ROWS
+
