@@ -1,5 +1,5 @@
 """spec.draft_weights = "int4-greedy": a 4-bit copy of the drafter's layers for the rounds whose drafts cannot change
-what the round outputs.
+what the round outputs (docs/adr/0014-greedy-drafter-copy.md).
 
 Owns: `packed_copy` (a DrafterModel that shares every tensor of the drafter but its layers' attention and MLP
 projections, which it holds as 4-bit codes), when a round reads it (`reads_copy`: every lane greedy, at most
