@@ -33,7 +33,8 @@ def test_a_random_shortlist_holds_the_heads_rows_of_distinct_sorted_ids(tmp_path
 
 @pytest.mark.parametrize(("kind", "head", "weights"), [
     ("dflash2", "full", "model"), ("dflash2-shortlist-int4", "shortlist", "int4"), ("dflash2-head4", "int4", "model"),
-    ("dflash2-head4-int4", "int4", "int4"), ("dflash2-head4-fp8", "int4", "fp8"), ("dflash2-auto", "auto", "auto")])
+    ("dflash2-head4-int4", "int4", "int4"), ("dflash2-head4-fp8", "int4", "fp8"), ("dflash2-auto", "auto", "auto"),
+    ("dflash2-g4", "full", "int4-greedy"), ("dflash2-head4-g4", "int4", "int4-greedy")])
 def test_each_drafting_case_loads_the_drafter_its_name_says(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                             kind: str, head: str, weights: str) -> None:
     import tools.bench_round as bench
@@ -188,3 +189,20 @@ def test_clocks_summarise_what_nvml_reported_while_a_case_was_timed(monkeypatch:
     with gpu_clocks.Clocks(0) as clocks:
         pass
     assert clocks.summary() == {}
+
+
+def test_a_4bit_targets_floor_counts_its_codes_scales_and_zeros() -> None:
+    """`--models 27b-int4`: the target packed as `ignis quantize --head` packs it; its floor reads the packed
+    projections and head (codes, scales, zero points) and the 16-bit tensors left, not the 16-bit weights."""
+    from ignis.quant.linear import QuantLinear
+    from tools.bench_round import floor_bytes, pack_int4
+
+    model = random_model(TINY, seed=3, mtp=False, device="cpu", dtype=torch.bfloat16)
+    dense = floor_bytes(model, 0, 8)  # no lanes: the weights alone
+    pack_int4(model)
+    packed = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    assert packed  # the projections whose inputs groups of 128 divide (this small model's head takes 64: kept)
+    skip = "embed_tokens.weight" if model.lm_head is not None else ""
+    held = sum(p.nbytes for n, p in model.named_parameters() if n != skip)
+    held += sum(t.nbytes for m in packed for t in m.buffers(recurse=False))
+    assert floor_bytes(model, 0, 8) == held < dense

@@ -1,27 +1,28 @@
 """The decode/verify round against the memory floor, eager and as CUDA graphs, in one run on one device.
 
-For the Qwen3.5-27B shape (random bf16 weights built on the GPU, no checkpoint on disk) and the built-in model, and for
-each case (plain decode; the target's verify round with free drafts; mtp and dflash2 at 7 drafts, drafter included,
-dflash2 proposing through the target's own head, spec.draft_head = "full"; dflash2-sl, dflash2 proposing through its
-4-bit shortlist head, spec.draft_head = "shortlist": the built-in drafter's own, a random one of SHORTLIST_TOKENS rows
-for the 27B; dflash2-sl-fp8 and dflash2-sl-int4, the same with the drafter's projections in fp8 or 4-bit,
-spec.draft_weights; dflash2-h4 and dflash2-h4-int4, proposing through the target's whole head in 4 bits, spec.draft_head
-= "int4", with the drafter's projections as they are, in 4-bit or, dflash2-h4-fp8, in fp8; dflash2-auto, the engine's
-defaults for the model and device: spec.draft_head and spec.draft_weights "auto", at the 27B the 4-bit head and the
-drafter's 4-bit copy of its layers for greedy rounds of one or two lanes) at 1 and 8 lanes: ms a round through
-`DeviceRound.run` (host work and the one read-back included), the graph's replays back to back (CUDA events: the
-device's time with the gaps between kernels, without the host's part), GPU kernel time and kernels per round from the
-profiler (an eager round, profiled after every case's timings; with --graph-profile also the graph replay's own kernels,
-`graph_top_kernels`: what a kernel costs inside the round rather than after a slow eager launch), and the ratio to the
-floor: the bytes a round must move (the target's weights once, each lane's recurrent state read and written, its keys
-and values read) over the device-to-device copy bandwidth measured in the same run. The drafter is not in the floor: "x
-floor" of a drafting round is against the target's own floor. With --host-split, also where a round's time past its
-back-to-back replay goes (`host_split`). Each row also holds the SM and memory clocks, power and temperature NVML
-reported while its graph rounds were timed (tools.gpu_clocks), and what capped the clock if anything did, and
-`x_read_floor`: the same bytes over the bandwidth at which a one-row product reads a 2 GiB weight in the same run
-(`read_bandwidth`), which tells a machine's slower reads apart from the round's own losses. The requests are greedy;
-with --sampled they sample as the acceptance tool's sampled suite does (T = 1.0, top-p 0.95, top-k 20: the target's
-distribution shaped and drawn from, rejection sampling, drafts drawn from the drafter's distribution or, with
+For the Qwen3.5-27B shape (random bf16 weights built on the GPU, no checkpoint on disk; 27b-int4, the same packed to 4
+bits as `ignis quantize --head` packs them) and the built-in model, and for each case (plain decode; the target's verify
+round with free drafts; mtp and dflash2 at 7 drafts, drafter included, dflash2 proposing through the target's own head,
+spec.draft_head = "full"; dflash2-sl, dflash2 proposing through its 4-bit shortlist head, spec.draft_head = "shortlist":
+the built-in drafter's own, a random one of SHORTLIST_TOKENS rows for the 27B; dflash2-sl-fp8 and dflash2-sl-int4, the
+same with the drafter's projections in fp8 or 4-bit, spec.draft_weights; dflash2-h4 and dflash2-h4-int4, proposing
+through the target's whole head in 4 bits, spec.draft_head = "int4", with the drafter's projections as they are, in
+4-bit or, dflash2-h4-fp8, in fp8; dflash2-g4 and dflash2-h4-g4, the full or the 4-bit head with spec.draft_weights =
+"int4-greedy"; dflash2-auto, the engine's defaults for the model and device: spec.draft_head and spec.draft_weights
+"auto", at the 27B the 4-bit head and the drafter's 4-bit copy of its layers for greedy rounds of one or two lanes) at 1
+and 8 lanes: ms a round through `DeviceRound.run` (host work and the one read-back included), the graph's replays back
+to back (CUDA events: the device's time with the gaps between kernels, without the host's part), GPU kernel time and
+kernels per round from the profiler (an eager round, profiled after every case's timings; with --graph-profile also the
+graph replay's own kernels, `graph_top_kernels`: what a kernel costs inside the round rather than after a slow eager
+launch), and the ratio to the floor: the bytes a round must move (the target's weights once, each lane's recurrent state
+read and written, its keys and values read) over the device-to-device copy bandwidth measured in the same run. The
+drafter is not in the floor: "x floor" of a drafting round is against the target's own floor. With --host-split, also
+where a round's time past its back-to-back replay goes (`host_split`). Each row also holds the SM and memory clocks,
+power and temperature NVML reported while its graph rounds were timed (tools.gpu_clocks), and what capped the clock if
+anything did, and `x_read_floor`: the same bytes over the bandwidth at which a one-row product reads a 2 GiB weight in
+the same run (`read_bandwidth`), which tells a machine's slower reads apart from the round's own losses. The requests
+are greedy; with --sampled they sample as the acceptance tool's sampled suite does (T = 1.0, top-p 0.95, top-k 20: the
+target's distribution shaped and drawn from, rejection sampling, drafts drawn from the drafter's distribution or, with
 --draft-sampling greedy, taken as its argmax), each round under its sampled graph.
 
     python -m tools.bench_round --json round.json --md round.md
@@ -73,6 +74,7 @@ from tools.gpu_clocks import Clocks
 from tools.variants import PDL_SWITCH, apply_variant, combinations
 from ignis.model.random import random_model
 from ignis.quant import fp8
+from ignis.quant.linear import QuantLinear, to_mma, uses_mma
 from ignis.train.shortlist import build as build_shortlist
 from ignis.params import SamplingParams
 
@@ -131,7 +133,10 @@ CASES = [Case("decode", "off", 0), Case("verify", "verify", 7), Case("mtp", "mtp
          Case("dflash2-sl", "dflash2-shortlist", 7), Case("dflash2-sl-fp8", "dflash2-shortlist-fp8", 7),
          Case("dflash2-sl-int4", "dflash2-shortlist-int4", 7), Case("dflash2-h4", "dflash2-head4", 7),
          Case("dflash2-h4-int4", "dflash2-head4-int4", 7), Case("dflash2-h4-fp8", "dflash2-head4-fp8", 7),
-         Case("dflash2-auto", "dflash2-auto", 7)]
+         Case("dflash2-auto", "dflash2-auto", 7), Case("dflash2-g4", "dflash2-g4", 7),
+         Case("dflash2-h4-g4", "dflash2-head4-g4", 7)]
+# a drafting case's suffix -> its spec.draft_weights
+WEIGHT_SUFFIXES = {"-fp8": "fp8", "-int4": "int4", "-g4": "int4-greedy"}
 # the random 27B drafter's shortlist head (spec.draft_head = "shortlist"): as many tokens as docs/drafter-training.md's
 # 27B command keeps (--shortlist 32768); the built-in drafter has its own (4,096)
 SHORTLIST_TOKENS = 32768
@@ -167,6 +172,17 @@ def _median_s(call: Callable[[], object]) -> float:
     return statistics.median(times)
 
 
+def pack_int4(model: HybridModel) -> None:
+    """The model as `ignis quantize --head` and the loader would hold it: every projection and the output head in
+    4 bits over groups of 128, in the mma kernel's order where it runs, fused again."""
+    from tools.bench_quant import fuse_and_own, to_int4
+
+    to_int4(model, 128, head=True)
+    if uses_mma(model.embed_tokens.weight.device, model.embed_tokens.weight.dtype):
+        to_mma(model, model.embed_tokens.weight.dtype)
+    fuse_and_own(model)
+
+
 def floor_bytes(model: HybridModel, lanes: int, cols: int, position: int = POSITION) -> int:
     """Bytes a round must move: the target's weights once (the embedding only where it is the output head too),
     and per lane the recurrent state read and written plus the keys and values of its context (`position` slots and
@@ -174,6 +190,8 @@ def floor_bytes(model: HybridModel, lanes: int, cols: int, position: int = POSIT
     c = model.config
     skip = {"embed_tokens.weight"} if model.lm_head is not None else set()
     weights = sum(p.nbytes for n, p in model.named_parameters() if not n.startswith("mtp.") and n not in skip)
+    weights += sum(t.nbytes for n, m in model.named_modules() if isinstance(m, QuantLinear) and not n.startswith("mtp.")
+                   for t in m.buffers(recurse=False))  # a 4-bit target's codes, scales and zero points
     elt = model.embed_tokens.weight.element_size()
     gdn = sum(1 for t in c.layer_types if t == "linear_attention")
     attn = len(c.layer_types) - gdn
@@ -189,9 +207,11 @@ def build_backend(kind: str, k: int, model: HybridModel, path: Path, lanes: int,
     head, weights = "full", "model"
     if kind == "dflash2-auto":  # what the engine's defaults resolve to for this model and device
         kind, head, weights = "dflash2", "auto", "auto"
-    elif kind.startswith(("dflash2-shortlist", "dflash2-head4")):
-        weights = next((w for w in ("fp8", "int4") if kind.endswith(f"-{w}")), "model")
-        kind, head = "dflash2", "shortlist" if kind.startswith("dflash2-shortlist") else "int4"
+    elif kind.startswith("dflash2-"):
+        weights = next((w for s, w in WEIGHT_SUFFIXES.items() if kind.endswith(s)), "model")
+        if kind.startswith(("dflash2-shortlist", "dflash2-head4")):
+            head = "shortlist" if kind.startswith("dflash2-shortlist") else "int4"
+        kind = "dflash2"
     overrides = {"model.path": str(path), "spec.backend": kind, "spec.draft_tokens": k, "spec.draft_head": head,
                  "spec.draft_weights": weights, "log.level": "warning"}
     ctx = BackendContext(model, load_config(overrides=overrides), path, lanes, context, device, dtype)
@@ -448,7 +468,9 @@ def profile_case(case: Case, model: HybridModel, path: Path, args: argparse.Name
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.bench_round")
-    ap.add_argument("--models", default="builtin,27b", help="comma list of builtin, 27b")
+    ap.add_argument("--models", default="builtin,27b",
+                    help="comma list of builtin, 27b, 27b-int4 (the 27B's projections and head in 4 bits, as `ignis "
+                         "quantize --head` makes them)")
     ap.add_argument("--context", type=int, default=2048, help="positions a lane holds (at least --position + 9)")
     ap.add_argument("--position", type=int, default=POSITION, help="every lane's anchor position while timing")
     ap.add_argument("--cases", default=",".join(c.name for c in CASES), help="comma list of "
@@ -543,7 +565,10 @@ def main(argv: list[str] | None = None) -> int:
                 model, path = load_model(BUILTIN, device=device, dtype=torch.bfloat16, exact=False), BUILTIN
             else:
                 model = random_model(QWEN35_27B, seed=0, mtp=True, device=device, dtype=torch.bfloat16)
-                path = Path(tmp)
+                if label == "27b-int4":
+                    pack_int4(model)
+                path = Path(tmp) / label
+                path.mkdir()
             for variant in variants:
                 apply_variant(variant)
                 name = label if len(variants) == 1 else " ".join([label, *(f"{k}={v}" for k, v in variant.items())])
