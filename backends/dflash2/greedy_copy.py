@@ -13,10 +13,10 @@ steer which tokens a seeded request draws), so a request samples the same tokens
 context's K/V (fc, every layer's k and v) are always written by the drafter as it is: what a lane's context holds does
 not depend on which rounds it took part in.
 
-Why it pays: one lane's block is 8 rows, where the drafter's round is its bytes (the 27B's layers read 3.4 GB of
-16-bit projections a round, 0.9 GB in 4 bits) and the 4-bit product at 8-16 rows runs near its own bytes; at more
-rows it runs several times them (BENCHMARKS.md), so larger rounds keep the 16-bit layers, and the copy costs memory
-(0.9 GiB at the 27B shape) rather than any round's time.
+Why it pays: one lane's block is 8 rows, where the drafter's round is its bytes (the 27B's layers read 3.2 GB of
+16-bit projections a round, 0.85 GB in 4 bits) and the 4-bit product at 8-16 rows takes about half a 16-bit
+product's time; at more rows it is no faster (BENCHMARKS.md), so larger rounds keep the 16-bit layers, and the copy
+costs memory (0.79 GiB at the 27B shape) rather than any round's time.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from ignis.quant.linear import QuantLinear
 # ran 2-2.5x its bytes at 16 rows on the H200 (half a 16-bit product's time) and 3.4-5.5x at 32 (no faster).
 GREEDY_ROWS = 16
 # "auto" holds the copy for 16-bit layer projections of at least this many bytes on a GPU that runs the 4-bit mma
-# kernel, outside exact mode, beside a target that is not 4-bit: the 27B's random 5-layer drafter (3.4 GB) measured
+# kernel, outside exact mode, beside a target that is not 4-bit: the 27B's random 5-layer drafter (3.2 GB) measured
 # its one-lane rounds 0.6-0.7 ms shorter with 4-bit layers on the H200; a small drafter (the built-in's) is left as
 # it is, and a 4-bit target (chosen to fit a card) is not given a copy to hold.
 AUTO_BYTES = 1 << 30
@@ -79,9 +79,9 @@ def copy_bytes(shapes: list[tuple[int, int]], device: torch.device, dtype: torch
 
 
 def packed_copy(drafter: DrafterModel) -> DrafterModel:
-    """The drafter with its layers' projections in 4 bits (`DrafterModel.to_int4`), every other tensor (embedding-side
-    fc, norms, convs, selector, RoPE tables) the drafter's own: call before either is fused. ValueError where a
-    projection's inputs are not a multiple of the format's smallest group."""
+    """The drafter with its layers' projections in 4 bits (`DrafterModel.to_int4`), every other tensor (fc, norms,
+    convs, selector, RoPE tables) the drafter's own: call before either is fused. ValueError where a projection's
+    inputs are not a multiple of the format's smallest group."""
     shared: dict[int, object] = {id(t): t for t in (*drafter.parameters(), *drafter.buffers())}
     shared[id(drafter.rope)] = drafter.rope
     twin = copy.deepcopy(drafter, memo=shared)
@@ -92,4 +92,3 @@ def packed_copy(drafter: DrafterModel) -> DrafterModel:
 def reads_copy(greedy_round: bool, lanes: int, drafts: int) -> bool:
     """Whether a round of `lanes` blocks of `drafts` drafts (and their anchors) drafts with the copy."""
     return greedy_round and lanes * (drafts + 1) <= GREEDY_ROWS
-

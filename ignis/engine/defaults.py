@@ -197,7 +197,7 @@ def _drafter_bytes(config: IgnisConfig, path: Path, model: ModelConfig, device: 
     """Memory the dflash2 backend will take after the context is fitted: the drafter's weights on disk (no fewer than
     it holds once loaded, whatever spec.draft_weights converts them to), its proposal head's own copy, where
     spec.draft_head makes one, and its layers' 4-bit copy, where spec.draft_weights makes one
-    (ignis.plan.proposal_head_bytes: at the 27B shape a 4-bit copy of the head is 0.6 GiB, of the layers 0.9)."""
+    (ignis.plan.proposal_head_bytes: at the 27B shape a 4-bit copy of the head is 0.6 GiB, of the layers 0.8)."""
     if config.spec.backend != "dflash2":
         return 0
     from ignis.backends.dflash2.weights import SHORTLIST
