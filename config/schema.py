@@ -107,8 +107,9 @@ class SpecSection:
     # projections that rounds of one or two greedy lanes read ("int4-greedy": faster one-lane rounds for a quarter
     # more drafter memory; sampled rounds and the context's K/V keep the checkpoint's precision, so a seeded request
     # samples the same tokens alone and beside others), or "auto": "int4-greedy" for 16-bit layer projections of
-    # 1 GiB or more beside a 16-bit target on a GPU that runs the mma kernel, outside exact mode (a 27B's drafter),
-    # else "model" (backends/dflash2/greedy_copy.py). Drafts only propose: the output stays the target's.
+    # 1 GiB or more on a GPU that runs the mma kernel, outside exact mode (a 27B's drafter), where the K/V pool keeps
+    # its context and size beside the copy (settled at start-up from the memory free), else "model"
+    # (backends/dflash2/greedy_copy.py). Drafts only propose: the output stays the target's.
     draft_weights: str = choice("auto", "auto", "model", "fp8", "int4", "int4-greedy")
     # Sampled requests: draw drafts from the drafter's own distribution q, shaped by the request's temperature, top-k,
     # top-p and min-p ("sampled"), or take its argmax, a one-hot q ("greedy"). Both keep the output exact; q that

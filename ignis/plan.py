@@ -127,6 +127,16 @@ def memory_plan(cfg: IgnisConfig, model_dir: Path) -> MemoryPlan:
     if cfg.spec.backend == AUTO:
         backend, k, _ = choose_backend(cfg, model_dir, torch.device("cuda" if cuda else "cpu"))
         cfg = dataclasses.replace(cfg, spec=dataclasses.replace(cfg.spec, backend=backend, draft_tokens=k))
+    if cfg.spec.backend == "dflash2" and cfg.spec.draft_weights == AUTO:
+        # as the engine settles it (ignis.engine.defaults): the greedy copy where the rule makes one and it takes no
+        # memory the K/V pool would have had
+        plain = memory_plan(with_draft_weights(cfg, "model"), model_dir)
+        if not greedy_copy_bytes(cfg, model_dir, ModelConfig.from_dir(model_dir), _dtype(cfg, cuda), cuda):
+            return plain
+        copied = memory_plan(with_draft_weights(cfg, "int4-greedy"), model_dir)
+        pools = [{i.name: i.nbytes for i in p.items}["kv cache"] for p in (plain, copied)]
+        same = copied.fits and pools[0] == pools[1] and copied.lane_positions == plain.lane_positions
+        return copied if same else plain
     if cfg.engine.context:
         return _plan(cfg, model_dir, fitted=False)
     wanted = ModelConfig.from_dir(model_dir).max_position_embeddings
@@ -331,26 +341,38 @@ def proposal_head_bytes(cfg: IgnisConfig, model_dir: Path, target: ModelConfig, 
     own weights for `cfg` (a 4-bit copy of a 16-bit head or the shortlist's rows; the 4-bit copy of its layers'
     projections), for the model in `model_dir` as it is stored (4-bit or not, its head too or not): memory the engine
     reserves before it fits the K/V pool (ignis.engine.defaults)."""
-    from ignis.backends.dflash2.config import DrafterConfig
-    from ignis.backends.dflash2.weights import expected_shapes
-
     quant = QuantConfig.of(json.loads((model_dir / "config.json").read_text()), model_dir / "config.json")
     path = cfg.spec.drafter_dir(model_dir)
     head, _ = _proposal_head(cfg, path, target, dtype, cuda, quantized=quant is not None,
                              head_packed=quant is not None and quant.head)
+    return head + greedy_copy_bytes(cfg, model_dir, target, dtype, cuda)
+
+
+def with_draft_weights(cfg: IgnisConfig, weights: str) -> IgnisConfig:
+    return dataclasses.replace(cfg, spec=dataclasses.replace(cfg.spec, draft_weights=weights))
+
+
+def greedy_copy_bytes(cfg: IgnisConfig, model_dir: Path, target: ModelConfig, dtype: torch.dtype, cuda: bool) -> int:
+    """What the dflash2 drafter's 4-bit copy of its layers' projections holds for `cfg` (0 where it makes none); with
+    spec.draft_weights = "auto", the copy its rule makes apart from memory (backends.dflash2.greedy_copy.auto_copy),
+    which the engine and `memory_plan` then keep only where the K/V pool loses nothing to it."""
+    from ignis.backends.dflash2.config import DrafterConfig
+    from ignis.backends.dflash2.weights import expected_shapes
+
+    if cfg.spec.backend != "dflash2" or cfg.spec.draft_weights not in ("int4-greedy", AUTO):
+        return 0
     try:
-        shapes = expected_shapes(DrafterConfig.from_dir(path, target))
+        shapes = expected_shapes(DrafterConfig.from_dir(cfg.spec.drafter_dir(model_dir), target))
     except ArtifactError:  # a drafter that does not fit the target is refused at load, with its reason
-        return head
-    copy, _ = _greedy_copy(cfg, shapes, dtype, cuda, quantized=quant is not None)
-    return head + copy
+        return 0
+    return _greedy_copy(cfg, shapes, dtype, cuda)[0]
 
 
-def _greedy_copy(cfg: IgnisConfig, shapes: dict[str, tuple[int, ...]], dtype: torch.dtype, cuda: bool, *,
-                 quantized: bool) -> tuple[int, str]:
+def _greedy_copy(cfg: IgnisConfig, shapes: dict[str, tuple[int, ...]], dtype: torch.dtype,
+                 cuda: bool) -> tuple[int, str]:
     """(bytes, weights): what the dflash2 drafter's 4-bit copy of its layers' projections holds (0 where it has none)
-    for checkpoint tensors of these shapes, and what spec.draft_weights gives, "auto" resolved as the backend
-    resolves it (backends.dflash2.greedy_copy.resolve)."""
+    for checkpoint tensors of these shapes, and what spec.draft_weights gives, "auto" by its rule apart from memory
+    (backends.dflash2.greedy_copy.resolve)."""
     from ignis.artifact import resolve_exact
     from ignis.backends.dflash2.greedy_copy import auto_copy, copy_bytes
     from ignis.backends.dflash2.model import int4_layout, layer_projection
@@ -358,12 +380,12 @@ def _greedy_copy(cfg: IgnisConfig, shapes: dict[str, tuple[int, ...]], dtype: to
     device = torch.device("cuda" if cuda else "cpu")
     layers = [(s[0], s[1]) for name, s in shapes.items() if layer_projection(name)]
     chosen = cfg.spec.draft_weights
-    if chosen == "auto":
+    if chosen == AUTO:
         size = torch.finfo(dtype).bits // 8
         _, mma = int4_layout(layers, device, dtype)
         nbytes = sum(out * cols for out, cols in layers) * size
-        auto = auto_copy(nbytes, size, mma=mma, exact=resolve_exact(cfg, device), quantized=quantized)
-        chosen = "int4-greedy" if layers and auto else "model"
+        chosen = "int4-greedy" if layers and auto_copy(nbytes, size, mma=mma, exact=resolve_exact(cfg, device)) \
+            else "model"
     return (copy_bytes(layers, device, dtype) if chosen == "int4-greedy" else 0), chosen
 
 
@@ -396,7 +418,7 @@ def _drafter(cfg: IgnisConfig, model_dir: Path, target: ModelConfig, dtype: torc
                            for (out, cols), g in zip(converted, groups, strict=True))
         context = ContextCache(dcfg, lanes=ec.lanes, context=ec.context, device=torch.device("meta"), dtype=dtype)
         head, chosen = _proposal_head(cfg, path, target, dtype, cuda, quantized=quantized, head_packed=head_packed)
-        copy, projections = _greedy_copy(cfg, shapes, dtype, cuda, quantized=quantized)
+        copy, projections = _greedy_copy(cfg, shapes, dtype, cuda)
         form = {"fp8": ", projections in fp8", "int4": ", projections in 4-bit",
                 "int4-greedy": ", a 4-bit copy of its layers for greedy rounds"}.get(projections, "")
         form += {"shortlist": ", shortlist head", "int4": ", 4-bit head"}.get(chosen, "")

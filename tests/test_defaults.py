@@ -20,6 +20,7 @@ from ignis.engine.defaults import CPU_AUTO, cache_bytes, fit_pool, settle
 from ignis.errors import ArtifactError, ConfigError
 from ignis.model.pool import PAGE
 from ignis.model.config import ModelConfig
+from q27b import write_27b
 from serving import tiny_artifact
 
 GPU_PROFILES = [p for p in PROFILES if p != "cpu"]
@@ -164,3 +165,30 @@ def test_the_drafter_reserved_before_the_pool_counts_its_proposal_heads_own_copy
         assert own == (BUILTIN / "drafter" / SHORTLIST).stat().st_size
     off = load_config(profile="cpu", overrides={"spec.backend": "off"})
     assert _drafter_bytes(off, BUILTIN, builtin(), torch.device("cpu"), torch.float32) == 0
+
+
+def test_auto_draft_weights_hold_the_greedy_copy_only_where_the_pool_loses_nothing(memory: dict[str, int],
+                                                                                 tmp_path: Path) -> None:
+    """dflash2's spec.draft_weights = "auto" at the 27B shape on a GPU: the 4-bit copy of the drafter's layers where
+    every lane's whole context still fits beside it (a stated context), none where the pool is fitted to the memory
+    (the model's 262,144 positions do not fit) or on the CPU; each choice logged with its reason."""
+    from ignis.quant.linear import uses_mma
+
+    path = write_27b(tmp_path / "27b", int4=False)
+    model = ModelConfig.from_dir(path)
+
+    def settled(device: torch.device, **engine: int) -> tuple[str, list[dict[str, object]]]:
+        overrides = {"spec.backend": "dflash2", "spec.draft_tokens": 7, "engine.lanes": 8,
+                     **{f"engine.{k}": v for k, v in engine.items()}}
+        with structlog.testing.capture_logs() as logs:
+            cfg = settle(load_config(overrides=overrides), path, device, torch.bfloat16, model)
+        return cfg.spec.draft_weights, [e for e in logs if e["event"] == "ignis.engine.draft_weights_default"]
+
+    memory["bytes"] = 64 * 2**30
+    weights, logs = settled(CUDA, context=8192)
+    mma = uses_mma(CUDA, torch.bfloat16)
+    assert weights == ("int4-greedy" if mma else "model") and len(logs) == 1
+    assert ("fits beside the K/V pool" if mma else "mma kernel") in str(logs[0]["reason"])
+    weights, logs = settled(CUDA)  # context 0: fitted to the memory left
+    assert weights == "model" and ("memory the K/V pool needs" if mma else "mma kernel") in str(logs[0]["reason"])
+    assert settled(torch.device("cpu"), context=8192)[0] == "model"

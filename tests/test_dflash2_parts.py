@@ -158,15 +158,15 @@ def test_an_int4_drafter_whose_inputs_the_groups_do_not_divide_is_refused_naming
 
 def test_auto_draft_weights_make_the_greedy_copy_for_a_large_16bit_drafter_on_a_gpu_only(
         ckpt: Path, target: ModelConfig, tmp_path: Path) -> None:
-    """spec.draft_weights = "auto": "int4-greedy" for 16-bit layer projections of 1 GiB or more where the 4-bit mma
-    kernel runs, outside exact mode, beside a target that is not 4-bit; "model" otherwise, as on this CPU."""
+    """spec.draft_weights = "auto", apart from memory (the engine's settling, tests/test_defaults.py):
+    "int4-greedy" for 16-bit layer projections of 1 GiB or more where the 4-bit mma kernel runs, outside exact mode;
+    "model" otherwise, as on this CPU."""
     gib = greedy_copy.AUTO_BYTES
-    assert greedy_copy.auto_copy(3 * gib, 2, mma=True, exact=False, quantized=False)
-    assert not greedy_copy.auto_copy(gib - 1, 2, mma=True, exact=False, quantized=False)  # the built-in's is MiBs
-    assert not greedy_copy.auto_copy(3 * gib, 4, mma=True, exact=False, quantized=False)  # fp32: no mma product
-    assert not greedy_copy.auto_copy(3 * gib, 2, mma=False, exact=False, quantized=False)
-    assert not greedy_copy.auto_copy(3 * gib, 2, mma=True, exact=True, quantized=False)
-    assert not greedy_copy.auto_copy(3 * gib, 2, mma=True, exact=False, quantized=True)  # a 4-bit target's card
+    assert greedy_copy.auto_copy(3 * gib, 2, mma=True, exact=False)
+    assert not greedy_copy.auto_copy(gib - 1, 2, mma=True, exact=False)  # the built-in's is MiBs
+    assert not greedy_copy.auto_copy(3 * gib, 4, mma=True, exact=False)  # fp32: no mma product
+    assert not greedy_copy.auto_copy(3 * gib, 2, mma=False, exact=False)
+    assert not greedy_copy.auto_copy(3 * gib, 2, mma=True, exact=True)
     b = backend(ckpt, save_random_drafter(tmp_path / "d", target), weights="auto")
     assert b.draft_weights == "model" and b.greedy_model is None
     assert b.settled_spec == {"draft_head": "full", "draft_weights": "model"}

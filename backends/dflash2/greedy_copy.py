@@ -2,10 +2,11 @@
 what the round outputs (docs/adr/0014-greedy-drafter-copy.md).
 
 Owns: `packed_copy` (a DrafterModel that shares every tensor of the drafter but its layers' attention and MLP
-projections, which it holds as 4-bit codes), when a round reads it (`reads_copy`: every lane greedy, at most
-GREEDY_ROWS block rows), what "auto" resolves to (`auto_copy`, `resolve`) and what the copy holds (`copy_bytes`, for
-the memory plan). Does not own: whether a round is greedy (Choice.greedy_round, set by the round), the 4-bit format or
-its products (ignis.quant, ignis.model.ops.linear).
+projections, which it holds as 4-bit codes), when a round reads it (`reads_copy`: every lane greedy, at most GREEDY_ROWS
+block rows), what "auto" resolves to apart from memory (`auto_copy`, `resolve`) and what the copy holds (`copy_bytes`,
+for the memory plan). Does not own: whether a round is greedy (Choice.greedy_round, set by the round), whether the
+memory spares the copy (ignis.engine.defaults.settle_draft_weights, ignis.plan.memory_plan), the 4-bit format or its
+products (ignis.quant, ignis.model.ops.linear).
 
 Why it is exact: a greedy round emits the target's argmax whatever the drafts are, so drafting it with a cheaper copy
 changes only how many drafts are kept. A round with a sampled lane drafts with the drafter as it is (the drafts
@@ -27,28 +28,28 @@ import torch
 from torch import nn
 
 from ignis.backends.dflash2.model import INT4_GROUPS, DrafterModel, int4_layout, layer_projection
-from ignis.quant.linear import QuantLinear
 
 # Most block rows (lanes x (drafts + 1)) a greedy round drafts with the copy: two lanes of 7 drafts. The 4-bit product
 # ran 2-2.5x its bytes at 16 rows on the H200 (half a 16-bit product's time) and 3.4-5.5x at 32 (no faster).
 GREEDY_ROWS = 16
 # "auto" holds the copy for 16-bit layer projections of at least this many bytes on a GPU that runs the 4-bit mma
-# kernel, outside exact mode, beside a target that is not 4-bit: the 27B's random 5-layer drafter (3.2 GB) measured
-# its one-lane rounds 0.6-0.7 ms shorter with 4-bit layers on the H200; a small drafter (the built-in's) is left as
-# it is, and a 4-bit target (chosen to fit a card) is not given a copy to hold.
+# kernel, outside exact mode: the 27B's random 5-layer drafter (3.2 GB) measured its one-lane rounds 0.6-0.7 ms shorter
+# with 4-bit layers on the H200 beside a 16-bit target and 0.56 ms (6.6%) beside a 4-bit one; a small drafter (the
+# built-in's) is left as it is. The engine keeps the copy only where the K/V pool loses no memory to it
+# (ignis.engine.defaults, ignis.plan.memory_plan): a card filled to hold its target's contexts gets none.
 AUTO_BYTES = 1 << 30
 
 
-def auto_copy(projection_bytes: int, element_size: int, *, mma: bool, exact: bool, quantized: bool) -> bool:
-    """What spec.draft_weights = "auto" resolves to for layer projections of `projection_bytes` held in
-    `element_size`-byte weights, beside a target whose projections are 4-bit or not (`quantized`), where the 4-bit
-    product runs the mma kernel (`mma`) or not: True for "int4-greedy", else "model"."""
-    return mma and not exact and not quantized and element_size == 2 and projection_bytes >= AUTO_BYTES
+def auto_copy(projection_bytes: int, element_size: int, *, mma: bool, exact: bool) -> bool:
+    """spec.draft_weights = "auto"'s rule apart from memory, for layer projections of `projection_bytes` held in
+    `element_size`-byte weights where the 4-bit product runs the mma kernel (`mma`) or not: True for "int4-greedy",
+    else "model"."""
+    return mma and not exact and element_size == 2 and projection_bytes >= AUTO_BYTES
 
 
 def resolve(choice: str, drafter: DrafterModel, target: nn.Module, device: torch.device) -> str:
-    """spec.draft_weights as the backend takes it: "auto" becomes "int4-greedy" or "model" (`auto_copy`), others
-    stay."""
+    """spec.draft_weights as the backend takes it: "auto" (left so only where the engine did not settle it: a backend
+    built outside an engine) becomes "int4-greedy" or "model" (`auto_copy`), others stay."""
     if choice != "auto":
         return choice
     shapes = projection_shapes(drafter)
@@ -56,11 +57,9 @@ def resolve(choice: str, drafter: DrafterModel, target: nn.Module, device: torch
         return "model"
     weight = next(p for n, p in drafter.named_parameters() if layer_projection(n))
     _, mma = int4_layout(list(shapes.values()), device, weight.dtype)
-    quantized = any(isinstance(m, QuantLinear) for m in target.modules())
     exact = bool(getattr(target, "exact", False))
     nbytes = sum(out * cols for out, cols in shapes.values()) * weight.element_size()
-    return "int4-greedy" if auto_copy(nbytes, weight.element_size(), mma=mma, exact=exact, quantized=quantized) \
-        else "model"
+    return "int4-greedy" if auto_copy(nbytes, weight.element_size(), mma=mma, exact=exact) else "model"
 
 
 def projection_shapes(drafter: DrafterModel) -> dict[str, tuple[int, int]]:

@@ -1,6 +1,7 @@
 """The defaults the engine settles at start-up, once it knows the model, the device and the memory left.
 
-Owns: `spec.backend = "auto"` (which backend, at how many drafts), `engine.context = 0` (the model's
+Owns: `spec.backend = "auto"` (which backend, at how many drafts), dflash2's `spec.draft_weights = "auto"` (a 4-bit
+copy of the drafter's layers where it takes nothing from the K/V pool), `engine.context = 0` (the model's
 max_position_embeddings, or fewer so that one lane's whole context fits the K/V pool) and `engine.kv_memory = 0` (the
 pool: every lane's whole context, or the memory left if that is less), each chosen once and logged once with the
 reason, and the memory figures behind them. Does not own: the config rules (ignis.config) or allocating anything
@@ -54,6 +55,10 @@ def settle(
         spec = dataclasses.replace(spec, backend=backend, draft_tokens=k)
         log.info("ignis.engine.spec_default", backend=backend, draft_tokens=k, reason=why)
     engine = config.engine
+    if spec.backend == "dflash2" and spec.draft_weights == AUTO:
+        weights, why = settle_draft_weights(dataclasses.replace(config, spec=spec), path, model, device, dtype)
+        spec = dataclasses.replace(spec, draft_weights=weights)
+        log.info("ignis.engine.draft_weights_default", draft_weights=weights, reason=why)
     drafter = _drafter_bytes(dataclasses.replace(config, spec=spec), path, model, device, dtype)
     context, kv_memory, why, pool_why = fit_pool(model, engine.lanes, engine.context, engine.kv_memory,
                                                  spec.draft_tokens, device, dtype, drafter, pooled_layers(spec.backend))
@@ -63,6 +68,32 @@ def settle(
         log.info("ignis.engine.kv_memory_default", kv_memory=kv_memory, reason=pool_why)
     engine = dataclasses.replace(engine, context=context, kv_memory=kv_memory)
     return dataclasses.replace(config, spec=spec, engine=engine)
+
+
+def settle_draft_weights(config: IgnisConfig, path: Path, model: ModelConfig, device: torch.device,
+                         dtype: torch.dtype) -> tuple[str, str]:
+    """(spec.draft_weights, why) for dflash2's "auto": "int4-greedy" where the greedy copy's rule makes one
+    (backends.dflash2.greedy_copy.auto_copy) and the K/V pool loses nothing to it (the same context and pool, and
+    the memory left still holds that pool), else "model"."""
+    from ignis.plan import greedy_copy_bytes, with_draft_weights
+
+    copy = greedy_copy_bytes(config, path, model, dtype, device.type == "cuda")
+    if not copy:
+        return "model", ("no 4-bit copy of the drafter's layers: it pays for a drafter of 1 GiB or more of 16-bit layer "
+                         "projections on a GPU that runs the 4-bit mma kernel, outside exact mode")
+    plain = _drafter_bytes(with_draft_weights(config, "model"), path, model, device, dtype)
+    ec, k, layers = config.engine, config.spec.draft_tokens, pooled_layers(config.spec.backend)
+    try:
+        without = fit_pool(model, ec.lanes, ec.context, ec.kv_memory, k, device, dtype, plain, layers)[:2]
+        with_copy = fit_pool(model, ec.lanes, ec.context, ec.kv_memory, k, device, dtype, plain + copy, layers)[:2]
+    except (ArtifactError, ConfigError):
+        return "model", "the memory left does not hold the K/V pool beside a 4-bit copy of the drafter's layers"
+    held = memory_left(model, ec.lanes, k, device, dtype, plain + copy, layers) >= with_copy[1]
+    if with_copy == without and held:
+        return "int4-greedy", (f"a 4-bit copy of the drafter's layers ({_gib(copy)}) for greedy rounds of one or two "
+                               f"lanes fits beside the K/V pool")
+    return "model", (f"a 4-bit copy of the drafter's layers ({_gib(copy)}) would take memory the K/V pool needs "
+                     f"(set spec.draft_weights = \"int4-greedy\" to hold it anyway)")
 
 
 def choose_backend(config: IgnisConfig, path: Path, device: torch.device) -> tuple[str, int, str]:
@@ -104,12 +135,12 @@ def fit_pool(model: ModelConfig, lanes: int, context: int, kv_memory: int, draft
     lane's whole context: a request alone must always be able to run to the end of its context. extra_layers: a
     backend's attention layers in the pool (`pooled_layers`)."""
     wanted = context or model.max_position_embeddings
-    fixed, per_position = cache_bytes(model, draft_tokens, dtype, extra_layers)
+    _, per_position = cache_bytes(model, draft_tokens, dtype, extra_layers)
     page_bytes = per_position * PAGE
     cols = draft_tokens + 1
     free, where = available_memory(device)
     fraction = CPU_MEMORY_FRACTION if device.type == "cpu" else GPU_MEMORY_FRACTION
-    left = max(0, int(free * fraction) - reserved - (lanes + 1) * fixed)  # + the scratch lane
+    left = memory_left(model, lanes, draft_tokens, device, dtype, reserved, extra_layers)
     memory = f"{_gib(free)} {where} ({fraction:.0%} usable)"
     pool = kv_memory or left
     why = f"engine.context = {context}"
@@ -145,6 +176,17 @@ def fit_pool(model: ModelConfig, lanes: int, context: int, kv_memory: int, draft
         raise ArtifactError(f"not enough memory for one lane's context of {context}: {memory} holds {held} positions "
                             f"of K/V after {lanes} lanes' recurrent state; lower engine.context or engine.lanes")
     return context, kv_memory, why, pool_why
+
+
+def memory_left(model: ModelConfig, lanes: int, draft_tokens: int, device: torch.device, dtype: torch.dtype,
+                reserved: int = 0, extra_layers: int = 0) -> int:
+    """Bytes the K/V pool may take: the usable share of the memory free now (GPU_MEMORY_FRACTION of the device's,
+    CPU_MEMORY_FRACTION of the system's available), less `reserved` bytes still to come and every lane's recurrent
+    state (the scratch lane's too)."""
+    fixed, _ = cache_bytes(model, draft_tokens, dtype, extra_layers)
+    free, _ = available_memory(device)
+    fraction = CPU_MEMORY_FRACTION if device.type == "cpu" else GPU_MEMORY_FRACTION
+    return max(0, int(free * fraction) - reserved - (lanes + 1) * fixed)
 
 
 def cache_bytes(model: ModelConfig, draft_tokens: int, dtype: torch.dtype, extra_layers: int = 0) -> tuple[int, int]:
