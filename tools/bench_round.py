@@ -576,8 +576,9 @@ def main(argv: list[str] | None = None) -> int:
                 rows += [{**r, **variant} for r in bench_model(name, model, path, bw, args, device)]
             del model
             torch.cuda.empty_cache()
-    # The copy again, after every case: a fresh device's first copies have run 1.4% slower than the same machine's
-    # later ones, which would flatter every ratio; the floors take the higher of the two.
+    # The copy again, after every case, and the floors over the higher of the two: one machine's copies measured
+    # 4.19 TB/s in its first process and 4.25 in the next three (a low figure flatters every ratio), and once 3.81
+    # after a run's cases against 4.26 before them.
     bw_end = copy_bandwidth(device)
     if bw_end > bw:
         for r in rows:
