@@ -192,3 +192,26 @@ def test_auto_draft_weights_hold_the_greedy_copy_only_where_the_pool_loses_nothi
     weights, logs = settled(CUDA)  # context 0: fitted to the memory left
     assert weights == "model" and ("memory the K/V pool needs" if mma else "mma kernel") in str(logs[0]["reason"])
     assert settled(torch.device("cpu"), context=8192)[0] == "model"
+
+
+def test_auto_draft_weights_leave_a_stated_pool_its_memory(memory: dict[str, int], tmp_path: Path) -> None:
+    """With engine.kv_memory stated, the greedy copy is held only where the memory left after it still holds that
+    pool: a free memory that holds the pool beside the drafter alone gives "model"."""
+    from ignis.plan import greedy_copy_bytes, with_draft_weights
+    from ignis.quant.linear import uses_mma
+
+    if not uses_mma(CUDA, torch.bfloat16):
+        pytest.skip("the greedy copy's rule asks for the 4-bit mma kernel")
+    path = write_27b(tmp_path / "27b", int4=False)
+    model = ModelConfig.from_dir(path)
+    pool = 4 * 2**30
+    cfg = load_config(overrides={"spec.backend": "dflash2", "spec.draft_tokens": 7, "engine.lanes": 8,
+                                 "engine.context": 8192, "engine.kv_memory": pool})
+    plain = defaults._drafter_bytes(with_draft_weights(cfg, "model"), path, model, CUDA, torch.bfloat16)
+    copy = greedy_copy_bytes(cfg, path, model, torch.bfloat16, True)
+    fixed, _ = cache_bytes(model, 7, torch.bfloat16)
+    needed = pool + plain + 9 * fixed  # the pool beside the drafter and 8 lanes' states (and the scratch lane's)
+    memory["bytes"] = int((needed + copy // 2) / defaults.GPU_MEMORY_FRACTION)  # room for half the copy
+    assert settle(cfg, path, CUDA, torch.bfloat16, model).spec.draft_weights == "model"
+    memory["bytes"] = int((needed + 2 * copy) / defaults.GPU_MEMORY_FRACTION)
+    assert settle(cfg, path, CUDA, torch.bfloat16, model).spec.draft_weights == "int4-greedy"
