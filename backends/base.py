@@ -80,6 +80,7 @@ class ProposeIn:
     cuts: list[tuple[int, float, float]] | None = None  # per lane: the request's (top_k, top_p, min_p); None = none
     span: int = 0  # the largest anchor position among the lanes (rows any lane has committed)
     greedy_round: bool = False  # every lane takes the target's argmax (Choice.greedy_round)
+    drafts: list[int] | None = None  # per lane: the drafts it keeps this round (at most k); None = k each
 
 
 @dataclass
@@ -110,14 +111,19 @@ class Choice:
 
     @staticmethod
     def build(temperatures: list[float], generators: list[torch.Generator], k: int, device: torch.device,
-              cuts: list[tuple[int, float, float]] | None = None, greedy_round: bool = False) -> Choice:
-        """The host form: uniforms from each sampling lane's own generator; `cuts` holds each lane's (top_k, top_p,
-        min_p)."""
+              cuts: list[tuple[int, float, float]] | None = None, greedy_round: bool = False,
+              drafts: list[int] | None = None) -> Choice:
+        """The host form: uniforms from each sampling lane's own generator, as many as the drafts it keeps (`drafts`,
+        per lane; None: k each), the slots past them zero: a lane draws the same randomness whatever the round's
+        other lanes draft. `cuts` holds each lane's (top_k, top_p, min_p)."""
         temps = torch.tensor(temperatures, dtype=torch.float32, device=device)
         if all(t <= 0.0 for t in temperatures):
             return Choice(temps, None, greedy_round=greedy_round)
-        rows = [torch.rand(k, generator=g, dtype=torch.float64) if t > 0.0 else torch.zeros(k, dtype=torch.float64)
-                for t, g in zip(temperatures, generators)]
+        own = drafts if drafts is not None else [k] * len(temperatures)
+        rows = [torch.cat([torch.rand(min(n, k), generator=g, dtype=torch.float64),
+                           torch.zeros(k - min(n, k), dtype=torch.float64)])
+                if t > 0.0 else torch.zeros(k, dtype=torch.float64)
+                for t, g, n in zip(temperatures, generators, own, strict=True)]
         uniforms = torch.stack(rows).to(device, non_blocking=True)
         if not cuts:
             return Choice(temps, uniforms, greedy_round=greedy_round)

@@ -93,7 +93,8 @@ class Mtp:
 
     def propose(self, inp: ProposeIn) -> Proposal:
         lanes = inp.lanes
-        choice = Choice.build(inp.temperatures, inp.generators, inp.k, inp.anchors.device, inp.cuts)
+        choice = Choice.build(inp.temperatures, inp.generators, inp.k, inp.anchors.device, inp.cuts,
+                              drafts=inp.drafts)
         hidden = self.last[lanes]  # [n, H]
         drafts: list[torch.Tensor] = []
         qs: list[torch.Tensor] = []

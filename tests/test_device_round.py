@@ -144,6 +144,22 @@ def test_seeded_sampling_is_the_same_alone_and_beside_others(ckpt: Path, backend
     assert alone == crowd and len(alone) == 24
 
 
+@pytest.mark.parametrize("backend", ["mtp", "dflash2"])
+@pytest.mark.parametrize("model", [{}, FAST], ids=["host round", "device round"])
+def test_a_seeded_request_near_its_end_samples_alike_alone_and_beside_longer_ones(ckpt: Path, backend: str,
+                                                                                 model: dict[str, str]) -> None:
+    """Near its max_tokens a lane drafts fewer than the round's others: it must still draw the same randomness as
+    alone, in the host round (each lane's generator gives its own drafts' uniforms, not the round's widest) and the
+    device round (counter-based uniforms). Several seeds, so that one draw left out or added shows."""
+    ps = prompts(4, VOCAB, seed=21, lo=5, hi=30)
+    others = [SamplingParams(max_tokens=40, temperature=1.0, seed=50 + i, ignore_eos=True) for i in range(3)]
+    for seed in range(6):
+        short = SamplingParams(max_tokens=7, temperature=1.0, seed=seed, ignore_eos=True)
+        alone = run(make_engine(ckpt, backend, draft_tokens=3, model=model, lanes=4), ps[:1], short)["0"].token_ids
+        crowd = run(make_engine(ckpt, backend, draft_tokens=3, model=model, lanes=4), ps, [short] + others)
+        assert crowd["0"].token_ids == alone and len(alone) == 7, f"seed {seed}"
+
+
 @pytest.mark.parametrize("model", [{}, FAST], ids=["host round", "device round"])
 def test_a_sampling_lanes_drafts_are_cut_like_its_requests_p(ckpt: Path, model: dict[str, str],
                                                              monkeypatch: pytest.MonkeyPatch) -> None:

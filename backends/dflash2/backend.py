@@ -165,9 +165,17 @@ class DFlash2:
 
     @torch.inference_mode()
     def propose(self, inp: ProposeIn) -> Proposal:
+        """The round's inp.k drafts a lane, from a block of the drafter's full width whatever inp.k is: a block row
+        sees the rows after it (non-causal layers), so a narrower block would draft a lane's first slots otherwise
+        when the round's widest lane drafts fewer, and a sampled lane's tokens would follow the round's company. The
+        device round's blocks are always this wide."""
         lane_ix = torch.tensor(inp.lanes, dtype=torch.long, device=self.device)
-        choice = Choice.build(inp.temperatures, inp.generators, inp.k, self.device, inp.cuts, inp.greedy_round)
-        return self._draft(lane_ix, inp.anchors, inp.positions, inp.k, choice, inp.span)
+        k = self.draft_tokens
+        choice = Choice.build(inp.temperatures, inp.generators, k, self.device, inp.cuts, inp.greedy_round,
+                              inp.drafts if inp.drafts is not None else [inp.k] * len(inp.lanes))
+        proposal = self._draft(lane_ix, inp.anchors, inp.positions, k, choice, inp.span)
+        q = proposal.q[:, : inp.k] if proposal.q is not None else None
+        return Proposal(tokens=proposal.tokens[:, : inp.k], q=q)
 
     @torch.inference_mode()
     def propose_lanes(self, lanes: torch.Tensor, anchors: torch.Tensor, positions: torch.Tensor, k: int,

@@ -174,6 +174,7 @@ class Runner:
             cuts=[(r.params.top_k, r.params.top_p, r.params.min_p) for r in reqs],
             span=max(len(r.tokens) - 1 for r in reqs),
             greedy_round=all(r.params.greedy for r in reqs),
+            drafts=[d.drafts for d in plan.decode],
         )
         return self.backend.propose(inp)
 
