@@ -374,18 +374,14 @@ def _greedy_copy(cfg: IgnisConfig, shapes: dict[str, tuple[int, ...]], dtype: to
     for checkpoint tensors of these shapes, and what spec.draft_weights gives, "auto" by its rule apart from memory
     (backends.dflash2.greedy_copy.resolve)."""
     from ignis.artifact import resolve_exact
-    from ignis.backends.dflash2.greedy_copy import auto_copy, copy_bytes
-    from ignis.backends.dflash2.model import int4_layout, layer_projection
+    from ignis.backends.dflash2.greedy_copy import auto_makes_copy, copy_bytes
+    from ignis.backends.dflash2.model import layer_projection
 
     device = torch.device("cuda" if cuda else "cpu")
     layers = [(s[0], s[1]) for name, s in shapes.items() if layer_projection(name)]
     chosen = cfg.spec.draft_weights
     if chosen == AUTO:
-        size = torch.finfo(dtype).bits // 8
-        _, mma = int4_layout(layers, device, dtype)
-        nbytes = sum(out * cols for out, cols in layers) * size
-        chosen = "int4-greedy" if layers and auto_copy(nbytes, size, mma=mma, exact=resolve_exact(cfg, device)) \
-            else "model"
+        chosen = "int4-greedy" if auto_makes_copy(layers, device, dtype, resolve_exact(cfg, device)) else "model"
     return (copy_bytes(layers, device, dtype) if chosen == "int4-greedy" else 0), chosen
 
 

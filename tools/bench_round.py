@@ -56,7 +56,7 @@ import torch
 from ignis.artifact import BUILTIN
 from ignis.backends import base as backends_base
 from ignis.backends.base import BackendContext, Choice, Committed, Proposal, SpecBackend
-from ignis.backends.dflash2 import greedy_copy, ring, selector
+from ignis.backends.dflash2 import ring, selector
 from ignis.backends.dflash2.backend import DFlash2
 from ignis.backends.dflash2.config import DrafterConfig, drafter_config_json
 from ignis.backends.dflash2.weights import SHORTLIST, random_drafter, spread_layer_ids
@@ -446,8 +446,7 @@ def bench_case(label: str, case: Case, model: HybridModel, path: Path, bw: float
 def reads_greedy_copy(backend: SpecBackend, lanes: int, k: int, mode: int) -> bool:
     """Whether a round of `lanes` lanes drafting `k` under graph key sampling `mode` drafts with dflash2's 4-bit copy
     of its layers (spec.draft_weights = "int4-greedy", ignis.backends.dflash2.greedy_copy)."""
-    return (isinstance(backend, DFlash2) and backend.greedy_model is not None
-            and greedy_copy.reads_copy(mode == Sampling.GREEDY, lanes, k))
+    return isinstance(backend, DFlash2) and backend.reads_copy(mode == Sampling.GREEDY, lanes, k)
 
 
 def profile_case(case: Case, model: HybridModel, path: Path, args: argparse.Namespace, lanes: int,

@@ -184,9 +184,7 @@ class DFlash2:
 
     def _draft(self, lane_ix: torch.Tensor, anchors: torch.Tensor, positions: torch.Tensor, k: int, choice: Choice,
                span: int) -> Proposal:
-        model = self.model
-        if self.greedy_model is not None and greedy_copy.reads_copy(choice.greedy_round, lane_ix.shape[0], k):
-            model = self.greedy_model
+        model = self.greedy_model if self.reads_copy(choice.greedy_round, lane_ix.shape[0], k) else self.model
         hidden = self.hidden(lane_ix, anchors, positions, k, span, model)
         candidates = None
         if self.shortlist is not None:
@@ -202,6 +200,10 @@ class DFlash2:
         else:
             tokens, q = pick(self.cfg, logits, columns, choice, self.vocab)
         return Proposal(tokens=tokens, q=q)
+
+    def reads_copy(self, greedy_round: bool, lanes: int, k: int) -> bool:
+        """Whether a round of `lanes` blocks of k drafts drafts with the greedy copy (.greedy_copy.reads_copy)."""
+        return self.greedy_model is not None and greedy_copy.reads_copy(greedy_round, lanes, k)
 
     def hidden(self, lane_ix: torch.Tensor, anchors: torch.Tensor, positions: torch.Tensor, k: int,
                span: int, model: DrafterModel | None = None) -> torch.Tensor:

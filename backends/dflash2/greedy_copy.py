@@ -49,17 +49,25 @@ def auto_copy(projection_bytes: int, element_size: int, *, mma: bool, exact: boo
 
 def resolve(choice: str, drafter: DrafterModel, target: nn.Module, device: torch.device) -> str:
     """spec.draft_weights as the backend takes it: "auto" (left so only where the engine did not settle it: a backend
-    built outside an engine) becomes "int4-greedy" or "model" (`auto_copy`), others stay."""
+    built outside an engine) becomes "int4-greedy" or "model" (`auto_makes_copy`), others stay."""
     if choice != "auto":
         return choice
-    shapes = projection_shapes(drafter)
-    if not shapes:
+    shapes = list(projection_shapes(drafter).values())
+    weight = next((p for n, p in drafter.named_parameters() if layer_projection(n)), None)
+    if weight is None:
         return "model"
-    weight = next(p for n, p in drafter.named_parameters() if layer_projection(n))
-    _, mma = int4_layout(list(shapes.values()), device, weight.dtype)
     exact = bool(getattr(target, "exact", False))
-    nbytes = sum(out * cols for out, cols in shapes.values()) * weight.element_size()
-    return "int4-greedy" if auto_copy(nbytes, weight.element_size(), mma=mma, exact=exact) else "model"
+    return "int4-greedy" if auto_makes_copy(shapes, device, weight.dtype, exact) else "model"
+
+
+def auto_makes_copy(shapes: list[tuple[int, int]], device: torch.device, dtype: torch.dtype, exact: bool) -> bool:
+    """`auto_copy` for layer projections of these (out, in) shapes held in `dtype` on `device`: the backend's
+    resolution and the memory plan's."""
+    if not shapes:
+        return False
+    _, mma = int4_layout(shapes, device, dtype)
+    size = torch.finfo(dtype).bits // 8
+    return auto_copy(sum(out * cols for out, cols in shapes) * size, size, mma=mma, exact=exact)
 
 
 def projection_shapes(drafter: DrafterModel) -> dict[str, tuple[int, int]]:
