@@ -138,11 +138,6 @@ CUDA_NORMED: bool | None = None
 # columns, and the 1 x 8 verify's replay took 15.47 ms against 15.31, the 8 x 8 18.46 against 17.81. Set once, before
 # the engine captures its graphs.
 STEP = True
-# The most lanes a verify may have for its conv to join the recurrence's launch as a decode's does (0: never), built
-# for gdn_cuda.VERIFY_STEP_BLOCKS blocks an SM so that staging 8 columns spills nothing. Few lanes' blocks fit the
-# GPU in one wave, so the twelve blocks of a key head's group convolve its q and k side by side, not one after
-# another. Set once, before the engine captures its graphs.
-STEP_VERIFY_LANES = 0
 
 
 def _compiled(dk: int, dv: int, cols: int) -> Any:
@@ -253,12 +248,12 @@ def conv_columns_normed(
 ) -> torch.Tensor:
     """ignis.kernels.fused.conv of a decode's or a verify's columns, then `columns_normed` of its output: y [B C, Hv dv]
     in z's dtype, the conv's window moved on (inputs None) or its inputs recorded. Where STEP and CUDA_COLUMNS route
-    a decode's call (or a verify's of at most STEP_VERIFY_LANES lanes) to ignis.kernels.gdn_cuda, the conv joins the
-    recurrence's launch; two launches or three elsewhere."""
+    a decode's call to ignis.kernels.gdn_cuda, the conv joins the recurrence's launch; two launches or three
+    elsewhere."""
     from ignis.kernels import fused
 
     dk = state.shape[2]
-    if STEP and CUDA_COLUMNS and state.is_cuda and (raw.shape[1] == 1 or raw.shape[0] <= STEP_VERIFY_LANES):
+    if STEP and CUDA_COLUMNS and state.is_cuda and raw.shape[1] == 1:
         from ignis.kernels import gdn_cuda
 
         conv = gdn_cuda.Conv(window, raw, taps, ba, inputs)

@@ -29,15 +29,8 @@ RS = 4  # threads a state column
 # (tools.bench_gdn --kernels cuda4,cuda6), the others within 1%.
 BLOCKS = 6
 KEEP_K = False
-# The joined conv's kernel (`step`): the blocks an SM its registers are bounded for; None: BLOCKS. A decode's one
-# column; a verify's columns (ignis.kernels.gdn.STEP_VERIFY_LANES) take VERIFY_STEP_BLOCKS: at six blocks an SM the
-# staging of 8 columns spills 164-184 bytes, at four nothing.
+# The joined conv's kernel (`step`): the blocks an SM its registers are bounded for; None: BLOCKS.
 STEP_BLOCKS: int | None = None
-VERIFY_STEP_BLOCKS = 4
-# Whether the kernel holds the state over a launch's columns as S / D (D the product of their decays; folded back into
-# the rows before it falls below 2^-30, and at the end where the state is written): three multiply-adds a state
-# element a column instead of three and a multiply. The same sums in another rounding.
-RESCALE = False
 
 _lock = threading.Lock()
 _functions: dict[tuple[tuple[tuple[str, int], ...], torch.device], object] = {}
@@ -50,15 +43,10 @@ def defines(dk: int, dv: int, normed: bool = False, dtype: torch.dtype = torch.f
     the launch's columns: a decode's one column builds its own binary, whose staging holds a column's registers)."""
     joined = () if conv is None else (("CONV", 1), ("CBF16", int(conv[0] == torch.bfloat16)), ("KC", conv[1]))
     cmax = 1 if conv is not None and conv[2] == 1 else CMAX
-    if conv is None:
-        blocks = BLOCKS
-    elif conv[2] > 1:
-        blocks = VERIFY_STEP_BLOCKS
-    else:
-        blocks = STEP_BLOCKS if STEP_BLOCKS is not None else BLOCKS
+    blocks = STEP_BLOCKS if conv is not None and STEP_BLOCKS is not None else BLOCKS
     return (("DK", dk), ("DV", dv), ("CMAX", cmax), ("TV", dv if normed else TV), ("NORMED", int(normed)),
             ("BF16", int(dtype == torch.bfloat16)), ("MINB", 1 if normed else blocks),
-            ("KEEP_K", int(KEEP_K or normed)), ("PDL", int(early)), ("RESCALE", int(RESCALE))) + joined
+            ("KEEP_K", int(KEEP_K or normed)), ("PDL", int(early))) + joined
 
 
 def fits(state: torch.Tensor, cols: int, record: torch.Tensor | None) -> bool:

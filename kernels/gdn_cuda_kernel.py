@@ -7,8 +7,7 @@ holds its rows of a column's k in registers between the column's two passes, or 
 (fewer registers, so more blocks an SM); NORMED: whether the block, then holding the whole head, also applies the gated
 output norm and writes its result; BF16: the element type of the gate, the norm's weight and that result; PDL: launched
 programmatic-dependent, ignis.kernels.launch.gdn_pdl: the state loads before the kernel waits for the conv; CONV: the
-short conv joined, CBF16 its inputs' element type and KC its taps; RESCALE: the state held over the columns as S / D,
-D the product of their decays, so that a column decays it with one multiply of D instead of one a row). Does not own: the launch, its checks or when it
+short conv joined, CBF16 its inputs' element type and KC its taps). Does not own: the launch, its checks or when it
 runs (ignis.kernels.gdn_cuda, ignis.kernels.gdn).
 
 Built with CONV, the kernel reads the in projection's raw output and the conv window instead of the conv kernel's
@@ -42,10 +41,6 @@ SOURCE = r"""
 #ifndef KC
 #define KC 4
 #endif
-#ifndef RESCALE
-#define RESCALE 0
-#endif
-#define RESCALE_MIN 9.313225746154785e-10f  // 2^-30: the least product of decays a rescaled state carries
 #define KC1 (KC - 1)
 #define CONV_EPS 1e-6f  // the l2 norm's, as gdn_conv's
 #define SEQ (KC1 + CMAX)
@@ -316,25 +311,9 @@ gdn_columns(float* __restrict__ state, const long long* __restrict__ lanes, cons
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // the next kernel may launch; it waits for us
 #endif
 
-#if RESCALE
-    // The state held as S / D, D the product of the decays of the columns so far: a column's decay is then one
-    // multiply of D, not of every row. D folds back into the rows before it would fall below RESCALE_MIN.
-    float scale = 1.f;
-#endif
 #pragma unroll 1
     for (int j = 0; j < ncols; ++j) {
-#if RESCALE
-        float dn = scale * ds[j];
-        if (dn < RESCALE_MIN) {  // the same for the whole block: one head's decay
-#pragma unroll
-            for (int i = 0; i < ROWS; ++i) st[i] *= dn;
-            dn = 1.f;
-        }
-        scale = dn;
-        const float inv = 1.f / scale;
-#else
         const float decay = ds[j];
-#endif
         const float4* k4 = reinterpret_cast<const float4*>(&sk[j][0]);
         const float4* q4 = reinterpret_cast<const float4*>(&sq[j][0]);
 #if KEEP_K
@@ -349,23 +328,12 @@ gdn_columns(float* __restrict__ state, const long long* __restrict__ lanes, cons
             kr[KR(i4)] = k.x; kr[KR(i4) + 1] = k.y; kr[KR(i4) + 2] = k.z; kr[KR(i4) + 3] = k.w;
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
-#if !RESCALE
                 st[4 * i4 + u] *= decay;
-#endif
                 m[u] += kr[KR(i4) + u] * st[4 * i4 + u];
             }
         }
-#if RESCALE
-        const float mem = scale * quad_sum((m[0] + m[1]) + (m[2] + m[3]));
-#else
         const float mem = quad_sum((m[0] + m[1]) + (m[2] + m[3]));
-#endif
         const float delta = live ? bs[j] * (sv[j][cl] - mem) : 0.f;
-#if RESCALE
-        const float dscaled = delta * inv;
-#else
-        const float dscaled = delta;
-#endif
         if (do_record && s == 1 && live) rec[(size_t)j * hv * RW + DK + c] = delta;
         float os[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -378,15 +346,11 @@ gdn_columns(float* __restrict__ state, const long long* __restrict__ lanes, cons
 #endif
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
-                st[4 * i4 + u] += kr[KR(i4) + u] * dscaled;
+                st[4 * i4 + u] += kr[KR(i4) + u] * delta;
                 os[u] += qr[u] * st[4 * i4 + u];
             }
         }
-#if RESCALE
-        const float o = scale * quad_sum((os[0] + os[1]) + (os[2] + os[3]));
-#else
         const float o = quad_sum((os[0] + os[1]) + (os[2] + os[3]));
-#endif
 #if NORMED
         // The gated output norm over the head's DV outputs: the output rounded, its sum of squares over the block.
         const float ob = (s == 0 && live) ? rounded(o) : 0.f;
@@ -413,12 +377,7 @@ gdn_columns(float* __restrict__ state, const long long* __restrict__ lanes, cons
     }
     if (write_state && live) {
 #pragma unroll
-        for (int i = 0; i < ROWS; ++i) {
-#if RESCALE
-            st[i] *= scale;
-#endif
-            st_at[(i * RS + s) * DV + c] = st[i];
-        }
+        for (int i = 0; i < ROWS; ++i) st_at[(i * RS + s) * DV + c] = st[i];
     }
 #if CONV
     if (!do_record) {

@@ -143,9 +143,7 @@ def _gdn_inputs(shape: tuple[int, ...], seed: int) -> dict[str, torch.Tensor]:
             "rate": -torch.rand(hv, device="cuda", generator=g) * 2}
 
 
-# cudaN: bounded for N blocks an SM; rescaled: cuda6 holding the state as S / D (gdn_cuda.RESCALE); "decays": the
-# rescaled kernel where a column's decay underflows to zero or the decays' product falls past 2^-30 within a launch
-@pytest.mark.parametrize("kernel", ["numba", "cuda", "cuda5", "cuda6", "rescaled", "rescaled, decays"])
+@pytest.mark.parametrize("kernel", ["numba", "cuda", "cuda5", "cuda6"])  # cudaN: bounded for N blocks an SM
 @pytest.mark.parametrize("shape", [(1, 1, 16, 48, 128, 128), (8, 8, 16, 48, 128, 128), (3, 4, 2, 4, 16, 16)])
 def test_gdn_kernels_equal_their_references(shape: tuple[int, ...], kernel: str,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
@@ -153,22 +151,13 @@ def test_gdn_kernels_equal_their_references(shape: tuple[int, ...], kernel: str,
     from ignis.kernels.gdn import columns, columns_reference, record_width, replay, replay_reference
 
     monkeypatch.setattr(gdn, "CUDA_COLUMNS", kernel != "numba")
-    blocks = int(kernel[4:] or 4) if kernel.startswith("cuda") else 6 if kernel.startswith("rescaled") else 4
+    blocks = int(kernel[4:] or 4) if kernel != "numba" else 4
     monkeypatch.setattr(gdn_cuda, "BLOCKS", blocks)
     monkeypatch.setattr(gdn_cuda, "KEEP_K", blocks <= 4)
-    monkeypatch.setattr(gdn_cuda, "RESCALE", kernel.startswith("rescaled"))
     launched = _counted(monkeypatch, gdn_cuda, "columns")
     b, c, hk, hv, dk, dv = shape
     lanes = b + 2
     x = _gdn_inputs(shape, sum(shape))
-    if kernel.endswith("decays"):
-        # decay exp(g), g = rate * softplus(a + dt_bias): heads by turns at the usual decays, at about e^-12 a
-        # column (the product past 2^-30 by the third column), and at zero (g about -2e4)
-        a = x["ba"][..., hv:]
-        kind = torch.arange(hv, device="cuda") % 3
-        a[..., kind == 1] = 6.0 - x["dt_bias"][kind == 1]
-        a[..., kind == 2] = 1e4
-        x["rate"][kind > 0] = -2.0
     state, ids, mixed, ba, dt_bias, rate = (x[n] for n in ("state", "ids", "mixed", "ba", "dt_bias", "rate"))
     g = torch.Generator(device="cuda").manual_seed(sum(shape) + 100)  # the kept columns
     for write_state, record in ((True, False), (False, True)):
@@ -301,21 +290,17 @@ def _step_both(x: dict[str, torch.Tensor], hk: int, record: bool, normed: bool,
     return out
 
 
-@pytest.mark.parametrize("rescale", [False, True], ids=["state", "rescaled state"])
 @pytest.mark.parametrize("normed", [False, True], ids=["recurrence alone", "whole head, normed"])
 @pytest.mark.parametrize("shape", [(1, 1, 16, 48, 128, 128), (8, 1, 16, 48, 128, 128), (1, 8, 16, 48, 128, 128),
                                    (8, 8, 16, 48, 128, 128), (3, 4, 2, 4, 16, 16)])
-def test_the_conv_joined_to_the_recurrence_gives_the_bits_of_the_two_launches(shape: tuple[int, ...], normed: bool,
-                                                                              rescale: bool,
-                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_conv_joined_to_the_recurrence_gives_the_bits_of_the_two_launches(shape: tuple[int, ...],
+                                                                              normed: bool) -> None:
     """gdn_cuda.step computes the conv as the CUDA C++ conv kernel does and then the recurrence: every output, state,
     record, recorded input and moved window is the two launches' own bits, for a decode and a verify of 1 to 8
-    columns (the verify's binary bounded for gdn_cuda.VERIFY_STEP_BLOCKS blocks an SM), with the state held as it is
-    or rescaled; and the torch references agree."""
+    columns; and the torch references agree."""
     from ignis.kernels import fused, gdn, gdn_cuda
     from tests.test_kernels_fused import close
 
-    monkeypatch.setattr(gdn_cuda, "RESCALE", rescale)
     b, c, hk, hv, dk, dv = shape
     x = _step_inputs(shape, sum(shape) + 3)
     for record in (False, True):
@@ -341,24 +326,19 @@ def test_the_conv_joined_to_the_recurrence_gives_the_bits_of_the_two_launches(sh
     assert int(gdn_cuda._counters(torch.device("cuda"), 1).abs().sum()) == 0  # every decode set its counters back
 
 
-@pytest.mark.parametrize("verify_lanes", [0, 1, 2])
 @pytest.mark.parametrize("c", [1, 8])
-def test_the_joined_step_takes_decodes_and_verifies_of_few_lanes(c: int, verify_lanes: int,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """gdn.STEP routes a decode's one column through gdn_cuda.step, and a verify's columns where the verify has at most
-    gdn.STEP_VERIFY_LANES lanes; other verifies keep the conv's own launch."""
+def test_the_joined_step_takes_decodes_alone(c: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gdn.STEP routes a decode's one column through gdn_cuda.step; a verify's columns keep the conv's own launch."""
     from ignis.kernels import gdn, gdn_cuda
 
     monkeypatch.setattr(gdn, "STEP", True)
-    monkeypatch.setattr(gdn, "STEP_VERIFY_LANES", verify_lanes)
     monkeypatch.setattr(gdn, "CUDA_NORMED", False)
     steps = _counted(monkeypatch, gdn_cuda, "step")
     shape = (2, c, 16, 48, 128, 128)
     x = _step_inputs(shape, 21)
-    gdn.conv_columns_normed(x["window"], x["raw"], x["taps"], x["ba"], x["inputs"] if c > 1 else None, x["state"],
-                            x["ids"], x["dt_bias"], x["rate"], None, x["z"], x["gweight"], 1e-6, key_heads=16,
-                            write_state=c == 1)
-    assert len(steps) == (1 if c == 1 or verify_lanes >= 2 else 0)
+    gdn.conv_columns_normed(x["window"], x["raw"], x["taps"], x["ba"], None, x["state"], x["ids"], x["dt_bias"],
+                            x["rate"], None, x["z"], x["gweight"], 1e-6, key_heads=16, write_state=True)
+    assert len(steps) == (1 if c == 1 else 0)
 
 
 def test_the_joined_step_replays_in_a_graph_decode_after_decode(monkeypatch: pytest.MonkeyPatch) -> None:

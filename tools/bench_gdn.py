@@ -162,9 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--once", action="store_true", help="each case once after a warm-up (for a profiler)")
     ap.add_argument("--kernels", default="numba",
-                    help="comma list of numba, cuda, cuda4, cuda5, cuda6 (each optionally with +rescaled): the "
-                         "decode's and verify's recurrence kernel (tools.variants.recurrence_kernel), each timed in "
-                         "turn; the replay is numba's")
+                    help="comma list of numba, cuda, cuda4, cuda5, cuda6: the decode's and verify's recurrence "
+                         "kernel (tools.variants.recurrence_kernel), each timed in turn; the replay is numba's")
     ap.add_argument("--convs", default="numba,cuda", help="comma list of numba, cuda: the conv case's kernels")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -188,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"numba defer   {r['lanes']}x{r['cols']}  a round would save {r['saving_ms_round_min']:.3f} to "
                   f"{r['saving_ms_round_max']:.3f} ms", flush=True)
         elif "us" in r:
-            print(f"{r['kernel']:14s} {r['case']:7s} {r['lanes']}x{r['cols']}  "
+            print(f"{r['kernel']:5s} {r['case']:7s} {r['lanes']}x{r['cols']}  "
                   f"{r['us']:8.1f} µs  floor {r['floor_us']:7.1f} µs  x{r['x_floor']:5.2f}", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "copy_tb_s": bw / 1e12,

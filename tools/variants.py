@@ -35,11 +35,9 @@ def combinations(args: argparse.Namespace) -> list[dict[str, str]]:
 _TILE_ROWS_SHIPPED = int4_tile.TILE_ROWS  # --int4-tile on: from where ignis ships it
 _DRAW_SHIPPED = backends.DRAW_COLUMNS  # --draw triton: the most columns a sampled draft's one-launch draw takes
 GDN_KERNELS = ("auto", "numba", "cuda", "cuda4", "cuda5", "cuda6", "step", "step4", "step5", "step-normed",
-               "apart", "vjoin0", "vjoin1", "vjoin2", "vjoin4", "vjoin8")  # --gdn's words (`recurrence_kernel`)
+               "apart")  # --gdn's words (`recurrence_kernel`)
 # the recurrence's switches as ignis ships them, which --gdn auto restores
-_GDN_SHIPPED = (gdn.CUDA_COLUMNS, gdn.CUDA_NORMED, gdn.STEP, gdn_cuda.BLOCKS, gdn_cuda.KEEP_K, gdn_cuda.STEP_BLOCKS,
-                gdn.STEP_VERIFY_LANES, gdn_cuda.RESCALE)
-RESCALED = "+rescaled"  # a --gdn word's suffix: the CUDA C++ recurrence holds the state as S / D (gdn_cuda.RESCALE)
+_GDN_SHIPPED = (gdn.CUDA_COLUMNS, gdn.CUDA_NORMED, gdn.STEP, gdn_cuda.BLOCKS, gdn_cuda.KEEP_K, gdn_cuda.STEP_BLOCKS)
 
 
 def recurrence_kernel(word: str) -> None:
@@ -47,22 +45,12 @@ def recurrence_kernel(word: str) -> None:
     a whole head with the gated norm joined; cudaN, the CUDA C++ recurrence alone bounded for N blocks an SM (k read
     again past 4), then the norm's own launch; step and apart: as shipped but for a decode's conv, joined to the
     recurrence's launch (ignis.kernels.gdn.STEP) or launched before it; stepN: joined, bounded for N blocks an SM;
-    step-normed: a decode's conv, recurrence and gated norm in one launch (the whole head's kernel); vjoinN: as
-    shipped but for a verify's conv, joined to the recurrence's launch in verifies of at most N lanes
-    (ignis.kernels.gdn.STEP_VERIFY_LANES; vjoin0: never). Any of them + RESCALED: with the CUDA C++ recurrence holding
-    the state as S / D (ignis.kernels.gdn_cuda.RESCALE), without it: as shipped."""
-    rescale = word.endswith(RESCALED)
-    word = word.removesuffix(RESCALED)
+    step-normed: a decode's conv, recurrence and gated norm in one launch (the whole head's kernel)."""
     if word not in GDN_KERNELS:
-        raise ValueError(f"--gdn takes {', '.join(GDN_KERNELS)}, each optionally with {RESCALED}; got {word!r}")
+        raise ValueError(f"--gdn takes {', '.join(GDN_KERNELS)}; got {word!r}")
     (gdn.CUDA_COLUMNS, gdn.CUDA_NORMED, gdn.STEP, gdn_cuda.BLOCKS, gdn_cuda.KEEP_K,
-     gdn_cuda.STEP_BLOCKS, gdn.STEP_VERIFY_LANES, gdn_cuda.RESCALE) = _GDN_SHIPPED
-    if rescale:
-        gdn_cuda.RESCALE = True
+     gdn_cuda.STEP_BLOCKS) = _GDN_SHIPPED
     if word == "auto":
-        return
-    if word.startswith("vjoin"):
-        gdn.STEP_VERIFY_LANES = int(word[5:])
         return
     if word == "apart" or word.startswith("step"):
         gdn.STEP = word != "apart"
