@@ -67,6 +67,11 @@ class EngineSection:
     # takes its inputs from the last one's outputs on the device, so the device does not wait on the host between
     # them; a lane whose request stops early in the chain runs the rest of it for nothing. Device round only.
     rounds_per_sync: int = integer(1, 1, 4)
+    # Queue a decoding lanes' next round before the host reads the last one, where the chained plans' terms allow it
+    # (rounds_per_sync above): the host reads round t, stops and streams its tokens while round t + 1 runs, so the
+    # device does not wait on the host between rounds; a lane whose request stops in round t runs round t + 1 for
+    # nothing. Device round only.
+    async_scheduling: bool = flag(True)
     # Device memory the memory plan must fit, in MiB: 0 = the CUDA device's own total. Profiles state their card's.
     memory_mib: int = integer(0, 0)
     # Bytes for the attention layers' K/V, a pool of 64-position pages the lanes share (one long context, many short

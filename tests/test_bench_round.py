@@ -130,7 +130,8 @@ def test_every_case_is_timed_before_any_is_profiled(monkeypatch: pytest.MonkeyPa
             raise RuntimeError("cannot run")
         events.append(f"time {name}")
         return {"model": label, "case": case.name, "lanes": case.lanes, "cols": case.k + 1, "eager_ms": 2.0,
-                "graph_ms": 1.0, "replay_ms": 1.0, "floor_ms": 1.0, "x_floor": 1.0, "host_split": {}}
+                "graph_ms": 1.0, "replay_ms": 1.0, "followed_ms": 1.0, "floor_ms": 1.0, "x_floor": 1.0,
+                "x_floor_followed": 1.0, "host_split": {}}
 
     def fake_profile(case, *_):  # type: ignore[no-untyped-def]
         name = f"{case.name} {case.lanes}x{case.k + 1}"
@@ -206,3 +207,31 @@ def test_a_4bit_targets_floor_counts_its_codes_scales_and_zeros() -> None:
     held = sum(p.nbytes for n, p in model.named_parameters() if n != skip)
     held += sum(t.nbytes for m in packed for t in m.buffers(recurse=False))
     assert floor_bytes(model, 0, 8) == held < dense
+
+
+def test_followed_rounds_queue_each_round_before_reading_the_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    """time_followed runs the rounds as engine.async_scheduling does: a run of FOLLOWED rounds loads the lanes once,
+    queues each later round from the last one before waiting for and reading the last, and reads the final one."""
+    from tools import bench_round
+
+    calls: list[str] = []
+
+    class Rounds:
+        def start(self, work):  # type: ignore[no-untyped-def]
+            calls.append("start")
+            return 0
+
+        def follow(self, launched):  # type: ignore[no-untyped-def]
+            calls.append(f"follow {launched}")
+            return launched + 1
+
+        def wait(self, launched):  # type: ignore[no-untyped-def]
+            calls.append(f"wait {launched}")
+
+        def collect(self, launched):  # type: ignore[no-untyped-def]
+            calls.append(f"read {launched}")
+
+    monkeypatch.setattr(bench_round, "FOLLOWED", 3)
+    assert bench_round.time_followed(Rounds(), [], iters=1) >= 0.0  # type: ignore[arg-type]
+    run = ["start", "follow 0", "wait 0", "read 0", "follow 1", "wait 1", "read 1", "wait 2", "read 2"]
+    assert calls == run * 3  # two warm-up runs and the timed one

@@ -248,6 +248,33 @@ def test_chained_graph_rounds_give_single_rounds_tokens(backend: str, k: int, la
     assert outs[0] == outs[1] and 2 in chained
 
 
+@pytest.mark.parametrize("backend,k", [("off", 0), ("dflash2", 7)])
+@pytest.mark.parametrize("lanes", [1, 8])
+def test_async_graph_rounds_give_the_synchronous_rounds_tokens(backend: str, k: int, lanes: int,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """engine.async_scheduling: each round's graph replayed before the host reads the last one, from its outputs on
+    the device, gives the bits of rounds read one at a time, and rounds did follow one another. Under one key span:
+    a followed round's span covers a round more than the host has read, so near a rung of the span ladder it can take
+    the next rung, whose attention splits its keys otherwise (ignis.kernels.attention.splits) and so rounds bf16
+    sums otherwise, as a lane beside a longer one does."""
+    from engines import run
+    from ignis.engine import device_round
+    from ignis.engine.device_round import DeviceRound
+
+    monkeypatch.setattr(device_round, "MIN_SPAN", 1 << 20)  # one rung: every round reads the context's slots
+    ps = _heldout(8)
+    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+    outs, follows = [], []
+    follow = DeviceRound.follow
+    monkeypatch.setattr(DeviceRound, "follow", lambda dr, launched: (follows.append(1), follow(dr, launched))[1])
+    for overlap in (True, False):
+        engine = make_engine(BUILTIN, backend, draft_tokens=k, profile="h200", lanes=lanes, context=1024,
+                             async_scheduling=overlap)
+        assert engine.runner.device_round is not None and len(engine.runner.device_round.spans) == 1
+        outs.append({rid: d.token_ids for rid, d in run(engine, ps, params).items()})
+    assert outs[0] == outs[1] and len(follows) >= 10
+
+
 @pytest.mark.parametrize(("weights", "head"), [("int4", "full"), ("int4", "int4"), ("int4-greedy", "int4")])
 @pytest.mark.parametrize("lanes", [1, 8])
 def test_an_int4_drafter_in_graph_rounds_gives_the_eager_rounds_tokens(lanes: int, weights: str, head: str) -> None:

@@ -10,7 +10,8 @@ through the target's whole head in 4 bits, spec.draft_head = "int4", with the dr
 4-bit or, dflash2-h4-fp8, in fp8; dflash2-g4 and dflash2-h4-g4, the full or the 4-bit head with spec.draft_weights =
 "int4-greedy"; dflash2-auto, the engine's defaults for the model and device: spec.draft_head and spec.draft_weights
 "auto", at the 27B the 4-bit head and the drafter's 4-bit copy of its layers for greedy rounds of one or two lanes) at 1
-and 8 lanes: ms a round through `DeviceRound.run` (host work and the one read-back included), the graph's replays back
+and 8 lanes: ms a round through `DeviceRound.run` (host work and the one read-back included), ms a round as the engine
+runs them with engine.async_scheduling (`followed_ms`: each round queued before the host reads the last), the graph's replays back
 to back (CUDA events: the device's time with the gaps between kernels, without the host's part), GPU kernel time and
 kernels per round from the profiler (an eager round, profiled after every case's timings; with --graph-profile also the
 graph replay's own kernels, `graph_top_kernels`: what a kernel costs inside the round rather than after a slow eager
@@ -274,6 +275,34 @@ def time_rounds(dr: DeviceRound, work: list[Decode], iters: int, rounds: int = 1
     return statistics.median(times)
 
 
+FOLLOWED = 8  # rounds of a followed run: the lanes' inputs are loaded again after it, so positions stay in the span
+
+
+def time_followed(dr: DeviceRound, work: list[Decode], iters: int) -> float:
+    """Seconds a round as the engine runs them with engine.async_scheduling: runs of FOLLOWED rounds, the first from
+    the host's inputs (`DeviceRound.start`), each later one queued from the last one's outputs on the device
+    (`DeviceRound.follow`) before the host waits for and reads the last one; median over `iters` runs of a run's time
+    over its rounds. The host's wait and read-back overlap the next round; one load a run does not."""
+    def one() -> None:
+        launched = dr.start(work)
+        for _ in range(FOLLOWED - 1):
+            following = dr.follow(launched)
+            dr.wait(launched)
+            dr.collect(launched)
+            launched = following
+        dr.wait(launched)
+        dr.collect(launched)
+
+    for _ in range(2):
+        one()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        one()
+        times.append((time.perf_counter() - t0) / FOLLOWED)
+    return statistics.median(times)
+
+
 def eager_round(dr: DeviceRound, work: list[Decode]) -> None:
     """One round run eagerly, even where a graph is captured for its shape: the launches a round issues."""
     graphs, dr.graphs = dr.graphs, {}
@@ -398,7 +427,8 @@ def bench_model(label: str, model: HybridModel, path: Path, bw: float, args: arg
         finally:
             torch.cuda.empty_cache()
         print(f"{label:8s} {case.name:10s} {case.lanes}x{case.k + 1}  eager {row['eager_ms']:8.2f} ms  graph "
-              f"{row['graph_ms']:8.2f} ms  replay {row['replay_ms']:8.2f} ms  gpu(eager) {row['gpu_ms_eager']:8.2f} ms  "
+              f"{row['graph_ms']:8.2f} ms  replay {row['replay_ms']:8.2f} ms  followed {row['followed_ms']:8.2f} ms  "
+              f"gpu(eager) {row['gpu_ms_eager']:8.2f} ms  "
               f"kernels {row['kernels']:5d}  "
               f"floor {row['floor_ms']:7.2f} ms  x{row['x_floor']:5.2f}", flush=True)
         c = row.get("clocks")
@@ -431,15 +461,18 @@ def bench_case(label: str, case: Case, model: HybridModel, path: Path, bw: float
     eager = time_rounds(dr, work, max(3, args.iters // 4))
     rounds = args.rounds_per_sync
     mode = dr.sampling_of(work)  # the graph key's sampling a round of these lanes takes
-    capture_s = dr.capture([(bucket, span, mode)])
+    followed_span = dr.span_for(args.position + 1, 2)  # a followed round's: the host's tokens are a round behind
+    capture_s = dr.capture(sorted({(bucket, span, mode), (bucket, followed_span, mode)}))
     with Clocks(device.index or 0) as clocks:  # the SM clock the graph rounds ran at, and what capped it
         graph = time_rounds(dr, work, args.iters, rounds)
+    followed = time_followed(dr, work, args.iters) if rounds == 1 else float("nan")
     replay = time_replays(dr.graphs[(bucket, span, mode)], args.iters)  # it replays one round's inputs again
     split = host_split(dr, work, bucket, span, args.iters, mode) if args.host_split else {}
     floor = floor_bytes(model, case.lanes, case.k + 1, args.position) / bw
     return {"model": label, "case": case.name, "lanes": case.lanes, "cols": case.k + 1, "eager_ms": 1e3 * eager,
-            "graph_ms": 1e3 * graph, "replay_ms": 1e3 * replay, "rounds_per_sync": rounds,
-            "floor_ms": 1e3 * floor, "x_floor": graph / floor, "capture_s": capture_s, "host_split": split,
+            "graph_ms": 1e3 * graph, "replay_ms": 1e3 * replay, "followed_ms": 1e3 * followed,
+            "rounds_per_sync": rounds, "floor_ms": 1e3 * floor, "x_floor": graph / floor,
+            "x_floor_followed": followed / floor, "capture_s": capture_s, "host_split": split,
             "clocks": clocks.summary(), "greedy_copy": reads_greedy_copy(dr.backend, bucket, case.k, mode)}
 
 
@@ -584,14 +617,15 @@ def main(argv: list[str] | None = None) -> int:
             if "floor_ms" in r:
                 r["floor_ms"] *= bw / bw_end
                 r["x_floor"] = r["graph_ms"] / r["floor_ms"]
+                r["x_floor_followed"] = r["followed_ms"] / r["floor_ms"]
     print(f"copy bandwidth again after the cases {bw_end / 1e12:.2f} TB/s: the floors take "
           f"{max(bw, bw_end) / 1e12:.2f}", flush=True)
     bw_start, bw = bw, max(bw, bw_end)
     timed = [r for r in rows if "error" not in r]
     for r in timed:  # the same bytes over the read bandwidth: what the round's ratio would be on the reads alone
         r["x_read_floor"] = r["graph_ms"] / (r["floor_ms"] * bw / read_bw)
-        print(f"{r['model']:8s} {r['case']:9s} {r['lanes']}x{r['cols']}  x{r['x_floor']:5.2f} the copy floor, "
-              f"x{r['x_read_floor']:5.2f} the read floor", flush=True)
+        print(f"{r['model']:8s} {r['case']:9s} {r['lanes']}x{r['cols']}  x{r['x_floor']:5.2f} the copy floor "
+              f"(x{r['x_floor_followed']:5.2f} followed), x{r['x_read_floor']:5.2f} the read floor", flush=True)
     projected = {}
     for label in {r["model"] for r in timed}:
         for lanes in (1, 8):
@@ -602,6 +636,8 @@ def main(argv: list[str] | None = None) -> int:
                     tokens = args.copy_tokens_per_round if spec[0].get("greedy_copy") else args.tokens_per_round
                     key = f"{label}:{lanes}" + ("" if case == "dflash2" else f":{case}")
                     projected[key] = tokens * off[0]["graph_ms"] / spec[0]["graph_ms"]
+                    # the same with each round queued before the host reads the last (engine.async_scheduling)
+                    projected[f"{key}:followed"] = tokens * off[0]["followed_ms"] / spec[0]["followed_ms"]
     result = {"device": torch.cuda.get_device_name(), "copy_tb_s": bw / 1e12, "copy_tb_s_start": bw_start / 1e12,
               "copy_tb_s_end": bw_end / 1e12, "read_tb_s": read_bw / 1e12,
               "context": args.context,
@@ -610,11 +646,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     if args.md:
-        lines = ["| model | case | lanes x cols | eager ms | graph ms | replay ms | eager/graph | GPU ms (eager) | kernels "
-                 "| floor ms | graph / floor |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines = ["| model | case | lanes x cols | eager ms | graph ms | followed ms | replay ms | eager/graph | GPU ms "
+                 "(eager) | kernels | floor ms | graph / floor | followed / floor |",
+                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         lines += [f"| {r['model']} | {r['case']} | {r['lanes']} x {r['cols']} | {r['eager_ms']:.2f} | {r['graph_ms']:.2f} "
-                  f"| {r['replay_ms']:.2f} | {r['eager_ms'] / r['graph_ms']:.1f} | {r['gpu_ms_eager']:.2f} | {r['kernels']} "
-                  f"| {r['floor_ms']:.2f} | {r['x_floor']:.2f} |" for r in timed]
+                  f"| {r['followed_ms']:.2f} | {r['replay_ms']:.2f} | {r['eager_ms'] / r['graph_ms']:.1f} "
+                  f"| {r['gpu_ms_eager']:.2f} | {r['kernels']} | {r['floor_ms']:.2f} | {r['x_floor']:.2f} "
+                  f"| {r['x_floor_followed']:.2f} |" for r in timed]
         lines += [f"| {r['model']} | {r['case']} | {r['lanes']} x {r['cols']} | failed: {r['error']} |"
                   for r in rows if "error" in r]
         Path(args.md).write_text("\n".join(lines) + "\n")

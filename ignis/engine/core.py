@@ -19,7 +19,7 @@ from ignis.backends.registry import load_backend
 from ignis.config import MAX_DRAFT_TOKENS, IgnisConfig
 from ignis.engine.defaults import cache_bytes, settle
 from ignis.engine.device_prefill import DevicePrefill
-from ignis.engine.device_round import DeviceRound
+from ignis.engine.device_round import DeviceRound, Launched
 from ignis.engine.grammar import Grammars
 from ignis.engine.lane_store import LaneStore
 from ignis.engine.logits import LogitsShaper
@@ -137,6 +137,9 @@ class Engine:
             eos_token_ids=list(self.model.config.eos_token_ids),
             draft_head=(settled or {}).get("draft_head", ""),
         )
+        # a decode round queued and not yet read (engine.async_scheduling): the next step reads it
+        self._pending: Launched | None = None
+        self._async = ec.async_scheduling and device_round is not None
         self._stats = EngineStats(position_drafted=[0] * k, position_accepted=[0] * k)
         self._seeds = make_generator(ec.seed)
         self._grammars = Grammars(path / "tokenizer.json", self.model.config.vocab_size, list(self.model.config.eos_token_ids))
@@ -228,14 +231,32 @@ class Engine:
         return deltas
 
     def has_work(self) -> bool:
-        return bool(self.scheduler.waiting) or bool(self.scheduler.running)
+        return bool(self.scheduler.waiting) or bool(self.scheduler.running) or self._pending is not None
 
     def step(self) -> list[RequestDelta]:
-        """One round for every lane; a delta for each request that emitted tokens or finished."""
+        """One round for every lane; a delta for each request that emitted tokens or finished. With
+        engine.async_scheduling a round of decoding lanes only is queued and read by the next step, which first
+        queues the lanes' next round where the scheduler lets it follow (`Scheduler.follow`): the host reads and
+        streams round t while round t + 1 runs."""
+        if self._pending is not None:
+            return self._read_pending()
         plan = self.scheduler.plan()
         if plan.empty:
             return []
+        if self._async and self.runner.defers(plan):
+            self._pending = self.runner.start(plan)
+            return []
         emissions = self.runner.run(plan)
+        return [d for e in emissions if (d := self._finish(e)) is not None]
+
+    def _read_pending(self) -> list[RequestDelta]:
+        """Queue the pending round's lanes' next round where they may follow it, then read the pending round."""
+        pending, self._pending = self._pending, None
+        assert pending is not None
+        pages = self.scheduler.follow(pending.decodes)
+        following = self.runner.follow(pending, pages) if pages is not None else None
+        emissions = self.runner.finish(pending)
+        self._pending = following
         return [d for e in emissions if (d := self._finish(e)) is not None]
 
     def stats(self) -> EngineStats:

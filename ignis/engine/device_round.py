@@ -180,12 +180,15 @@ class Emitted:
 
 @dataclass(frozen=True)
 class Launched:
-    """Rounds queued on the device: their lanes, the bucket whose host mirror receives their committed tokens, and
-    how many rounds, each starting from the last one's outputs."""
+    """Rounds queued on the device: their lanes, the bucket whose host mirror receives their committed tokens, how
+    many rounds (each starting from the last one's outputs), the first host slot they fill, and an event recorded
+    after their tokens' copy (None on the CPU, where the work is done when it is queued)."""
 
     decodes: list[Decode]
     buffers: RoundBuffers
     rounds: int = 1
+    slot: int = 0
+    done: torch.cuda.Event | None = None
 
 
 def synchronize(device: torch.device) -> None:
@@ -216,7 +219,9 @@ class DeviceRound:
         self.offsets = torch.arange(self.cols, dtype=torch.int64, device=device)  # [C] int64, device
         self.buckets = buckets(cache.lanes)
         self.spans = spans(cache.context + cache.max_cols)
-        self.buffers = {b: RoundBuffers(b, self.k, cache.scratch, device, rounds_per_sync) for b in self.buckets}
+        # host slots: a chain's rounds, and at least two (a round read while the next one runs, `follow`)
+        slots = max(rounds_per_sync, 2)
+        self.buffers = {b: RoundBuffers(b, self.k, cache.scratch, device, slots) for b in self.buckets}
         self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self.pool: Any = None  # the graphs' shared memory pool (torch.cuda.graph_pool_handle())
         # the most rows of a round whose kernels launch programmatic-dependent (when launch.PDL leaves it to the round)
@@ -231,24 +236,57 @@ class DeviceRound:
     def start(self, decodes: list[Decode], rounds: int = 1) -> Launched:
         """Queue `rounds` rounds for these lanes (at most `cache.lanes`; rounds at most `max_rounds`), each after the
         first starting from the last one's outputs on the device (`RoundBuffers.advance`), and the copy of each one's
-        committed tokens to the host; `collect` reads them after the caller's one sync. Every lane must have room for
-        `rounds` rounds of its drafts (the scheduler's chained plans)."""
+        committed tokens to the host; `collect` reads them after the caller's sync (or `wait`). Every lane must have
+        room for `rounds` rounds of its drafts (the scheduler's chained plans)."""
         reqs = [d.request for d in decodes]
         size = next(b for b in self.buckets if b >= len(reqs))
-        span = self.span_for(max(len(r.tokens) for r in reqs), rounds)
-        sampling = Sampling.of(reqs, self.model.config.vocab_size)
         buf = self.buffers[size]
         buf.load(decodes, self.sample_drafts)
-        graph = self.graphs.get((size, span, sampling))
-        for i in range(rounds):
-            if i:
+        self._replay(buf, reqs, rounds, 0)
+        return Launched(decodes, buf, rounds, 0, self._recorded())
+
+    def follow(self, launched: Launched) -> Launched:
+        """Queue one more round of the same lanes after `launched` (engine.async_scheduling), before the host has
+        read it: its inputs are the last queued round's outputs on the device, its tokens go to the next host slot.
+        The lanes keep their drafts and sampling; each must have room for it (`Scheduler.follow`)."""
+        reqs = [d.request for d in launched.decodes]
+        slot = (launched.slot + launched.rounds) % self.max_rounds
+        buf = launched.buffers
+        buf.advance(len(reqs))
+        # the host's tokens are a round behind the device's: the span covers the queued round's columns too
+        self._replay(buf, reqs, 2, slot, first=1)
+        return Launched(launched.decodes, buf, 1, slot, self._recorded())
+
+    def _replay(self, buf: RoundBuffers, reqs: list[Request], rounds: int, slot: int, first: int = 0) -> None:
+        """Rounds first..rounds-1 of a chain of `rounds` from the lanes' host-known tokens: each replays the graph of
+        the chain's key (or runs eagerly), the ones after the first advancing the inputs, and copies its tokens to the
+        next host slot from `slot` on."""
+        span = self.span_for(max(len(r.tokens) for r in reqs), rounds)
+        sampling = Sampling.of(reqs, self.model.config.vocab_size)
+        graph = self.graphs.get((buf.size, span, sampling))
+        for i in range(first, rounds):
+            if i > first:
                 buf.advance(len(reqs))
             if graph is not None:
                 graph.replay()
             else:
                 self.forward(buf, span, sampling)
-            buf.send(i)
-        return Launched(decodes, buf, rounds)
+            buf.send(slot + i - first)
+
+    def _recorded(self) -> torch.cuda.Event | None:
+        """An event recorded on the device's current stream now (None on the CPU)."""
+        if self.device.type != "cuda":
+            return None
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def wait(self, launched: Launched) -> None:
+        """Wait until `launched`'s tokens are on the host, not for work queued after it."""
+        if launched.done is not None:
+            launched.done.synchronize()
+        else:
+            synchronize(self.device)
 
     def span_for(self, tokens: int, rounds: int = 1) -> int:
         """The key span of `rounds` chained rounds of lanes holding at most `tokens` tokens: the smallest rung that
@@ -264,7 +302,9 @@ class DeviceRound:
         """The committed tokens of started rounds, round by round and in each in the lanes' order; the caller has
         synchronised since `start`. Verify logits (for logprobs) are the last round's only: a lane that asks for them
         runs one round at a time."""
-        out, logits, k = launched.buffers.host_out[: launched.rounds].tolist(), launched.buffers.logits, self.k
+        first = launched.slot
+        out, k = launched.buffers.host_out[first : first + launched.rounds].tolist(), self.k
+        logits = launched.buffers.logits
         emitted: list[Emitted] = []
         for rows_out in out:
             for i, (d, row) in enumerate(zip(launched.decodes, rows_out)):

@@ -36,6 +36,7 @@ class Request:
     resumed: int = 0  # of those, the positions a retained slot held when the request took its lane
     refill: int = 0  # after a preemption: tokens[:refill] to prefill again (0: the prompt)
     unemitted: list[int] = field(default_factory=list)  # committed by the model after a stop rule ended the output
+    ahead: int = 0  # decode rounds queued on the device for its lane that the host has not read yet
     lane: int = -1
     stats: RequestStats = field(default_factory=RequestStats)
     finish_reason: str | None = None
@@ -102,8 +103,8 @@ class Request:
     def state_ids(self) -> list[int] | None:
         """Tokens 0..computed: the positions its lane's state covers and the token after them (ignis.engine.retain);
         None when the state is not worth keeping (nothing computed, or teacher forcing, whose rows the lane may not
-        have committed as they were emitted)."""
-        if self.computed == 0 or self.forced is not None:
+        have committed as they were emitted) or not known (a round the host has not read runs on its lane)."""
+        if self.computed == 0 or self.forced is not None or self.ahead:
             return None
         ids = (self.tokens + self.unemitted)[: self.computed + 1]
         return ids if len(ids) == self.computed + 1 else None

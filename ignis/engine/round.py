@@ -38,7 +38,7 @@ from ignis.engine.accept import (
     teacher_forced,
 )
 from ignis.engine.device_prefill import DevicePrefill
-from ignis.engine.device_round import DeviceRound, synchronize
+from ignis.engine.device_round import DeviceRound, Launched, synchronize
 from ignis.engine.lane_store import LaneStore
 from ignis.engine.request import Request
 from ignis.engine.sampling import draw, target_probs
@@ -93,6 +93,49 @@ class Runner:
         self.device = device
         self.device_round = device_round
         self.anatomy: Anatomy | None = None  # set: the host round's sampled verifies are recorded into it
+
+    def defers(self, plan: RoundPlan) -> bool:
+        """Whether `start` may queue this plan and leave its read for later (engine.async_scheduling): one round of
+        decoding lanes only, each of which chains (Request.chains), on the device round."""
+        return (self.device_round is not None and bool(plan.decode) and not plan.prefill and not plan.admitted
+                and not plan.moves and plan.rounds == 1 and all(d.request.chains for d in plan.decode))
+
+    @torch.inference_mode()
+    def start(self, plan: RoundPlan) -> Launched:
+        """Queue a plan `defers` takes, without waiting for it: `finish` reads it. Its requests count it as a round
+        ahead of what the host has read (Request.ahead)."""
+        assert self.device_round is not None and self.defers(plan)
+        self.cache.pool.map(plan.pages)
+        self._check_pages(plan)
+        launched = self.device_round.start(plan.decode)
+        for d in plan.decode:
+            d.request.ahead += 1
+        return launched
+
+    @torch.inference_mode()
+    def follow(self, launched: Launched, pages: list[tuple[int, int, int]]) -> Launched:
+        """Queue one more round of `launched`'s lanes after it, from its outputs on the device, before the host reads
+        it; `pages`: the block-table writes that give every lane room for it (Scheduler.follow)."""
+        assert self.device_round is not None
+        self.cache.pool.map(pages)
+        self._check_pages(RoundPlan([], launched.decodes, [], rounds=launched.rounds + 1))
+        following = self.device_round.follow(launched)
+        for d in launched.decodes:
+            d.request.ahead += 1
+        return following
+
+    def finish(self, launched: Launched) -> list[Emission]:
+        """Wait for a round `start` or `follow` queued (not for what was queued after it) and read its lanes'
+        tokens."""
+        assert self.device_round is not None
+        self.device_round.wait(launched)
+        emissions: list[Emission] = []
+        for e in self.device_round.collect(launched):
+            r = e.request
+            r.computed += e.accepted + 1
+            r.ahead -= 1
+            emissions.append(Emission(r, e.tokens, e.drafted, e.accepted))
+        return emissions
 
     @torch.inference_mode()
     def run(self, plan: RoundPlan) -> list[Emission]:

@@ -28,6 +28,8 @@ admitted only when the pool can hold its whole prompt beside what the prompts al
 Chained plans (rounds_per_sync above 1): a plan that only decodes, with no request that needs the host between rounds,
 is given pages for rounds_per_sync rounds of every lane's drafts, where max_tokens and the context leave room for
 them and free pages hold them (`RoundPlan.rounds`); ignis.engine.round may then queue them all before it reads any.
+Followed rounds (engine.async_scheduling): such lanes' next round may be queued before the host reads the last one
+(`follow`), on the same terms for the two rounds.
 """
 
 from __future__ import annotations
@@ -173,6 +175,26 @@ class Scheduler:
                 if not self.pages.grow(d.request.lane, d.request.computed + n * (1 + d.drafts)):
                     return 1
         return n
+
+    def follow(self, decodes: list[Decode]) -> list[tuple[int, int, int]] | None:
+        """Room for one more round of these decoding lanes, queued while the host has not read the round before it
+        (engine.async_scheduling): the block-table writes that give it pages, or None where the lanes must wait for
+        the host. It follows where every request still holds its lane and chains, has room for both rounds' columns
+        (max_tokens and the context), no waiting request could take a free lane, and free pages hold both rounds (as
+        a chained plan's: no one preempted, no retained slot evicted)."""
+        if self.waiting and None in self.lanes:
+            return None  # a plan admits it first
+        for d in decodes:
+            r, cols = d.request, 2 * (1 + d.drafts)
+            if (r.lane < 0 or self.lanes[r.lane] is not r or r.finish_reason is not None or not r.chains
+                    or r.params.max_tokens - r.generated < cols or self.context - len(r.tokens) < cols):
+                return None
+        if self.pages is None:
+            return []
+        for d in decodes:
+            if not self.pages.grow(d.request.lane, d.request.computed + 2 * (1 + d.drafts)):
+                return None  # what it grew stays with the lane, and the next plan maps it
+        return self.pages.take_updates()
 
     def _chunk(self, r: Request, chunks: int) -> int:
         """Rows of r's prefill this round when it takes `chunks` chunks (one if it starts inside a chunk)."""
