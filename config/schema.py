@@ -65,7 +65,8 @@ class EngineSection:
     # Decode rounds queued on the device before the host reads them, where a round only decodes and no lane needs the
     # host between rounds (logprobs, logits shaped on the host, teacher forcing): from 2, each round after the first
     # takes its inputs from the last one's outputs on the device, so the device does not wait on the host between
-    # them; a lane whose request stops early in the chain runs the rest of it for nothing. Device round only.
+    # them; a lane whose request stops early in the chain runs the rest of it for nothing. Device round only. A chained
+    # plan is read whole when its rounds end: beside async_scheduling (below) it pays only where rounds cannot follow.
     rounds_per_sync: int = integer(1, 1, 4)
     # Queue a decoding lanes' next round before the host reads the last one, where the chained plans' terms allow it
     # (rounds_per_sync above): the host reads round t, stops and streams its tokens while round t + 1 runs, so the
