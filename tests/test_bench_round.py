@@ -52,19 +52,19 @@ def test_each_drafting_case_loads_the_drafter_its_name_says(monkeypatch: pytest.
 def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch: pytest.MonkeyPatch) -> None:
     from ignis.backends import base as backends
     from ignis.backends.dflash2 import ring, selector
-    from ignis.kernels import fused, gdn, gdn_cuda, int4_tile, launch
+    from ignis.kernels import attention, fused, gdn, gdn_cuda, int4_tile, launch
     from ignis.model import ops
     from ignis.quant import fp8
     from tools import variants as kernel_variants
 
     args = argparse.Namespace(conv_blocks="256,1024", blas="cublas", stream="off,on", gdn="numba,cuda", conv="cuda",
                               pdl="off,on", gdn_pdl="auto", trigger="early", int4_tile="on,off", fp8_kernel="mma",
-                              draw="triton", drafter_conv="joined", selector="triton")
+                              draw="triton", drafter_conv="joined", selector="triton", attention_blocks="264")
     variants = kernel_variants.combinations(args)
     assert len(variants) == 32 and len({tuple(v.values()) for v in variants}) == 32
     assert variants[0] == {"conv_blocks": "256", "blas": "cublas", "stream": "off", "gdn": "numba", "conv": "cuda",
                            "pdl": "off", "gdn_pdl": "auto", "trigger": "early", "int4_tile": "on", "fp8_kernel": "mma",
-                           "draw": "triton", "drafter_conv": "joined", "selector": "triton"}
+                           "draw": "triton", "drafter_conv": "joined", "selector": "triton", "attention_blocks": "264"}
     libraries: list[str] = []
     monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", libraries.append)
     for name in ("CONV_BLOCKS", "CUDA_CONV"):
@@ -82,6 +82,7 @@ def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch:
     monkeypatch.setattr(backends, "DRAW_COLUMNS", backends.DRAW_COLUMNS)
     monkeypatch.setattr(ring, "JOIN_CONV", ring.JOIN_CONV)
     monkeypatch.setattr(selector, "FUSED", selector.FUSED)
+    monkeypatch.setattr(attention, "TARGET_BLOCKS", attention.TARGET_BLOCKS)
     shipped = int4_tile.TILE_ROWS
     kernel_variants.apply_variant(variants[-2])
     assert int4_tile.TILE_ROWS == shipped is not None
@@ -89,7 +90,7 @@ def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch:
     assert int4_tile.TILE_ROWS is None  # off: int4_mma's own warps at every row count
     assert (fused.CONV_BLOCKS, libraries, ops.STREAMING, gdn.CUDA_COLUMNS, fused.CUDA_CONV, launch.PDL) == (
         1024, ["cublas", "cublas"], True, True, True, True)
-    assert launch.EARLY_TRIGGER and fp8.FP8_KERNEL == "mma"
+    assert launch.EARLY_TRIGGER and fp8.FP8_KERNEL == "mma" and attention.TARGET_BLOCKS == 264
     kernel_variants.apply_variant({**variants[-1], "fp8_kernel": "triton"})
     assert fp8.FP8_KERNEL == "triton"
     assert gdn.CUDA_NORMED and (gdn_cuda.BLOCKS, gdn_cuda.KEEP_K) == (4, True)

@@ -31,7 +31,7 @@ target's distribution shaped and drawn from, rejection sampling, drafts drawn fr
     python -m tools.bench_round --models 27b --cases mtp,dflash2 --sampled
     python -m tools.bench_round --models 27b --cases verify --lanes 8 --conv-blocks 1024,8192 --blas cublas,cublaslt
 
-Kernel variants (`--conv-blocks`, `--blas`, `--stream`, `--gdn`, `--conv`, `--pdl`, `--gdn-pdl`, `--int4-tile`,
+Kernel variants (`--attention-blocks`, `--conv-blocks`, `--blas`, `--stream`, `--gdn`, `--conv`, `--pdl`, `--gdn-pdl`, `--int4-tile`,
 `--fp8-kernel`, `--draw`, `--drafter-conv`, `--selector`: comma lists) run as
 every combination on each model, built once.
 """
@@ -522,6 +522,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--copy-tokens-per-round", type=float, default=5.518,
                     help="the same with the drafter's 4-bit copy of its layers drafting every round (spec.draft_weights "
                          "= int4-greedy at one lane, BENCHMARKS.md), for the projected speed-up of rounds that read it")
+    ap.add_argument("--attention-blocks", default=str(attention.TARGET_BLOCKS),
+                    help="comma list of the blocks attention's split plan aims at (ignis.kernels.attention.TARGET_BLOCKS)")
     ap.add_argument("--conv-blocks", default=str(fused.CONV_BLOCKS),
                     help="comma list: the GDN conv's block target (ignis.kernels.fused.conv_tile); raised, a verify's "
                          "columns spread over more blocks")

@@ -15,14 +15,14 @@ import torch
 
 from ignis.backends import base as backends
 from ignis.backends.dflash2 import ring, selector
-from ignis.kernels import fused, gdn, gdn_cuda, int4_tile, launch
+from ignis.kernels import attention, fused, gdn, gdn_cuda, int4_tile, launch
 from ignis.model import ops
 from ignis.quant import fp8
 
 PDL_SWITCH = {"auto": None, "off": False, "on": True}  # --pdl's words: ignis.kernels.launch.PDL's values
 # the options `apply_variant` sets, comma lists
 VARIANTS = ("conv_blocks", "blas", "stream", "gdn", "conv", "pdl", "gdn_pdl", "trigger", "int4_tile", "fp8_kernel",
-            "draw", "drafter_conv", "selector")
+            "draw", "drafter_conv", "selector", "attention_blocks")
 TRIGGERS = {"late": False, "early": True}  # --trigger's words: ignis.kernels.launch.EARLY_TRIGGER's values
 
 
@@ -81,3 +81,4 @@ def apply_variant(variant: dict[str, str]) -> None:
     backends.DRAW_COLUMNS = {"triton": _DRAW_SHIPPED, "torch": 0}[variant["draw"]]
     ring.JOIN_CONV = {"joined": True, "apart": False}[variant["drafter_conv"]]
     selector.FUSED = {"triton": True, "torch": False}[variant["selector"]]
+    attention.TARGET_BLOCKS = int(variant["attention_blocks"])
