@@ -296,3 +296,25 @@ def test_streams_through_the_engine_process_get_their_own_tokens_and_cancelled_o
         addr.close()
     assert all(len(t) == 24 for t in alone)
     assert together == [alone[i % 6] for i in range(12)]
+
+
+def test_a_round_whose_lane_lacks_the_page_of_its_last_position_is_refused(ckpt: Path) -> None:
+    """Runner._check_pages (every plan and every followed round): the table's host mirror must map the page of the
+    last position a lane's round writes; a row short of it is refused before anything is queued."""
+    from ignis.engine.round import Runner
+
+    engine = make_engine(ckpt, "dflash2", draft_tokens=7, model=FAST, lanes=2, context=256)
+    engine.add(EngineRequest(id="a", prompt_token_ids=list(range(3, 60)), params=SamplingParams(max_tokens=30)))
+    engine.step()  # the prompt, and its first token
+    r = engine.scheduler.find("a")
+    assert r is not None and r.lane >= 0 and not r.prefilling
+    pool = engine.runner.cache.pool
+    decode = Decode(r, 7)
+    end = r.computed + 8
+    plan = engine.scheduler.plan()  # the lane's pages for the round, mapped as the runner maps them
+    pool.map(plan.pages)
+    Runner._check_pages(engine.runner, plan)  # holds
+    assert pool.maps_last([r.lane], [end]).all() and not pool.maps_last([r.lane], [pool.width * pool.page + 1]).any()
+    pool.map([(r.lane, (end - 1) // pool.page, 0)])  # the page of its last column taken away
+    with pytest.raises(AssertionError, match=f"lane {r.lane} writes positions up to {end - 1}"):
+        Runner._check_pages(engine.runner, type(plan)([], [decode], []))

@@ -185,15 +185,15 @@ class Runner:
         return emissions
 
     def _check_pages(self, plan: RoundPlan) -> None:
-        """Every position the plan's rounds write has a page (host ints only: the table's host mirror)."""
+        """Every lane holds the page of the last position the plan's rounds write (host ints only: the table's host
+        mirror, `KVPool.maps_last`)."""
         pool = self.cache.pool
         writes = [(d.request, d.request.computed + plan.rounds * (1 + d.drafts)) for d in plan.decode] + [
             (p.request, p.request.computed + p.length) for p in plan.prefill]
-        held = pool.held_lanes([r.lane for r, _ in writes])  # [n] int64
-        short = np.flatnonzero(np.asarray([end for _, end in writes]) > held * pool.page)
+        short = np.flatnonzero(~pool.maps_last([r.lane for r, _ in writes], [end for _, end in writes]))
         if short.size:
             r, end = writes[short[0]]
-            raise AssertionError(f"lane {r.lane} writes positions up to {end - 1} past its {held[short[0]]} pages")
+            raise AssertionError(f"lane {r.lane} writes positions up to {end - 1} past its {pool.held(r.lane)} pages")
 
     def host_round(self, plan: RoundPlan) -> list[Emission]:
         proposal = self.propose(plan)

@@ -164,7 +164,10 @@ class KVPool:
         empty = np.flatnonzero(row == NULL)
         return int(empty[0]) if empty.size else self.width
 
-    def held_lanes(self, lanes: list[int]) -> np.ndarray:
-        """[len(lanes)] int64: `held` of each lane, in one pass over their rows."""
-        empty = self.host[lanes] == NULL  # [n, width] bool
-        return np.where(empty.any(axis=1), empty.argmax(axis=1), self.width)
+    def maps_last(self, lanes: list[int], ends: list[int]) -> np.ndarray:
+        """[len(lanes)] bool: whether each lane's row (host mirror) maps the page of position ends[i] - 1, the last its
+        round writes; rows fill from their first entry and give pages back from their end, so a lane that holds that
+        page holds every one before it. One gather a lane, whatever the context's width."""
+        last = (np.asarray(ends, dtype=np.int64) - 1) // self.page
+        inside = last < self.width
+        return inside & (self.host[lanes, np.minimum(last, self.width - 1)] != NULL)
