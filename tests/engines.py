@@ -11,6 +11,8 @@ from typing import Any
 
 from ignis.config import load_config
 from ignis.engine.core import Engine
+from ignis.engine.request import Request
+from ignis.engine.sampling import make_generator
 from ignis.ipc.messages import EngineRequest, RequestDelta
 from ignis.params import SamplingParams
 
@@ -42,6 +44,27 @@ def run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams] |
                 final[d.id] = RequestDelta(id=d.id, token_ids=tokens[d.id], finished=True,
                                            finish_reason=d.finish_reason, stats=d.stats)
     return final
+
+
+def until_finished(engine: Engine, request: EngineRequest) -> list[int]:
+    """Add one request and step until it finishes: its tokens."""
+    engine.add(request)
+    tokens: list[int] = []
+    while True:
+        deltas = engine.step()
+        tokens += [t for d in deltas for t in d.token_ids]
+        if any(d.finished for d in deltas):
+            return tokens
+
+
+def decoding(rid: str, tokens: int, max_tokens: int, **params: Any) -> Request:
+    """A request of `tokens` prompt tokens and one generated, its prompt in its lane's caches: what a scheduler plans
+    a decode for."""
+    r = Request(id=rid, prompt=[1] * tokens, params=SamplingParams(max_tokens=max_tokens, **params),
+                stop_ids=frozenset(), generator=make_generator(0))
+    r.tokens.append(2)
+    r.computed = tokens
+    return r
 
 
 def prompts(n: int, vocab: int, seed: int = 0, lo: int = 3, hi: int = 90) -> list[list[int]]:

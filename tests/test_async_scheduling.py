@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from engines import make_engine, prompts, run
+from engines import decoding, make_engine, prompts, run, until_finished
 from ignis.engine.core import Engine
 from ignis.engine.device_round import DeviceRound
 from ignis.engine.pages import Pages
 from ignis.engine.request import Request
-from ignis.engine.sampling import make_generator
 from ignis.engine.scheduler import Decode, Scheduler
 from ignis.ipc.messages import EngineRequest
 from ignis.params import SamplingParams
@@ -122,13 +121,13 @@ def test_a_stop_while_the_next_round_runs_ends_the_output_there_and_keeps_no_sta
             continue
         overruns.clear()
         engine = make_engine(ckpt, "mtp", draft_tokens=3, model=FAST, lanes=2)
-        out = _until_finished(engine, EngineRequest(id="s", prompt_token_ids=ps[5], stop_token_ids=[ref[at]],
+        out = until_finished(engine, EngineRequest(id="s", prompt_token_ids=ps[5], stop_token_ids=[ref[at]],
                                                     params=SamplingParams(max_tokens=55, temperature=0.0)))
         assert out == ref[: at + 1]
         ran_on = engine.has_work()  # the round queued after the stop's is still to be read
         assert ran_on == (engine._pending is not None)
         follow = ps[5] + ref[: at + 1] + [7, 8, 9]
-        got = _until_finished(engine, EngineRequest(id="f", prompt_token_ids=follow, params=greedy))
+        got = until_finished(engine, EngineRequest(id="f", prompt_token_ids=follow, params=greedy))
         assert got == run(make_engine(ckpt, "off", lanes=1), [follow], greedy)["0"].token_ids
         assert overruns == (["s"] if ran_on else [])  # read, and dropped
         resumed[ran_on] = engine.stats().prompt_tokens_resumed_total
@@ -190,25 +189,6 @@ def test_a_request_arriving_while_rounds_follow_is_admitted(ckpt: Path, work, re
     assert out["5"][: len(reference["5"])] == reference["5"] and out["1"] == reference["1"]
 
 
-def _until_finished(engine: Engine, request: EngineRequest) -> list[int]:
-    """Add one request and step until it finishes: its tokens."""
-    engine.add(request)
-    tokens: list[int] = []
-    while True:
-        deltas = engine.step()
-        tokens += [t for d in deltas for t in d.token_ids]
-        if any(d.finished for d in deltas):
-            return tokens
-
-
-def _decoding(rid: str, tokens: int, max_tokens: int, **params: object) -> Request:
-    r = Request(id=rid, prompt=[1] * tokens, params=SamplingParams(max_tokens=max_tokens, **params),  # type: ignore[arg-type]
-                stop_ids=frozenset(), generator=make_generator(0))
-    r.tokens.append(2)
-    r.computed = tokens
-    return r
-
-
 def test_a_round_follows_only_lanes_with_room_for_both_rounds_and_no_one_to_admit() -> None:
     def follow(*reqs: Request, drafts: int = 3, context: int = 256, pages: Pages | None = None,
                waiting: bool = False, lanes: int = 4):  # type: ignore[no-untyped-def]
@@ -218,25 +198,25 @@ def test_a_round_follows_only_lanes_with_room_for_both_rounds_and_no_one_to_admi
             r.lane = i
             s.lanes[i] = r
         if waiting:
-            s.add(_decoding("w", 5, 10))
+            s.add(decoding("w", 5, 10))
         return s.follow([Decode(r, drafts) for r in reqs])
 
-    assert follow(_decoding("a", 10, 100), _decoding("b", 20, 100)) == []
-    assert follow(_decoding("a", 10, 8)) is None  # 7 tokens left: fewer than two rounds of 4 columns
-    assert follow(_decoding("a", 10, 9)) == []  # 8 left: two rounds of 4 columns
-    assert follow(_decoding("a", 250, 100), context=256) is None  # 5 positions of context left
-    assert follow(_decoding("a", 10, 100, logprobs=2)) is None  # its verify logits are read every round
-    assert follow(_decoding("a", 10, 100), waiting=True) is None  # a plan admits the waiting request first
-    assert follow(_decoding("a", 10, 100), waiting=True, lanes=1) == []  # no lane for it: it waits either way
-    done = _decoding("a", 10, 100)
+    assert follow(decoding("a", 10, 100), decoding("b", 20, 100)) == []
+    assert follow(decoding("a", 10, 8)) is None  # 7 tokens left: fewer than two rounds of 4 columns
+    assert follow(decoding("a", 10, 9)) == []  # 8 left: two rounds of 4 columns
+    assert follow(decoding("a", 250, 100), context=256) is None  # 5 positions of context left
+    assert follow(decoding("a", 10, 100, logprobs=2)) is None  # its verify logits are read every round
+    assert follow(decoding("a", 10, 100), waiting=True) is None  # a plan admits the waiting request first
+    assert follow(decoding("a", 10, 100), waiting=True, lanes=1) == []  # no lane for it: it waits either way
+    done = decoding("a", 10, 100)
     done.finish_reason = "stop"
     assert follow(done) is None  # stopped in the round being read: the host ends it first
     # 60 positions computed: two rounds of 4 columns need a second 64-position page, which only a free one gives
-    assert follow(_decoding("a", 60, 100), pages=Pages(pages=1, page=64, lanes=4, width=8)) is None
+    assert follow(decoding("a", 60, 100), pages=Pages(pages=1, page=64, lanes=4, width=8)) is None
     two = Pages(pages=2, page=64, lanes=4, width=8)
     assert two.grow(0, 60)
     two.take_updates()
-    assert follow(_decoding("a", 60, 100), pages=two) == [(0, 1, two.lanes[0][1])]  # its second page, mapped
+    assert follow(decoding("a", 60, 100), pages=two) == [(0, 1, two.lanes[0][1])]  # its second page, mapped
 
 
 def test_streams_through_the_engine_process_get_their_own_tokens_and_cancelled_ones_free_their_lanes(

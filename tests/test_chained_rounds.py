@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from engines import make_engine, prompts, run
+from engines import decoding, make_engine, prompts, run, until_finished
 from ignis.engine.device_round import DeviceRound
 from ignis.engine.pages import Pages
 from ignis.engine.request import Request
-from ignis.engine.sampling import make_generator
 from ignis.engine.scheduler import Scheduler
 from ignis.ipc.messages import EngineRequest
 from ignis.params import SamplingParams
@@ -120,35 +119,16 @@ def test_a_stop_inside_a_chain_ends_the_output_there_and_keeps_no_state(ckpt: Pa
             continue
         overruns.clear()
         engine = make_engine(ckpt, "mtp", draft_tokens=3, model=FAST, lanes=2, rounds_per_sync=3)
-        out = _until_finished(engine, EngineRequest(id="s", prompt_token_ids=ps[5], stop_token_ids=[ref[at]],
+        out = until_finished(engine, EngineRequest(id="s", prompt_token_ids=ps[5], stop_token_ids=[ref[at]],
                                                     params=SamplingParams(max_tokens=55, temperature=0.0)))
         assert out == ref[: at + 1]
         follow = ps[5] + ref[: at + 1] + [7, 8, 9]
-        got = _until_finished(engine, EngineRequest(id="f", prompt_token_ids=follow, params=greedy))
+        got = until_finished(engine, EngineRequest(id="f", prompt_token_ids=follow, params=greedy))
         assert got == run(make_engine(ckpt, "off", lanes=1), [follow], greedy)["0"].token_ids
         resumed[bool(overruns)] = engine.stats().prompt_tokens_resumed_total
         if len(resumed) == 2:
             break
     assert resumed == {True: 0, False: resumed[False]} and resumed[False] > 0, resumed  # both cases met
-
-
-def _until_finished(engine, request: EngineRequest) -> list[int]:  # type: ignore[no-untyped-def]
-    """Add one request and step until it finishes: its tokens."""
-    engine.add(request)
-    tokens: list[int] = []
-    while True:
-        deltas = engine.step()
-        tokens += [t for d in deltas for t in d.token_ids]
-        if any(d.finished for d in deltas):
-            return tokens
-
-
-def _decoding(rid: str, tokens: int, max_tokens: int, **params: object) -> Request:
-    r = Request(id=rid, prompt=[1] * tokens, params=SamplingParams(max_tokens=max_tokens, **params),  # type: ignore[arg-type]
-                stop_ids=frozenset(), generator=make_generator(0))
-    r.tokens.append(2)
-    r.computed = tokens
-    return r
 
 
 def test_a_plan_chains_only_decoding_lanes_with_room_for_every_round() -> None:
@@ -160,17 +140,17 @@ def test_a_plan_chains_only_decoding_lanes_with_room_for_every_round() -> None:
             s.lanes[i] = r
         return s.plan()
 
-    assert plan(_decoding("a", 10, 100), _decoding("b", 20, 100)).rounds == 2
-    assert plan(_decoding("a", 10, 100), rounds=1).rounds == 1
-    assert plan(_decoding("a", 10, 100), rounds=4).rounds == 4
-    assert plan(_decoding("a", 10, 8), _decoding("b", 20, 100)).rounds == 1  # 7 tokens left: fewer than 2 x 4
-    assert plan(_decoding("a", 10, 9)).rounds == 2  # 8 left: two rounds of 4 columns
-    assert plan(_decoding("a", 250, 100), context=256).rounds == 1  # 5 positions of context left
-    assert plan(_decoding("a", 10, 100, logprobs=2)).rounds == 1  # its verify logits are read every round
-    prefilling = _decoding("p", 10, 100)
+    assert plan(decoding("a", 10, 100), decoding("b", 20, 100)).rounds == 2
+    assert plan(decoding("a", 10, 100), rounds=1).rounds == 1
+    assert plan(decoding("a", 10, 100), rounds=4).rounds == 4
+    assert plan(decoding("a", 10, 8), decoding("b", 20, 100)).rounds == 1  # 7 tokens left: fewer than 2 x 4
+    assert plan(decoding("a", 10, 9)).rounds == 2  # 8 left: two rounds of 4 columns
+    assert plan(decoding("a", 250, 100), context=256).rounds == 1  # 5 positions of context left
+    assert plan(decoding("a", 10, 100, logprobs=2)).rounds == 1  # its verify logits are read every round
+    prefilling = decoding("p", 10, 100)
     prefilling.computed = 3
-    assert plan(_decoding("a", 10, 100), prefilling).rounds == 1  # a prompt prefills in this plan
+    assert plan(decoding("a", 10, 100), prefilling).rounds == 1  # a prompt prefills in this plan
     # 60 positions computed: one round of 4 columns fits the first 64-position page, two need a second page, which
     # only a free page gives (chaining never preempts or evicts)
-    assert plan(_decoding("a", 60, 100), pages=Pages(pages=1, page=64, lanes=4, width=8)).rounds == 1
-    assert plan(_decoding("a", 60, 100), pages=Pages(pages=2, page=64, lanes=4, width=8)).rounds == 2
+    assert plan(decoding("a", 60, 100), pages=Pages(pages=1, page=64, lanes=4, width=8)).rounds == 1
+    assert plan(decoding("a", 60, 100), pages=Pages(pages=2, page=64, lanes=4, width=8)).rounds == 2

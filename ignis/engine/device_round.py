@@ -116,6 +116,8 @@ class RoundBuffers:
         self.host_out = torch.zeros((rounds, size, k + 2), dtype=torch.int64, pin_memory=pin)
         self.logits = torch.empty(0, device=device)  # [B, K+1, V] float32, device: made by the first run
         self._ints, self._floats = self.host_ints.numpy(), self.host_floats.numpy()  # views: cheap host writes
+        # one event a host slot, recorded after its copy (`record`): made once, not in every round (none on the CPU)
+        self.copied = [torch.cuda.Event() for _ in range(rounds)] if device.type == "cuda" else []
         self.idle()
 
     def __getattr__(self, name: str) -> torch.Tensor:
@@ -141,6 +143,16 @@ class RoundBuffers:
         """Queue the one device-to-host copy of the last run's committed tokens into the host slot of the `round_`-th
         round queued since the last read (read them after the sync)."""
         self.host_out[round_].copy_(self.out, non_blocking=True)
+
+    def record(self, slot: int) -> torch.cuda.Event | None:
+        """The event of host slot `slot`, recorded now on the current stream, after the copy `send` queued into it:
+        waiting for it waits for that slot's tokens alone (None on the CPU, where the copy is done when queued). A
+        slot is written again only after it was read, so its event is never recorded twice while awaited."""
+        if not self.copied:
+            return None
+        event = self.copied[slot]
+        event.record(torch.cuda.current_stream(self.ints.device))
+        return event
 
     def advance(self, n: int) -> None:
         """The next round's inputs for the first n rows from this round's outputs, on the device: each lane's anchor
@@ -242,8 +254,8 @@ class DeviceRound:
         size = next(b for b in self.buckets if b >= len(reqs))
         buf = self.buffers[size]
         buf.load(decodes, self.sample_drafts)
-        self._replay(buf, reqs, rounds, 0)
-        return Launched(decodes, buf, rounds, 0, self._recorded())
+        self._replay(buf, reqs, rounds, 0, rounds)
+        return Launched(decodes, buf, rounds, 0, buf.record(rounds - 1))
 
     def follow(self, launched: Launched) -> Launched:
         """Queue one more round of the same lanes after `launched` (engine.async_scheduling), before the host has
@@ -254,32 +266,24 @@ class DeviceRound:
         buf = launched.buffers
         buf.advance(len(reqs))
         # the host's tokens are a round behind the device's: the span covers the queued round's columns too
-        self._replay(buf, reqs, 2, slot, first=1)
-        return Launched(launched.decodes, buf, 1, slot, self._recorded())
+        self._replay(buf, reqs, 1, slot, 2)
+        return Launched(launched.decodes, buf, 1, slot, buf.record(slot))
 
-    def _replay(self, buf: RoundBuffers, reqs: list[Request], rounds: int, slot: int, first: int = 0) -> None:
-        """Rounds first..rounds-1 of a chain of `rounds` from the lanes' host-known tokens: each replays the graph of
-        the chain's key (or runs eagerly), the ones after the first advancing the inputs, and copies its tokens to the
-        next host slot from `slot` on."""
-        span = self.span_for(max(len(r.tokens) for r in reqs), rounds)
+    def _replay(self, buf: RoundBuffers, reqs: list[Request], rounds: int, slot: int, span_rounds: int) -> None:
+        """`rounds` rounds of these lanes from the inputs in `buf`, each after the first advancing them, under the key
+        span of `span_rounds` rounds past the lanes' host-known tokens: each replays its key's graph (or runs eagerly)
+        and copies its tokens to the next host slot from `slot` on."""
+        span = self.span_for(max(len(r.tokens) for r in reqs), span_rounds)
         sampling = Sampling.of(reqs, self.model.config.vocab_size)
         graph = self.graphs.get((buf.size, span, sampling))
-        for i in range(first, rounds):
-            if i > first:
+        for i in range(rounds):
+            if i:
                 buf.advance(len(reqs))
             if graph is not None:
                 graph.replay()
             else:
                 self.forward(buf, span, sampling)
-            buf.send(slot + i - first)
-
-    def _recorded(self) -> torch.cuda.Event | None:
-        """An event recorded on the device's current stream now (None on the CPU)."""
-        if self.device.type != "cuda":
-            return None
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(self.device))
-        return event
+            buf.send(slot + i)
 
     def wait(self, launched: Launched) -> None:
         """Wait until `launched`'s tokens are on the host, not for work queued after it."""

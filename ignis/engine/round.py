@@ -129,12 +129,19 @@ class Runner:
         tokens."""
         assert self.device_round is not None
         self.device_round.wait(launched)
+        for d in launched.decodes:
+            d.request.ahead -= launched.rounds
+        return self._read(launched)
+
+    def _read(self, launched: Launched) -> list[Emission]:
+        """The committed tokens of device rounds the caller has waited for, each request moved past them."""
+        assert self.device_round is not None
         emissions: list[Emission] = []
         for e in self.device_round.collect(launched):
             r = e.request
             r.computed += e.accepted + 1
-            r.ahead -= 1
-            emissions.append(Emission(r, e.tokens, e.drafted, e.accepted))
+            lp = _logprobs(e.rows, e.tokens, r.params.logprobs)
+            emissions.append(Emission(r, e.tokens, e.drafted, e.accepted, lp))
         return emissions
 
     @torch.inference_mode()
@@ -170,12 +177,7 @@ class Runner:
             else:
                 host.append(p)
         synchronize(self.device)
-        emissions: list[Emission] = []
-        for e in self.device_round.collect(launched) if launched is not None else []:
-            r = e.request
-            r.computed += e.accepted + 1
-            lp = _logprobs(e.rows, e.tokens, r.params.logprobs)
-            emissions.append(Emission(r, e.tokens, e.drafted, e.accepted, lp))
+        emissions = self._read(launched) if launched is not None else []
         for r in firsts:
             assert dp is not None
             token, logits = dp.first(r)

@@ -166,15 +166,7 @@ class Scheduler:
         n = self.rounds_per_sync
         if n == 1 or not plan.decode or plan.prefill or plan.admitted:
             return 1
-        for d in plan.decode:
-            r, cols = d.request, n * (1 + d.drafts)
-            if not r.chains or r.params.max_tokens - r.generated < cols or self.context - len(r.tokens) < cols:
-                return 1
-        if self.pages is not None:
-            for d in plan.decode:
-                if not self.pages.grow(d.request.lane, d.request.computed + n * (1 + d.drafts)):
-                    return 1
-        return n
+        return n if self._rounds_fit(plan.decode, n) else 1
 
     def follow(self, decodes: list[Decode]) -> list[tuple[int, int, int]] | None:
         """Room for one more round of these decoding lanes, queued while the host has not read the round before it
@@ -185,16 +177,26 @@ class Scheduler:
         if self.waiting and None in self.lanes:
             return None  # a plan admits it first
         for d in decodes:
-            r, cols = d.request, 2 * (1 + d.drafts)
-            if (r.lane < 0 or self.lanes[r.lane] is not r or r.finish_reason is not None or not r.chains
-                    or r.params.max_tokens - r.generated < cols or self.context - len(r.tokens) < cols):
+            r = d.request
+            if r.lane < 0 or self.lanes[r.lane] is not r or r.finish_reason is not None:
                 return None
-        if self.pages is None:
-            return []
+        if not self._rounds_fit(decodes, 2):
+            return None
+        return self.pages.take_updates() if self.pages is not None else []
+
+    def _rounds_fit(self, decodes: list[Decode], n: int) -> bool:
+        """Every lane chains (Request.chains), has room for n rounds of its drafts (max_tokens and the context leave
+        room for each one's every column) and gets their pages from the free list (what it grew stays with the lane
+        where another does not fit: the next plan maps it)."""
         for d in decodes:
-            if not self.pages.grow(d.request.lane, d.request.computed + 2 * (1 + d.drafts)):
-                return None  # what it grew stays with the lane, and the next plan maps it
-        return self.pages.take_updates()
+            r, cols = d.request, n * (1 + d.drafts)
+            if not r.chains or r.params.max_tokens - r.generated < cols or self.context - len(r.tokens) < cols:
+                return False
+        if self.pages is not None:
+            for d in decodes:
+                if not self.pages.grow(d.request.lane, d.request.computed + n * (1 + d.drafts)):
+                    return False
+        return True
 
     def _chunk(self, r: Request, chunks: int) -> int:
         """Rows of r's prefill this round when it takes `chunks` chunks (one if it starts inside a chunk)."""
