@@ -1,11 +1,13 @@
 """The Gated DeltaNet recurrence over C columns of B lanes in one launch, and the commit that replays kept columns.
 
 Owns: `columns`, `columns_normed` (with the gated output norm after), `conv_columns_normed` (the short conv
-before them, joined to a decode's launch: `STEP`) and `replay` (numba-cuda kernels on CUDA
-tensors; a decode's or verify's columns optionally through ignis.kernels.gdn_cuda's CUDA C++ kernel, `CUDA_COLUMNS`; launched on torch's current stream, so a CUDA graph
-captures them), their torch references `columns_reference` / `replay_reference` (what runs on the CPU, and what the
-kernels are tested against) and `record_width`. Does not own: the projections, conv and gates around the recurrence
-(ignis.model.gdn) or where the state lives (ignis.model.cache). docs/adr/0004-gdn-kernel.md has the why.
+before them, joined to a decode's launch: `STEP`) and `replay` (numba-cuda kernels on CUDA tensors; a decode's or
+verify's columns optionally through ignis.kernels.gdn_cuda's CUDA C++ kernel, `CUDA_COLUMNS`, and a verify's through
+ignis.kernels.gdn_chunk's chunk form, `CHUNK_VERIFY`; the replay through ignis.kernels.replay_cuda, `CUDA_REPLAY`;
+launched on torch's current stream, so a CUDA graph captures them), their torch references `columns_reference` /
+`replay_reference` (what runs on the CPU, and what the kernels are tested against) and `record_width`.
+Does not own: the projections, conv and gates around the recurrence (ignis.model.gdn) or where the state lives
+(ignis.model.cache). docs/adr/0004-gdn-kernel.md has the why.
 
 The record: a verify does not store the state after every column (3 MiB per column, lane and layer at the 27B
 shape); it stores each column's normalised k, its delta = beta (v - (exp(g) S)^T k), g and beta ([dk + dv + 2] floats
@@ -138,6 +140,15 @@ CUDA_NORMED: bool | None = None
 # columns, and the 1 x 8 verify's replay took 15.47 ms against 15.31, the 8 x 8 18.46 against 17.81. Set once, before
 # the engine captures its graphs.
 STEP = True
+# Whether a verify's recurrence (its columns recorded, the state left alone) runs in chunk form where
+# ignis.kernels.gdn_chunk takes it: the state read once into every column's sums, the columns' deltas and outputs
+# solved per value column after (gdn_chunk_kernel has the algebra), instead of column by column. Set once, before the
+# engine captures its graphs.
+CHUNK_VERIFY = True
+# Whether the commit's replay runs ignis.kernels.replay_cuda's CUDA C++ kernel (whole rows of the state a warp, as
+# 16-byte vectors; a lane that keeps nothing untouched) where it takes the call, instead of the numba one. Set once,
+# before the engine captures its graphs.
+CUDA_REPLAY = True
 
 
 def _compiled(dk: int, dv: int, cols: int) -> Any:
@@ -167,6 +178,15 @@ def _launch(kernel: Any, dv: int, hv: int, b: int, dk: int, args: tuple[Any, ...
     launch(kernel, ((dv + tv - 1) // tv, hv, b), threads, args, device)
 
 
+def _chunked(state: torch.Tensor, cols: int, record: torch.Tensor | None, write_state: bool) -> bool:
+    """Whether CHUNK_VERIFY routes these columns to ignis.kernels.gdn_chunk: a verify it takes."""
+    if not (CUDA_COLUMNS and CHUNK_VERIFY and state.is_cuda and record is not None and not write_state):
+        return False
+    from ignis.kernels import gdn_chunk
+
+    return gdn_chunk.fits(state, cols, record)
+
+
 def columns(
     state: torch.Tensor,  # [L, Hv, dk, dv] float32, device
     lanes: torch.Tensor,  # [B] int64, device
@@ -192,6 +212,12 @@ def columns(
         mixed = normalise_qk(mixed, key_heads, dk)
     mixed, ba = mixed.contiguous(), ba.contiguous()
     out = torch.empty((b, c, hv, dv), dtype=torch.float32, device=mixed.device)
+    if _chunked(state, c, record, write_state):
+        from ignis.kernels import gdn_chunk
+
+        assert record is not None
+        gdn_chunk.columns(state, lanes, mixed, ba, dt_bias, rate, out, record, key_heads=key_heads)
+        return out
     if CUDA_COLUMNS:
         from ignis.kernels import gdn_cuda
 
@@ -224,7 +250,8 @@ def columns_normed(
 
     b, c = mixed.shape[:2]
     hv, dk, dv = state.shape[1], state.shape[2], state.shape[3]
-    if CUDA_COLUMNS and state.is_cuda and (CUDA_NORMED if CUDA_NORMED is not None else gdn_pdl(state.device)):
+    if (CUDA_COLUMNS and state.is_cuda and (CUDA_NORMED if CUDA_NORMED is not None else gdn_pdl(state.device))
+            and not _chunked(state, c, record, write_state)):
         from ignis.kernels import gdn_cuda
 
         if gdn_cuda.fits_normed(state, c, record, z):
@@ -281,6 +308,12 @@ def replay(state: torch.Tensor, lanes: torch.Tensor, record: torch.Tensor, last:
         for st, rec in zip(state, record):
             replay_reference(st, lanes, rec, last)
         return
+    if CUDA_REPLAY:
+        from ignis.kernels import replay_cuda
+
+        if replay_cuda.fits(state, record):
+            replay_cuda.replay(state, lanes, record, last)
+            return
     dk, dv, hv = state.shape[3], state.shape[4], state.shape[2]
     rep = _compiled(dk, dv, _tile(dk, dv, record.shape[2])).replay
     _launch(rep, dv, hv, state.shape[0] * lanes.shape[0], dk, (state, lanes, record, last, dv), state.device)

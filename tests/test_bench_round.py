@@ -52,27 +52,31 @@ def test_each_drafting_case_loads_the_drafter_its_name_says(monkeypatch: pytest.
 def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch: pytest.MonkeyPatch) -> None:
     from ignis.backends import base as backends
     from ignis.backends.dflash2 import ring, selector
-    from ignis.kernels import attention, fused, gdn, gdn_cuda, int4_tile, launch
+    from ignis.kernels import attention, fused, gdn, gdn_chunk, gdn_cuda, int4_tile, launch
     from ignis.model import ops
     from ignis.quant import fp8
     from tools import variants as kernel_variants
 
     args = argparse.Namespace(conv_blocks="256,1024", blas="cublas", stream="off,on", gdn="numba,cuda", conv="cuda",
                               pdl="off,on", gdn_pdl="auto", trigger="early", int4_tile="on,off", fp8_kernel="mma",
-                              draw="triton", drafter_conv="joined", selector="triton", attention_blocks="264")
+                              draw="triton", drafter_conv="joined", selector="triton", attention_blocks="264",
+                              replay="cuda")
     variants = kernel_variants.combinations(args)
     assert len(variants) == 32 and len({tuple(v.values()) for v in variants}) == 32
     assert variants[0] == {"conv_blocks": "256", "blas": "cublas", "stream": "off", "gdn": "numba", "conv": "cuda",
                            "pdl": "off", "gdn_pdl": "auto", "trigger": "early", "int4_tile": "on", "fp8_kernel": "mma",
-                           "draw": "triton", "drafter_conv": "joined", "selector": "triton", "attention_blocks": "264"}
+                           "draw": "triton", "drafter_conv": "joined", "selector": "triton", "attention_blocks": "264",
+                           "replay": "cuda"}
     libraries: list[str] = []
     monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", libraries.append)
     for name in ("CONV_BLOCKS", "CUDA_CONV"):
         monkeypatch.setattr(fused, name, getattr(fused, name))
-    for name in ("CUDA_COLUMNS", "CUDA_NORMED", "STEP"):
+    for name in ("CUDA_COLUMNS", "CUDA_NORMED", "STEP", "CHUNK_VERIFY", "CUDA_REPLAY"):
         monkeypatch.setattr(gdn, name, getattr(gdn, name))
     for name in ("BLOCKS", "KEEP_K"):
         monkeypatch.setattr(gdn_cuda, name, getattr(gdn_cuda, name))
+    for name in ("SHAPE", "FEW"):
+        monkeypatch.setattr(gdn_chunk, name, getattr(gdn_chunk, name))
     monkeypatch.setattr(ops, "STREAMING", ops.STREAMING)
     monkeypatch.setattr(launch, "PDL", launch.PDL)
     monkeypatch.setattr(launch, "GDN_PDL", launch.GDN_PDL)
@@ -91,6 +95,9 @@ def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch:
     assert (fused.CONV_BLOCKS, libraries, ops.STREAMING, gdn.CUDA_COLUMNS, fused.CUDA_CONV, launch.PDL) == (
         1024, ["cublas", "cublas"], True, True, True, True)
     assert launch.EARLY_TRIGGER and fp8.FP8_KERNEL == "mma" and attention.TARGET_BLOCKS == 264
+    assert gdn.CUDA_REPLAY
+    kernel_variants.apply_variant({**variants[-1], "replay": "numba"})
+    assert not gdn.CUDA_REPLAY
     kernel_variants.apply_variant({**variants[-1], "fp8_kernel": "triton"})
     assert fp8.FP8_KERNEL == "triton"
     assert gdn.CUDA_NORMED and (gdn_cuda.BLOCKS, gdn_cuda.KEEP_K) == (4, True)
@@ -101,7 +108,13 @@ def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch:
     kernel_variants.recurrence_kernel("step-normed")  # the conv, the recurrence and the gated norm in one launch
     assert gdn.STEP and gdn.CUDA_NORMED
     kernel_variants.recurrence_kernel("numba")
-    assert not gdn.CUDA_COLUMNS and not gdn.STEP
+    assert not gdn.CUDA_COLUMNS and not gdn.STEP and not gdn.CHUNK_VERIFY  # a verify's columns one by one too
+    kernel_variants.recurrence_kernel("chunk2x8")  # as shipped, a verify in chunk form: 2 columns a thread, 8 slices
+    assert gdn.CHUNK_VERIFY and gdn.CUDA_COLUMNS and gdn_chunk.SHAPE == gdn_chunk.FEW == (2, 8, 2)
+    kernel_variants.recurrence_kernel("columns")  # as shipped, a verify's columns one by one
+    assert not gdn.CHUNK_VERIFY and gdn.STEP and (gdn_chunk.SHAPE, gdn_chunk.FEW) == ((2, 4, 4), (2, 8, 2))
+    kernel_variants.recurrence_kernel("auto")
+    assert gdn.CHUNK_VERIFY and (gdn_chunk.SHAPE, gdn_chunk.FEW) == ((2, 4, 4), (2, 8, 2))
     with pytest.raises(ValueError, match="--gdn"):
         kernel_variants.recurrence_kernel("cuda9")
     draws = kernel_variants.combinations(argparse.Namespace(**{**vars(args), "draw": "torch,triton,torch"}))

@@ -202,3 +202,64 @@ def test_the_recurrence_with_the_conv_joined_compiles_for_sm90_in_its_launch_bou
     else:
         assert 0 < joined.registers <= 65536 // (128 * BLOCKS) and joined.spills <= 192, (joined.registers,
                                                                                            joined.spills)
+
+
+@pytest.mark.parametrize("shape", [(3, 4, 2, 4, 16, 16), (2, 8, 2, 6, 32, 16), (1, 8, 16, 48, 128, 128)])
+def test_the_chunk_form_of_a_verify_equals_the_column_by_column_reference(shape: tuple[int, ...]) -> None:
+    # ignis.kernels.gdn_chunk's algebra (the kernel's, in torch): the outputs and records of a verify, with decays as
+    # fast as exp(-40) a column in one lane, where quotients of the decays' running products would be 0 / 0
+    from ignis.kernels.gdn import normalise_qk
+    from ignis.kernels.gdn_chunk import chunk_reference
+
+    b, c, hk, hv, dk, dv = shape
+    x = _inputs(b, c, hk, hv, dk, dv, b + 2, seed=sum(shape))
+    mixed = normalise_qk(x["mixed"], hk, dk)
+    x["ba"][0, :, hv:] = 40.0  # softplus(40 + dt_bias) * rate: g near -40 * |rate|
+    x["rate"][0] = -1.0
+    rec, ref_rec = (torch.zeros(b + 2, c, hv, record_width(dk, dv)) for _ in range(2))
+    out = chunk_reference(x["state"], x["lanes"], mixed, x["ba"], x["dt_bias"], x["rate"], rec, key_heads=hk)
+    ref = columns_reference(x["state"].clone(), x["lanes"], mixed, x["ba"], x["dt_bias"], x["rate"], ref_rec,
+                            key_heads=hk, write_state=False, normalised=True)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rec, ref_rec, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", ["chunk1", "chunk2", "chunk2x8"])
+@pytest.mark.parametrize("dk,dv", [(128, 128), (16, 16), (64, 128)])
+def test_the_chunk_form_compiles_for_sm90_in_its_launch_bound(dk: int, dv: int, shape: str) -> None:
+    # gdn_chunk's kernel in each of tools.variants's shapes, TVC x SLICES threads bounded for MINB blocks an SM: no
+    # spills and no stack (a register array indexed by a run-time count lands in local memory)
+    pytest.importorskip("cuda.bindings")
+    from ignis.kernels import gdn_chunk
+    from ignis.kernels.gdn_chunk_kernel import SOURCE
+    from ignis.kernels.nvrtc import compile_cubin
+    from tools.variants import CHUNK_SHAPES
+
+    assert {gdn_chunk.SHAPE, gdn_chunk.FEW} <= set(CHUNK_SHAPES.values())  # what ships is among the shapes compiled
+    columns, slices, blocks = CHUNK_SHAPES[shape]
+    if dk % (4 * slices) or dv % (min(gdn_chunk.TVC, dv) * columns):
+        pytest.skip("gdn_chunk.fits sends these heads to the column-by-column kernel")
+    cubin = compile_cubin(SOURCE, "gdn_chunk", "sm_90", gdn_chunk.defines(dk, dv, CHUNK_SHAPES[shape]))
+    threads = min(gdn_chunk.TVC, dv) * slices
+    assert cubin.spills == cubin.stack == 0, (cubin.registers, cubin.spills, cubin.stack)
+    assert 0 < cubin.registers <= min(255, 65536 // (threads * blocks)), cubin.registers
+
+
+def test_a_verify_on_the_cpu_takes_the_reference() -> None:
+    # the chunk form's route is the GPU's: a CPU verify runs the torch reference whatever CHUNK_VERIFY says
+    from ignis.kernels import gdn
+
+    x = _inputs(2, 4, 2, 4, 16, 16, 4, seed=3)
+    assert not gdn._chunked(x["state"], 4, torch.zeros(4, 4, 4, record_width(16, 16)), False)
+
+
+@pytest.mark.parametrize("dk,dv,cols", [(128, 128, 8), (16, 16, 4), (64, 32, 5)])
+def test_the_cuda_replay_compiles_for_sm90_without_spills(dk: int, dv: int, cols: int) -> None:
+    pytest.importorskip("cuda.bindings")
+    from ignis.kernels.nvrtc import compile_cubin
+    from ignis.kernels.replay_cuda import defines
+    from ignis.kernels.replay_cuda_kernel import SOURCE
+
+    cubin = compile_cubin(SOURCE, "gdn_replay", "sm_90", defines(dk, dv, cols))
+    assert cubin.spills == cubin.stack == 0 and 0 < cubin.registers <= 128, (cubin.registers, cubin.spills)

@@ -130,6 +130,14 @@ def _counted(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> list
     return calls
 
 
+def _chunk_takes(dk: int, dv: int) -> bool:
+    """Whether ignis.kernels.gdn_chunk's block shapes take heads of dk x dv (else gdn_chunk.fits sends them on)."""
+    from ignis.kernels import gdn_chunk
+
+    return all(dk % (4 * slices) == 0 and dv % (min(gdn_chunk.TVC, dv) * columns) == 0
+               for columns, slices, _ in (gdn_chunk.SHAPE, gdn_chunk.FEW))
+
+
 def _gdn_inputs(shape: tuple[int, ...], seed: int) -> dict[str, torch.Tensor]:
     """A recurrence's inputs on the GPU for (lanes B, columns C, key heads, value heads, dk, dv): states of B + 2 lanes,
     B of them taken out of order."""
@@ -143,18 +151,29 @@ def _gdn_inputs(shape: tuple[int, ...], seed: int) -> dict[str, torch.Tensor]:
             "rate": -torch.rand(hv, device="cuda", generator=g) * 2}
 
 
-@pytest.mark.parametrize("kernel", ["numba", "cuda", "cuda5", "cuda6"])  # cudaN: bounded for N blocks an SM
-@pytest.mark.parametrize("shape", [(1, 1, 16, 48, 128, 128), (8, 8, 16, 48, 128, 128), (3, 4, 2, 4, 16, 16)])
+# cudaN: bounded for N blocks an SM; chunk: a verify in chunk form (gdn_chunk) as shipped; chunk1, chunk2, chunk2x8: in
+# one of tools.variants's shapes at every lane count
+@pytest.mark.parametrize("kernel", ["numba", "cuda", "cuda5", "cuda6", "chunk", "chunk1", "chunk2", "chunk2x8"])
+@pytest.mark.parametrize("shape", [(1, 1, 16, 48, 128, 128), (8, 8, 16, 48, 128, 128), (3, 4, 2, 4, 16, 16),
+                                   (2, 5, 2, 6, 64, 32)])
 def test_gdn_kernels_equal_their_references(shape: tuple[int, ...], kernel: str,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from ignis.kernels import gdn, gdn_cuda
+    from ignis.kernels import gdn, gdn_chunk, gdn_cuda
     from ignis.kernels.gdn import columns, columns_reference, record_width, replay, replay_reference
 
     monkeypatch.setattr(gdn, "CUDA_COLUMNS", kernel != "numba")
-    blocks = int(kernel[4:] or 4) if kernel != "numba" else 4
+    chunk = kernel.startswith("chunk")
+    monkeypatch.setattr(gdn, "CHUNK_VERIFY", chunk)
+    if kernel in ("chunk1", "chunk2", "chunk2x8"):
+        from tools.variants import CHUNK_SHAPES
+
+        monkeypatch.setattr(gdn_chunk, "SHAPE", CHUNK_SHAPES[kernel])
+        monkeypatch.setattr(gdn_chunk, "FEW", CHUNK_SHAPES[kernel])
+    blocks = int(kernel[4:] or 4) if kernel.startswith("cuda") else 6 if chunk else 4
     monkeypatch.setattr(gdn_cuda, "BLOCKS", blocks)
     monkeypatch.setattr(gdn_cuda, "KEEP_K", blocks <= 4)
     launched = _counted(monkeypatch, gdn_cuda, "columns")
+    chunked = _counted(monkeypatch, gdn_chunk, "columns")
     b, c, hk, hv, dk, dv = shape
     lanes = b + 2
     x = _gdn_inputs(shape, sum(shape))
@@ -177,11 +196,15 @@ def test_gdn_kernels_equal_their_references(shape: tuple[int, ...], kernel: str,
             replay(st, ids, rec, last)
             replay_reference(ref_st, ids, ref_rec, last)
             torch.testing.assert_close(st, ref_st, rtol=1e-4, atol=1e-4)
-    assert len(launched) == (0 if kernel == "numba" else 2)  # the switch chose the kernel under test
+    # the switches chose the kernels under test: a verify of one column is a decode's kernel's
+    verify_chunked = chunk and c > 1 and _chunk_takes(dk, dv)
+    assert len(launched) == (0 if kernel == "numba" else 1 if verify_chunked else 2)
+    assert len(chunked) == int(verify_chunked)
 
 
+@pytest.mark.parametrize("chunk", [False, True], ids=["verify whole head", "verify in chunk form"])
 @pytest.mark.parametrize("shape", [(1, 1, 16, 48, 128, 128), (8, 8, 16, 48, 128, 128), (3, 4, 2, 4, 16, 16)])
-def test_the_cuda_recurrence_with_the_gated_norm_equals_its_references(shape: tuple[int, ...],
+def test_the_cuda_recurrence_with_the_gated_norm_equals_its_references(shape: tuple[int, ...], chunk: bool,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     from ignis.kernels import fused, gdn, gdn_cuda
     from ignis.kernels.gdn import columns_normed, columns_reference, record_width
@@ -189,6 +212,7 @@ def test_the_cuda_recurrence_with_the_gated_norm_equals_its_references(shape: tu
 
     monkeypatch.setattr(gdn, "CUDA_COLUMNS", True)
     monkeypatch.setattr(gdn, "CUDA_NORMED", True)  # the whole head's kernel, which the rounds take with PDL
+    monkeypatch.setattr(gdn, "CHUNK_VERIFY", chunk)  # where on, a verify of 2 columns or more runs apart from it
     launched = _counted(monkeypatch, gdn_cuda, "columns_normed")
     b, c, hk, hv, dk, dv = shape
     lanes = b + 2
@@ -210,7 +234,43 @@ def test_the_cuda_recurrence_with_the_gated_norm_equals_its_references(shape: tu
         torch.testing.assert_close(st, ref_st, rtol=1e-4, atol=1e-4)
         if record:
             torch.testing.assert_close(rec[ids], ref_rec[ids], rtol=1e-4, atol=1e-4)
-    assert len(launched) == 2
+    assert len(launched) == (1 if chunk and c > 1 and _chunk_takes(dk, dv) else 2)
+
+
+@pytest.mark.parametrize("shape", [(3, 8, 8, 48, 128, 128), (2, 3, 4, 4, 16, 16), (1, 2, 5, 6, 64, 32)])
+def test_the_cuda_replay_equals_its_reference_and_leaves_other_lanes_alone(shape: tuple[int, ...]) -> None:
+    """replay_cuda commits G layers' kept columns (shape: G, lanes B, columns C, Hv, dk, dv) as replay_reference does
+    layer by layer, lanes out of order, one lane keeping nothing (last -1); in a CUDA graph too."""
+    from ignis.kernels import replay_cuda
+    from ignis.kernels.gdn import record_width, replay_reference
+
+    layers, b, c, hv, dk, dv = shape
+    g = torch.Generator(device="cuda").manual_seed(sum(shape))
+    state = torch.randn(layers, b + 2, hv, dk, dv, device="cuda", generator=g) * 0.1
+    record = torch.randn(layers, b + 2, c, hv, record_width(dk, dv), device="cuda", generator=g) * 0.1
+    record[..., dk + dv] = -torch.rand(record.shape[:-1], device="cuda", generator=g) * 2  # g: decays
+    ids = torch.randperm(b + 2, device="cuda", generator=g)[:b]
+    last = torch.randint(0, c, (b,), device="cuda", generator=g)
+    last[0] = -1
+    ref = state.clone()
+    for st, rec in zip(ref, record):
+        replay_reference(st, ids, rec, last)
+    got = state.clone()
+    replay_cuda.replay(got, ids, record, last)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    untouched = torch.ones(b + 2, dtype=torch.bool, device="cuda")
+    untouched[ids[1:]] = False
+    assert torch.equal(got[:, untouched], state[:, untouched])
+    # captured: the graph reads the lanes and kept columns it is replayed with
+    graph_state = state.clone()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replay_cuda.replay(graph_state, ids, record, last)
+    graph_state.copy_(state)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(graph_state, got)
 
 
 def test_the_cuda_recurrence_replays_in_a_graph(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -270,6 +330,7 @@ def _step_both(x: dict[str, torch.Tensor], hk: int, record: bool, normed: bool,
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(gdn, "CUDA_COLUMNS", True)
         mp.setattr(gdn, "CUDA_NORMED", normed)
+        mp.setattr(gdn, "CHUNK_VERIFY", False)  # apart, a verify's columns one by one, as the joined launch runs them
         mp.setattr(fused, "CUDA_CONV", True)  # the CUDA C++ conv, whose arithmetic the joined one repeats
         if joined:
             conv = gdn_cuda.Conv(window, x["raw"], x["taps"], x["ba"], inputs if record else None)
@@ -658,13 +719,14 @@ def test_programmatic_dependent_launch_keeps_the_gdn_chain_bit_for_bit(c: int, m
     replayed on new inputs."""
     import torch.nn.functional as F
 
-    from ignis.kernels import conv_cuda, fused, gdn, gdn_cuda
+    from ignis.kernels import conv_cuda, fused, gdn, gdn_chunk, gdn_cuda
     from ignis.kernels.gemv_triton import dense_gemv
     from tests.pdl import same_bits_with_pdl
 
     monkeypatch.setattr(fused, "CUDA_CONV", True)  # the kernel PDL routes to, with PDL off as well
     monkeypatch.setattr(gdn, "CUDA_COLUMNS", True)
     convs, recurrences = _counted(monkeypatch, conv_cuda, "conv"), _counted(monkeypatch, gdn_cuda, "columns")
+    chunks = _counted(monkeypatch, gdn_chunk, "columns")
     g = torch.Generator(device="cuda").manual_seed(c)
     hidden, hk, hv, dk, dv, lanes = 5120, 16, 48, 128, 128, 3
     dim = 2 * hk * dk + hv * dv
@@ -690,4 +752,4 @@ def test_programmatic_dependent_launch_keeps_the_gdn_chain_bit_for_bit(c: int, m
 
     with torch.inference_mode():
         same_bits_with_pdl(chain, x, inputs, monkeypatch)
-    assert convs and recurrences  # the CUDA C++ kernels ran
+    assert convs and (chunks if c > 1 and gdn.CHUNK_VERIFY else recurrences)  # the CUDA C++ kernels ran

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ignis.kernels import gdn
+from ignis.kernels import gdn, replay_cuda
 from tools.bench_round import QWEN35_27B, copy_bandwidth
 from tools.quant_products import graph_ms
 from tools.variants import recurrence_kernel
@@ -162,14 +162,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--once", action="store_true", help="each case once after a warm-up (for a profiler)")
     ap.add_argument("--kernels", default="numba",
-                    help="comma list of numba, cuda, cuda4, cuda5, cuda6: the decode's and verify's recurrence "
-                         "kernel (tools.variants.recurrence_kernel), each timed in turn; the replay is numba's")
+                    help="comma list of numba, cuda, cuda4, cuda5, cuda6, chunk, chunk8: the decode's and verify's "
+                         "recurrence kernel (tools.variants.recurrence_kernel), each timed in turn")
+    ap.add_argument("--replays", default="numba,cuda",
+                    help="comma list of numba, cuda, cudaN: the replay case's kernels (ignis.kernels.gdn.CUDA_REPLAY; "
+                         "cudaN: blocks of N state rows, ignis.kernels.replay_cuda.ROWS)")
     ap.add_argument("--convs", default="numba,cuda", help="comma list of numba, cuda: the conv case's kernels")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     cases = args.cases.split(",")
     bw = 0.0 if args.once else copy_bandwidth(torch.device("cuda"))
     rows = []
+    shipped_replay, shipped_rows = gdn.CUDA_REPLAY, replay_cuda.ROWS
     for kernel in args.kernels.split(","):
         recurrence_kernel(kernel)
         for b in args.lanes:
@@ -177,7 +181,11 @@ def main(argv: list[str] | None = None) -> int:
                 if kind in cases:
                     rows.append({**recurrence_case(kind, b, bw, args.reps, args.once), "kernel": kernel})
             if "replay" in cases and kernel == args.kernels.split(",")[0]:
-                rows.append({**replay_case(b, bw, args.reps, args.once), "kernel": "numba"})
+                for word in args.replays.split(","):
+                    gdn.CUDA_REPLAY = word.startswith("cuda")
+                    replay_cuda.ROWS = int(word[4:] or shipped_rows) if gdn.CUDA_REPLAY else shipped_rows
+                    rows.append({**replay_case(b, bw, args.reps, args.once), "kernel": word})
+                gdn.CUDA_REPLAY, replay_cuda.ROWS = shipped_replay, shipped_rows
             if "defer" in cases and kernel == "numba" and not args.once:
                 rows += [{**r, "kernel": "numba"} for r in defer_cases(b, args.kept, bw, args.reps)]
     if "conv" in cases:

@@ -31,8 +31,8 @@ target's distribution shaped and drawn from, rejection sampling, drafts drawn fr
     python -m tools.bench_round --models 27b --cases mtp,dflash2 --sampled
     python -m tools.bench_round --models 27b --cases verify --lanes 8 --conv-blocks 1024,8192 --blas cublas,cublaslt
 
-Kernel variants (`--attention-blocks`, `--conv-blocks`, `--blas`, `--stream`, `--gdn`, `--conv`, `--pdl`, `--gdn-pdl`, `--int4-tile`,
-`--fp8-kernel`, `--draw`, `--drafter-conv`, `--selector`: comma lists) run as
+Kernel variants (`--attention-blocks`, `--conv-blocks`, `--blas`, `--stream`, `--gdn`, `--conv`, `--pdl`, `--gdn-pdl`,
+`--int4-tile`, `--fp8-kernel`, `--draw`, `--drafter-conv`, `--selector`, `--replay`: comma lists) run as
 every combination on each model, built once.
 """
 
@@ -71,7 +71,7 @@ from ignis.model.cache import LaneCache
 from ignis.model.loader import load_model
 from ignis.model import ops
 from ignis.model.model import HybridModel
-from ignis.kernels import attention, fused, int4_tile, launch
+from ignis.kernels import attention, fused, gdn, int4_tile, launch
 from tools.gpu_clocks import Clocks
 from tools.variants import PDL_SWITCH, apply_variant, combinations
 from ignis.model.random import random_model
@@ -562,9 +562,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma list of auto, numba, cuda: the GDN conv kernel of decodes and verifies "
                          "(ignis.kernels.fused.CUDA_CONV; auto: by the round's rows)")
     ap.add_argument("--gdn", default="auto",
-                    help="comma list of auto, numba, cuda, cuda4, cuda5, cuda6, step, step-normed, apart: the recurrence "
+                    help="comma list of auto, numba, cuda, cuda4, cuda5, cuda6, step, step-normed, apart, chunk, chunk8: the recurrence "
                          "kernel of decodes and verifies, and whether the conv joins its launch (`recurrence_kernel`; "
                          "auto: as ignis.kernels.gdn and gdn_cuda are set)")
+    ap.add_argument("--replay", default="cuda" if gdn.CUDA_REPLAY else "numba",
+                    help="comma list of cuda, numba: the commit's replay of a verify's kept columns "
+                         "(ignis.kernels.gdn.CUDA_REPLAY)")
     ap.add_argument("--blas", default="cublas",
                     help="comma list of torch's preferred BLAS library for the products (cublas, cublaslt: "
                          "torch.backends.cuda.preferred_blas_library); a round of ignis.model.ops.LT_MIN_ROWS rows or "

@@ -15,14 +15,14 @@ import torch
 
 from ignis.backends import base as backends
 from ignis.backends.dflash2 import ring, selector
-from ignis.kernels import attention, fused, gdn, gdn_cuda, int4_tile, launch
+from ignis.kernels import attention, fused, gdn, gdn_chunk, gdn_cuda, int4_tile, launch
 from ignis.model import ops
 from ignis.quant import fp8
 
 PDL_SWITCH = {"auto": None, "off": False, "on": True}  # --pdl's words: ignis.kernels.launch.PDL's values
 # the options `apply_variant` sets, comma lists
 VARIANTS = ("conv_blocks", "blas", "stream", "gdn", "conv", "pdl", "gdn_pdl", "trigger", "int4_tile", "fp8_kernel",
-            "draw", "drafter_conv", "selector", "attention_blocks")
+            "draw", "drafter_conv", "selector", "attention_blocks", "replay")
 TRIGGERS = {"late": False, "early": True}  # --trigger's words: ignis.kernels.launch.EARLY_TRIGGER's values
 
 
@@ -35,22 +35,35 @@ def combinations(args: argparse.Namespace) -> list[dict[str, str]]:
 _TILE_ROWS_SHIPPED = int4_tile.TILE_ROWS  # --int4-tile on: from where ignis ships it
 _DRAW_SHIPPED = backends.DRAW_COLUMNS  # --draw triton: the most columns a sampled draft's one-launch draw takes
 GDN_KERNELS = ("auto", "numba", "cuda", "cuda4", "cuda5", "cuda6", "step", "step4", "step5", "step-normed",
-               "apart")  # --gdn's words (`recurrence_kernel`)
+               "apart", "chunk1", "chunk2", "chunk2x8", "columns")  # --gdn's words (`recurrence_kernel`)
+# chunk words: a verify in chunk form at every lane count in one block shape of ignis.kernels.gdn_chunk's (state
+# columns a thread, row slices a block, blocks an SM bounded for)
+CHUNK_SHAPES = {"chunk1": (1, 4, 6), "chunk2": (2, 4, 4), "chunk2x8": (2, 8, 2)}
 # the recurrence's switches as ignis ships them, which --gdn auto restores
-_GDN_SHIPPED = (gdn.CUDA_COLUMNS, gdn.CUDA_NORMED, gdn.STEP, gdn_cuda.BLOCKS, gdn_cuda.KEEP_K, gdn_cuda.STEP_BLOCKS)
+_GDN_SHIPPED = (gdn.CUDA_COLUMNS, gdn.CUDA_NORMED, gdn.STEP, gdn.CHUNK_VERIFY, gdn_cuda.BLOCKS, gdn_cuda.KEEP_K,
+                gdn_cuda.STEP_BLOCKS, gdn_chunk.SHAPE, gdn_chunk.FEW)
 
 
 def recurrence_kernel(word: str) -> None:
     """Route a decode's and a verify's conv and recurrence: auto, as shipped; numba; cuda, the CUDA C++ kernel holding
     a whole head with the gated norm joined; cudaN, the CUDA C++ recurrence alone bounded for N blocks an SM (k read
-    again past 4), then the norm's own launch; step and apart: as shipped but for a decode's conv, joined to the
-    recurrence's launch (ignis.kernels.gdn.STEP) or launched before it; stepN: joined, bounded for N blocks an SM;
-    step-normed: a decode's conv, recurrence and gated norm in one launch (the whole head's kernel)."""
+    again past 4), then the norm's own launch (these three run a verify's columns one by one too); step and apart: as
+    shipped but for a decode's conv, joined to the recurrence's launch (ignis.kernels.gdn.STEP) or launched before it;
+    stepN: joined, bounded for N blocks an SM; step-normed: a decode's conv, recurrence and gated norm in one launch
+    (the whole head's kernel); chunk1, chunk2, chunk2x8: as shipped, a verify in chunk form (ignis.kernels.gdn_chunk)
+    in one of CHUNK_SHAPES at every lane count; columns: as shipped, a verify's columns one by one."""
     if word not in GDN_KERNELS:
         raise ValueError(f"--gdn takes {', '.join(GDN_KERNELS)}; got {word!r}")
-    (gdn.CUDA_COLUMNS, gdn.CUDA_NORMED, gdn.STEP, gdn_cuda.BLOCKS, gdn_cuda.KEEP_K,
-     gdn_cuda.STEP_BLOCKS) = _GDN_SHIPPED
+    (gdn.CUDA_COLUMNS, gdn.CUDA_NORMED, gdn.STEP, gdn.CHUNK_VERIFY, gdn_cuda.BLOCKS, gdn_cuda.KEEP_K,
+     gdn_cuda.STEP_BLOCKS, gdn_chunk.SHAPE, gdn_chunk.FEW) = _GDN_SHIPPED
     if word == "auto":
+        return
+    if word == "columns":
+        gdn.CHUNK_VERIFY = False
+        return
+    if word.startswith("chunk"):
+        gdn.CHUNK_VERIFY = True
+        gdn_chunk.SHAPE = gdn_chunk.FEW = CHUNK_SHAPES[word]  # part of the compiled kernel's key
         return
     if word == "apart" or word.startswith("step"):
         gdn.STEP = word != "apart"
@@ -59,7 +72,7 @@ def recurrence_kernel(word: str) -> None:
         if word[4:].isdigit():
             gdn_cuda.STEP_BLOCKS = int(word[4:])
         return
-    gdn.STEP = False
+    gdn.STEP = gdn.CHUNK_VERIFY = False
     gdn.CUDA_COLUMNS = word != "numba"
     gdn.CUDA_NORMED = word == "cuda"
     blocks = int(word[4:]) if word.startswith("cuda") and word[4:] else 4
@@ -82,3 +95,4 @@ def apply_variant(variant: dict[str, str]) -> None:
     ring.JOIN_CONV = {"joined": True, "apart": False}[variant["drafter_conv"]]
     selector.FUSED = {"triton": True, "torch": False}[variant["selector"]]
     attention.TARGET_BLOCKS = int(variant["attention_blocks"])
+    gdn.CUDA_REPLAY = {"cuda": True, "numba": False}[variant["replay"]]
