@@ -1,7 +1,8 @@
 """ignis.kernels: GPU kernels of our own, each beside its torch reference and a provenance note in docs/adr/.
 
 Owns: the exact top-k over the drafter's vocabulary (`topk`, ADR 0001); the Gated DeltaNet recurrence, its replay and
-the conv window's commit (`gdn`, ADR 0004); the decode round's fused layer kernels (`fused`: residual add + RMSNorm,
+the conv window's commit (`gdn`, ADR 0004; a verify's in chunk form, `gdn_chunk`, and the replay in CUDA C++,
+`replay_cuda`, ADR 0016); the decode round's fused layer kernels (`fused`: residual add + RMSNorm,
 the GDN conv and gated norm, SwiGLU, q/k norms + RoPE + K/V write, the drafter's grouped conv); split-context paged
 attention for decode and verify rounds (`attention`: a Triton kernel on tensor cores, `attention_triton`, ADR 0009,
 or the numba one, ADR 0006); the 4-bit GEMV/GEMM for decode and verify rows (`int4_mma`, CUDA C++ on tensor cores
