@@ -35,12 +35,13 @@ def defines(dk: int, dv: int, cols: int) -> tuple[tuple[str, int], ...]:
 
 def fits(state: torch.Tensor, record: torch.Tensor) -> bool:
     """The calls the kernel takes: contiguous CUDA fp32 states [G, L, Hv, dk, dv] and records, key heads a multiple of
-    4 channels that split into blocks of ROWS rows (or fewer than ROWS), value heads a multiple of 4 up to 512, with
-    NVRTC installed."""
+    4 channels that split into blocks of ROWS rows (or fewer than ROWS), value heads a multiple of 4 up to 512, records
+    whose columns' k and delta fit the 48 KiB of static shared memory, with NVRTC installed."""
     dk, dv = state.shape[-2], state.shape[-1]
     return (state.is_cuda and state.dtype == torch.float32 and record.dtype == torch.float32 and state.dim() == 5
             and state.is_contiguous() and record.is_contiguous() and dk % 4 == 0 and dk % _rows(dk) == 0
-            and dv % 4 == 0 and dv <= 512 and record.shape[2] <= 64 and nvrtc_installed())
+            and dv % 4 == 0 and dv <= 512 and 4 * record.shape[2] * (_rows(dk) + dv + 1) <= 48 * 1024
+            and nvrtc_installed())
 
 
 def _function(key: tuple[tuple[str, int], ...], device: torch.device) -> object:

@@ -162,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--once", action="store_true", help="each case once after a warm-up (for a profiler)")
     ap.add_argument("--kernels", default="numba",
-                    help="comma list of numba, cuda, cuda4, cuda5, cuda6, chunk, chunk8: the decode's and verify's "
-                         "recurrence kernel (tools.variants.recurrence_kernel), each timed in turn")
+                    help="comma list of tools.variants.GDN_KERNELS (auto, numba, cuda6, columns, chunk2, ..): the "
+                         "decode's and verify's recurrence kernel (tools.variants.recurrence_kernel), each timed in turn")
     ap.add_argument("--replays", default="numba,cuda",
                     help="comma list of numba, cuda, cudaN: the replay case's kernels (ignis.kernels.gdn.CUDA_REPLAY; "
                          "cudaN: blocks of N state rows, ignis.kernels.replay_cuda.ROWS)")

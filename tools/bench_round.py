@@ -562,9 +562,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma list of auto, numba, cuda: the GDN conv kernel of decodes and verifies "
                          "(ignis.kernels.fused.CUDA_CONV; auto: by the round's rows)")
     ap.add_argument("--gdn", default="auto",
-                    help="comma list of auto, numba, cuda, cuda4, cuda5, cuda6, step, step-normed, apart, chunk, chunk8: the recurrence "
-                         "kernel of decodes and verifies, and whether the conv joins its launch (`recurrence_kernel`; "
-                         "auto: as ignis.kernels.gdn and gdn_cuda are set)")
+                    help="comma list of auto, numba, cuda, cuda4, cuda5, cuda6, step, step-normed, apart, chunk1, "
+                         "chunk2, chunk2x8, columns: the recurrence kernel of decodes and verifies, and whether the "
+                         "conv joins its launch (tools.variants.recurrence_kernel; auto: as ignis.kernels.gdn and "
+                         "gdn_cuda are set)")
     ap.add_argument("--replay", default="cuda" if gdn.CUDA_REPLAY else "numba",
                     help="comma list of cuda, numba: the commit's replay of a verify's kept columns "
                          "(ignis.kernels.gdn.CUDA_REPLAY)")
