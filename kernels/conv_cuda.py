@@ -8,15 +8,12 @@ the switch that routes to it (`ignis.kernels.fused.CUDA_CONV`).
 
 from __future__ import annotations
 
-import threading
-
 import torch
 
 from ignis.kernels.conv_cuda_kernel import CMAX, SOURCE
 from ignis.kernels.launch import gdn_pdl, nvrtc_installed
+from ignis.kernels.nvrtc import load
 
-_lock = threading.Lock()
-_functions: dict[tuple[tuple[tuple[str, int], ...], torch.device], object] = {}
 
 
 def threads(dk: int) -> int:
@@ -38,16 +35,6 @@ def fits(raw: torch.Tensor, window: torch.Tensor, record: torch.Tensor | None, b
     return (raw.is_cuda and raw.dtype in (torch.bfloat16, torch.float32) and 1 <= c <= CMAX and dk <= 1024
             and all(t.stride(-1) == 1 for t in (raw, window, ba) + ((record,) if record is not None else ()))
             and weight.is_contiguous() and nvrtc_installed())
-
-
-def _function(dtype: torch.dtype, dk: int, taps: int, early: bool, device: torch.device) -> object:
-    from ignis.kernels.nvrtc import Function, arch_of, compile_cubin
-
-    key = (defines(dtype, dk, taps, early), device)
-    with _lock:
-        if key not in _functions:
-            _functions[key] = Function(compile_cubin(SOURCE, "gdn_conv", arch_of(device), key[0]), "gdn_conv", device)
-        return _functions[key]
 
 
 def conv(
@@ -73,7 +60,7 @@ def conv(
     if max(strides) >= 2**31:
         raise ValueError(f"conv_cuda.conv takes strides below 2**31 (the kernel's int offsets); got {strides}")
     early = gdn_pdl(raw.device)
-    kernel = _function(raw.dtype, dk, weight.shape[1], early, raw.device)
+    kernel = load(SOURCE, "gdn_conv", defines(raw.dtype, dk, weight.shape[1], early), raw.device)
     kernel(((dim + dk - 1) // dk, b, 1), threads(dk),  # type: ignore[operator]
            (window, lanes, raw, weight, mixed, rec, ba, ba_out, c, dim, dk, 2 * key_heads, dk**-0.5,
             int(record is not None), *strides, ba.shape[2]), early)

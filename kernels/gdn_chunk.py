@@ -10,12 +10,11 @@ kernel is tested against (ignis.kernels.gdn.columns_reference), or the switch th
 
 from __future__ import annotations
 
-import threading
-
 import torch
 
 from ignis.kernels.gdn_chunk_kernel import CMAX, SOURCE
 from ignis.kernels.launch import gdn_pdl, nvrtc_installed
+from ignis.kernels.nvrtc import load
 
 TVC = 32  # a warp's state columns of a row, at most (fewer for narrower heads)
 # A block's shape: (state columns a thread, row slices a block (TVC x slices threads; a block holds TVC x columns
@@ -27,8 +26,6 @@ SHAPE = (2, 4, 4)
 FEW = (2, 8, 2)
 FEW_LANES = 2
 
-_lock = threading.Lock()
-_functions: dict[tuple[tuple[tuple[str, int], ...], torch.device], object] = {}
 
 
 def _tvc(dv: int) -> int:
@@ -64,16 +61,6 @@ def fits(state: torch.Tensor, cols: int, record: torch.Tensor | None) -> bool:
             and _takes(dk, dv, SHAPE) and _takes(dk, dv, FEW) and nvrtc_installed())
 
 
-def _function(key: tuple[tuple[str, int], ...], device: torch.device) -> object:
-    from ignis.kernels.nvrtc import Function, arch_of, compile_cubin
-
-    with _lock:
-        if (key, device) not in _functions:
-            cubin = compile_cubin(SOURCE, "gdn_chunk", arch_of(device), key)
-            _functions[key, device] = Function(cubin, "gdn_chunk", device)
-        return _functions[key, device]
-
-
 def columns(
     state: torch.Tensor,  # [L, Hv, dk, dv] float32: read only
     lanes: torch.Tensor,  # [B] int64
@@ -100,7 +87,7 @@ def columns(
         raise ValueError(f"the record holds {record.shape[1]} columns, fewer than {c}")
     early = gdn_pdl(state.device)
     tvc, shape = _tvc(dv), shape_for(b)
-    kernel = _function(defines(dk, dv, shape, early), state.device)
+    kernel = load(SOURCE, "gdn_chunk", defines(dk, dv, shape, early), state.device)
     kernel((dv // (tvc * shape[0]), hv, b), tvc * shape[1],  # type: ignore[operator]
            (state, lanes, mixed, ba, dt_bias, rate, out, record, c, hv, width, key_heads * dk, hv // key_heads,
             record.shape[1]), early)

@@ -19,6 +19,7 @@ import torch
 
 from ignis.kernels.gdn_cuda_kernel import CMAX, SOURCE
 from ignis.kernels.launch import gdn_pdl, nvrtc_installed
+from ignis.kernels.nvrtc import load
 
 TV = 32  # state columns a block of the recurrence alone (128 threads)
 RS = 4  # threads a state column
@@ -33,7 +34,6 @@ KEEP_K = False
 STEP_BLOCKS: int | None = None
 
 _lock = threading.Lock()
-_functions: dict[tuple[tuple[tuple[str, int], ...], torch.device], object] = {}
 
 
 def defines(dk: int, dv: int, normed: bool = False, dtype: torch.dtype = torch.float32,
@@ -63,16 +63,6 @@ def fits_normed(state: torch.Tensor, cols: int, record: torch.Tensor | None, z: 
     dv = state.shape[-1]
     return (fits(state, cols, record) and dv % 8 == 0 and dv <= 128 and z.dtype in (torch.bfloat16, torch.float32)
             and z.stride(-1) == 1)
-
-
-def _function(key: tuple[tuple[str, int], ...], device: torch.device) -> object:
-    from ignis.kernels.nvrtc import Function, arch_of, compile_cubin
-
-    with _lock:
-        if (key, device) not in _functions:
-            cubin = compile_cubin(SOURCE, "gdn_columns", arch_of(device), key)
-            _functions[key, device] = Function(cubin, "gdn_columns", device)
-        return _functions[key, device]
 
 
 @dataclass(frozen=True)
@@ -137,7 +127,7 @@ def _launch(state: torch.Tensor, lanes: torch.Tensor, mixed: torch.Tensor | None
         z, weight, y, eps = normed
         z_row, tv = z.stride(0), dv
         key = defines(dk, dv, True, z.dtype, early, conv_key)
-    kernel = _function(key, state.device)
+    kernel = load(SOURCE, "gdn_columns", key, state.device)
     kernel(((dv + tv - 1) // tv, hv, b), tv * RS,  # type: ignore[operator]
            (state, lanes, mixed, ba, dt_bias, rate, out, rec, z, weight, y, c, hv, width, key_heads * dk,
             hv // key_heads, rec.shape[1], int(write_state), int(record is not None), z_row, float(eps), *joined),

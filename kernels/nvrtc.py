@@ -2,8 +2,9 @@
 bindings (cuda.bindings, which numba-cuda already brings).
 
 Owns: `compile_cubin` (source + macros -> a cubin for one architecture, and ptxas's report; runs without a GPU, so
-the CPU tests compile every kernel for sm_90) and `Function` (a kernel loaded on a device, launched with torch
-tensors and ints on the stream torch is on, read at every call, so a CUDA graph being captured records it). Does not
+the CPU tests compile every kernel for sm_90), `Function` (a kernel loaded on a device, launched with torch
+tensors and ints on the stream torch is on, read at every call, so a CUDA graph being captured records it) and `load`
+(a kernel variant compiled and loaded once a process and device). Does not
 own: kernel sources, argument checks or launch shapes (the kernel's own module).
 
 Importing this module imports neither cuda.bindings nor CUDA. A kernel variant is compiled on its first use (a few
@@ -127,3 +128,17 @@ class Function:
         config.attrs = [early]
         config.numAttrs = 1
         _check(driver.cuLaunchKernelEx(config, self._function, (values, types), 0), "cuLaunchKernelEx")
+
+
+_loaded_lock = threading.Lock()  # apart from _lock, which Function takes while it loads
+_loaded: dict[tuple[str, str, tuple[tuple[str, int], ...], torch.device], Function] = {}
+
+
+def load(source: str, name: str, defines: tuple[tuple[str, int], ...], device: torch.device) -> Function:
+    """Kernel `name` of `source` compiled with `defines` for `device`'s architecture and loaded on it: once a process
+    for each of them."""
+    key = (source, name, defines, device)
+    with _loaded_lock:
+        if key not in _loaded:
+            _loaded[key] = Function(compile_cubin(source, name, arch_of(device), defines), name, device)
+        return _loaded[key]

@@ -8,11 +8,10 @@ the switch that routes to it (`ignis.kernels.gdn.CUDA_REPLAY`).
 
 from __future__ import annotations
 
-import threading
-
 import torch
 
 from ignis.kernels.launch import nvrtc_installed
+from ignis.kernels.nvrtc import load
 from ignis.kernels.replay_cuda_kernel import SOURCE
 
 # State rows a block, at most (fewer for narrower key heads). On the H200, 48 layers' commit of 8 kept columns
@@ -20,8 +19,6 @@ from ignis.kernels.replay_cuda_kernel import SOURCE
 # 971, 32 114 / 874, 64 94 / 656 (1.05-1.09x the state's bytes at the copy bandwidth), 128 102 / 699.
 ROWS = 64
 
-_lock = threading.Lock()
-_functions: dict[tuple[tuple[tuple[str, int], ...], torch.device], object] = {}
 
 
 def _rows(dk: int) -> int:
@@ -44,16 +41,6 @@ def fits(state: torch.Tensor, record: torch.Tensor) -> bool:
             and nvrtc_installed())
 
 
-def _function(key: tuple[tuple[str, int], ...], device: torch.device) -> object:
-    from ignis.kernels.nvrtc import Function, arch_of, compile_cubin
-
-    with _lock:
-        if (key, device) not in _functions:
-            _functions[key, device] = Function(compile_cubin(SOURCE, "gdn_replay", arch_of(device), key),
-                                               "gdn_replay", device)
-        return _functions[key, device]
-
-
 def replay(state: torch.Tensor, lanes: torch.Tensor, record: torch.Tensor, last: torch.Tensor) -> None:
     """ignis.kernels.gdn.replay for `fits`'s calls: state [G, L, Hv, dk, dv], record [G, L, C, Hv, dk + dv + 2]; lanes,
     last [B] int64 on the device."""
@@ -62,6 +49,6 @@ def replay(state: torch.Tensor, lanes: torch.Tensor, record: torch.Tensor, last:
                          f"state {tuple(state.shape)} {state.dtype}, record {tuple(record.shape)}")
     g, nl, hv, dk, dv = state.shape
     b = lanes.shape[0]
-    kernel = _function(defines(dk, dv, record.shape[2]), state.device)
+    kernel = load(SOURCE, "gdn_replay", defines(dk, dv, record.shape[2]), state.device)
     kernel((dk // _rows(dk), hv, g * b), dv,  # type: ignore[operator]  # dv / 4 float4s a row, four row lanes
            (state, lanes.contiguous(), record, last.contiguous(), b, nl, hv, record.shape[2]))

@@ -263,3 +263,29 @@ def test_the_cuda_replay_compiles_for_sm90_without_spills(dk: int, dv: int, cols
 
     cubin = compile_cubin(SOURCE, "gdn_replay", "sm_90", defines(dk, dv, cols))
     assert cubin.spills == cubin.stack == 0 and 0 < cubin.registers <= 128, (cubin.registers, cubin.spills)
+
+
+def test_a_kernel_variant_is_compiled_and_loaded_once_a_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    # nvrtc.load, which the recurrence, chunk-form, replay and conv launches share: one Function a (source, name,
+    # defines, device), built from the cubin compiled for the device's architecture
+    from ignis.kernels import nvrtc
+    from ignis.kernels.replay_cuda import defines
+    from ignis.kernels.replay_cuda_kernel import SOURCE
+
+    pytest.importorskip("cuda.bindings")
+    made: list[tuple[str, torch.device]] = []
+
+    class Loaded:
+        def __init__(self, cubin: nvrtc.Cubin, name: str, device: torch.device) -> None:
+            assert cubin.registers > 0
+            made.append((name, device))
+
+    monkeypatch.setattr(nvrtc, "Function", Loaded)
+    monkeypatch.setattr(nvrtc, "arch_of", lambda device: "sm_90")
+    monkeypatch.setattr(nvrtc, "_loaded", {})
+    first, second = torch.device("cuda", 0), torch.device("cuda", 1)
+    a = nvrtc.load(SOURCE, "gdn_replay", defines(16, 16, 4), first)
+    assert nvrtc.load(SOURCE, "gdn_replay", defines(16, 16, 4), first) is a
+    assert nvrtc.load(SOURCE, "gdn_replay", defines(16, 16, 4), second) is not a
+    assert nvrtc.load(SOURCE, "gdn_replay", defines(16, 16, 8), first) is not a
+    assert made == [("gdn_replay", first), ("gdn_replay", second), ("gdn_replay", first)]
