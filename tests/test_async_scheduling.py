@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from device_work import FAST, VOCAB, ckpt, reference, work  # noqa: F401 (fixtures)
 from engines import decoding, make_engine, prompts, run, until_finished
 from ignis.engine.core import Engine
 from ignis.engine.device_round import DeviceRound
@@ -23,27 +24,6 @@ from ignis.engine.request import Request
 from ignis.engine.scheduler import Decode, Scheduler
 from ignis.ipc.messages import EngineRequest
 from ignis.params import SamplingParams
-from tiny import tiny_pair
-
-VOCAB = 512
-FAST = {"exact": "off"}
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_pair(tmp_path_factory.mktemp("ckpt"), seed=5, drafter_seed=1, vocab_size=VOCAB)
-
-
-@pytest.fixture(scope="module")
-def work() -> tuple[list[list[int]], list[SamplingParams]]:
-    ps = prompts(6, VOCAB, seed=21, lo=2, hi=60)
-    return ps, [SamplingParams(max_tokens=20 + 7 * i, temperature=0.0, ignore_eos=True) for i in range(len(ps))]
-
-
-@pytest.fixture(scope="module")
-def reference(ckpt: Path, work) -> dict[str, list[int]]:
-    ps, params = work
-    return {k: v.token_ids for k, v in run(make_engine(ckpt, "off", lanes=4), ps, params).items()}
 
 
 def _count_follows(monkeypatch: pytest.MonkeyPatch) -> list[int]:

@@ -16,32 +16,18 @@ import torch
 
 import ignis.backends.registry as registry
 import ignis.config as config
+from device_work import FAST, VOCAB, ckpt, reference  # noqa: F401 (fixtures; this module's own work)
 from engines import make_engine, prompts, run
 from ignis.backends.base import BackendContext, Choice, Committed, Observation, Proposal, ProposeIn
 from ignis.engine.device_prefill import DevicePrefill, pieces
 from ignis.engine.device_round import DeviceRound, buckets, collected, spans
 from ignis.params import SamplingParams
-from tiny import tiny_pair
-
-VOCAB = 512
-FAST = {"exact": "off"}
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_pair(tmp_path_factory.mktemp("ckpt"), seed=5, drafter_seed=1, vocab_size=VOCAB)
 
 
 @pytest.fixture(scope="module")
 def work() -> tuple[list[list[int]], list[SamplingParams]]:
     ps = prompts(10, VOCAB, seed=3, lo=2, hi=80)
     return ps, [SamplingParams(max_tokens=5 + (5 * i) % 19, temperature=0.0, ignore_eos=True) for i in range(len(ps))]
-
-
-@pytest.fixture(scope="module")
-def reference(ckpt: Path, work) -> dict[str, list[int]]:
-    ps, params = work
-    return {k: v.token_ids for k, v in run(make_engine(ckpt, "off", lanes=4), ps, params).items()}
 
 
 class Partial:
