@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
-import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -35,7 +33,7 @@ from ignis.model.cache import LaneCache
 from ignis.model.loader import load_model
 from ignis.model.random import random_model
 from ignis.params import SamplingParams
-from tools.bench_round import QWEN35_27B, build_backend, gpu_profile
+from tools.bench_round import QWEN35_27B, build_backend, gpu_profile, median_wall_s
 
 LENGTHS = [16, 100, 500, 2000]
 
@@ -45,17 +43,6 @@ def request(n: int) -> Request:
                 temperature=0.0), stop_ids=frozenset(), generator=make_generator(0), seed=0)
     r.lane = 0
     return r
-
-
-def timed(fn: Any, iters: int) -> float:
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def piece_profile(dp: DevicePrefill, rows: int) -> tuple[float, list[dict[str, Any]]]:
@@ -92,7 +79,7 @@ def bench(label: str, model: Any, path: Path, backend_kind: str, args: argparse.
             backend.reset(0)
             runner.host_round(RoundPlan([], [], [Prefill(r, n)]))
 
-        dev, host = timed(device_prefill, args.iters), timed(host_prefill, args.iters)
+        dev, host = median_wall_s(device_prefill, args.iters), median_wall_s(host_prefill, args.iters)
         row = {"model": label, "backend": backend_kind, "tokens": n, "pieces": len(pieces(0, n, dp.largest)),
                "device_ms": 1e3 * dev, "host_ms": 1e3 * host, "device_tok_s": n / dev, "host_tok_s": n / host}
         rows.append(row)

@@ -265,13 +265,19 @@ def decodes(lanes: int, k: int, position: int = POSITION, sampled: bool = False,
 def time_rounds(dr: DeviceRound, work: list[Decode], iters: int, rounds: int = 1) -> float:
     """Seconds a round, median of `iters` runs of `rounds` chained rounds each (engine.rounds_per_sync), each run
     ending with its one read-back."""
-    for _ in range(3):
-        dr.run(work, rounds)
+    # each run ends with the rounds' one read-back: the host has the tokens
+    return median_wall_s(lambda: dr.run(work, rounds), iters, warmup=3) / rounds
+
+
+def median_wall_s(call: Callable[[], object], iters: int, warmup: int = 2) -> float:
+    """Host seconds of one call that ends with its own read-back, the median of `iters` after `warmup` calls."""
+    for _ in range(warmup):
+        call()
     times = []
     for _ in range(iters):
         t0 = time.perf_counter()
-        dr.run(work, rounds)  # ends with the rounds' one read-back: the host has the tokens
-        times.append((time.perf_counter() - t0) / rounds)
+        call()
+        times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
@@ -293,14 +299,7 @@ def time_followed(dr: DeviceRound, work: list[Decode], iters: int) -> float:
         dr.wait(launched)
         dr.collect(launched)
 
-    for _ in range(2):
-        one()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        one()
-        times.append((time.perf_counter() - t0) / FOLLOWED)
-    return statistics.median(times)
+    return median_wall_s(one, iters) / FOLLOWED
 
 
 def eager_round(dr: DeviceRound, work: list[Decode]) -> None:
