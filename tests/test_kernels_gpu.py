@@ -134,8 +134,7 @@ def _chunk_takes(dk: int, dv: int) -> bool:
     """Whether ignis.kernels.gdn_chunk's block shapes take heads of dk x dv (else gdn_chunk.fits sends them on)."""
     from ignis.kernels import gdn_chunk
 
-    return all(dk % (4 * slices) == 0 and dv % (min(gdn_chunk.TVC, dv) * columns) == 0
-               for columns, slices, _ in (gdn_chunk.SHAPE, gdn_chunk.FEW))
+    return all(gdn_chunk._takes(dk, dv, shape) for shape in (gdn_chunk.SHAPE, gdn_chunk.FEW))
 
 
 def _gdn_inputs(shape: tuple[int, ...], seed: int) -> dict[str, torch.Tensor]:
