@@ -151,6 +151,10 @@ CHUNK_VERIFY = True
 # commit of 8 columns at 8 lanes 1,037 -> 656 µs on the H200 (docs/adr/0016). Set once, before the engine captures
 # its graphs.
 CUDA_REPLAY = True
+# The most lanes at which a verify's short conv joins the chunk form's launch (ignis.kernels.gdn_chunk.step: every
+# block of a key head's group convolves the head's q and k channels itself) instead of ignis.kernels.fused.conv's
+# launch before it; 0: never. Set once, before the engine captures its graphs.
+CHUNK_CONV_LANES = 2
 
 
 def _compiled(dk: int, dv: int, cols: int) -> Any:
@@ -277,8 +281,8 @@ def conv_columns_normed(
 ) -> torch.Tensor:
     """ignis.kernels.fused.conv of a decode's or a verify's columns, then `columns_normed` of its output: y [B C, Hv dv]
     in z's dtype, the conv's window moved on (inputs None) or its inputs recorded. Where STEP and CUDA_COLUMNS route
-    a decode's call to ignis.kernels.gdn_cuda, the conv joins the recurrence's launch; two launches or three
-    elsewhere."""
+    a decode's call to ignis.kernels.gdn_cuda, or CHUNK_CONV_LANES a verify's to ignis.kernels.gdn_chunk, the conv
+    joins the recurrence's launch; two launches or three elsewhere."""
     from ignis.kernels import fused
 
     dk = state.shape[2]
@@ -294,6 +298,15 @@ def conv_columns_normed(
             out = gdn_cuda.step(state, lanes, conv, dt_bias, rate, record, key_heads=key_heads,
                                 write_state=write_state)
             b, c = raw.shape[:2]
+            return fused.gated_norm(out.view(b * c, state.shape[1], state.shape[3]), z, weight, eps)
+    b, c = raw.shape[:2]
+    if inputs is not None and b <= CHUNK_CONV_LANES and _chunked(state, c, record, write_state):
+        from ignis.kernels import gdn_chunk, gdn_cuda
+
+        assert record is not None
+        joined = gdn_cuda.Conv(window, raw, taps, ba, inputs)
+        if gdn_chunk.fits_step(state, joined, record):
+            out = gdn_chunk.step(state, lanes, joined, dt_bias, rate, record, key_heads=key_heads)
             return fused.gated_norm(out.view(b * c, state.shape[1], state.shape[3]), z, weight, eps)
     mixed, ba32 = fused.conv(window, lanes, raw, taps, ba, inputs, key_heads=key_heads, dk=dk)
     return columns_normed(state, lanes, mixed, ba32, dt_bias, rate, record, z, weight, eps, key_heads=key_heads,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ignis.kernels.gdn_chunk_kernel import CMAX, SOURCE
+from ignis.kernels.gdn_cuda import Conv
 from ignis.kernels.launch import gdn_pdl, nvrtc_installed
 from ignis.kernels.nvrtc import load
 
@@ -85,12 +86,56 @@ def columns(
         raise ValueError(f"gdn_chunk takes contiguous fp32 mixed and ba; got mixed {tuple(mixed.shape)} {mixed.dtype}")
     if record.shape[1] < c:
         raise ValueError(f"the record holds {record.shape[1]} columns, fewer than {c}")
+    _launch(state, lanes, mixed, ba, dt_bias, rate, out, record, key_heads, None)
+
+
+def _launch(state: torch.Tensor, lanes: torch.Tensor, mixed: torch.Tensor, ba: torch.Tensor, dt_bias: torch.Tensor,
+            rate: torch.Tensor, out: torch.Tensor, record: torch.Tensor, key_heads: int, conv: Conv | None) -> None:
+    hv, dk, dv = state.shape[1:]
+    b, c, width = (mixed if conv is None else conv.raw).shape
     early = gdn_pdl(state.device)
     tvc, shape = _tvc(dv), shape_for(b)
-    kernel = load(SOURCE, "gdn_chunk", defines(dk, dv, shape, early), state.device)
+    key = defines(dk, dv, shape, early)
+    if conv is None:
+        joined: tuple[torch.Tensor | int | float, ...] = (state,) * 5 + (0,) * 8 + (0.0,)
+    else:
+        assert conv.record is not None
+        strides = (*conv.window.stride()[:2], *conv.raw.stride()[:2], *conv.record.stride()[:2],
+                   *conv.ba.stride()[:2])
+        if max(strides) >= 2**31:
+            raise ValueError(f"gdn_chunk.step takes strides below 2**31 (the kernel's int offsets); got {strides}")
+        joined = (conv.window, conv.raw, conv.taps, conv.record, conv.ba, *strides, float(dk**-0.5))
+        key += (("CONV", 1), ("CBF16", int(conv.raw.dtype == torch.bfloat16)), ("KC", conv.taps.shape[1]))
+    kernel = load(SOURCE, "gdn_chunk", key, state.device)
     kernel((dv // (tvc * shape[0]), hv, b), tvc * shape[1],  # type: ignore[operator]
            (state, lanes, mixed, ba, dt_bias, rate, out, record, c, hv, width, key_heads * dk, hv // key_heads,
-            record.shape[1]), early)
+            record.shape[1], *joined), early)
+
+
+def fits_step(state: torch.Tensor, conv: Conv, record: torch.Tensor | None) -> bool:
+    """`fits`, for `step`'s calls: a verify's conv inputs (recorded) of CUDA bf16 or fp32 with contiguous last
+    dimensions (the taps wholly), over key heads of a multiple of 32 channels (a warp's channels all q or all k)."""
+    return (fits(state, conv.raw.shape[1], record) and state.shape[-2] % 32 == 0 and conv.record is not None
+            and conv.raw.dtype in (torch.bfloat16, torch.float32) and conv.taps.is_contiguous()
+            and conv.taps.dtype == torch.float32 and conv.taps.shape[1] == conv.window.shape[1] + 1
+            and all(x.dtype == conv.raw.dtype and x.stride(-1) == 1
+                    for x in (conv.window, conv.raw, conv.ba, conv.record)))
+
+
+def step(state: torch.Tensor, lanes: torch.Tensor, conv: Conv, dt_bias: torch.Tensor, rate: torch.Tensor,
+         record: torch.Tensor, *, key_heads: int) -> torch.Tensor:
+    """ignis.kernels.fused.conv of a verify's columns (each column's input recorded, the window left alone), then
+    `columns`, in one launch: out [B, C, Hv, dv] float32. Every block of a key head's group convolves the head's q
+    and k channels itself, and its own v channels."""
+    b, c = conv.raw.shape[:2]
+    hv, dv = state.shape[1], state.shape[3]
+    if not fits_step(state, conv, record):
+        raise ValueError(f"gdn_chunk.step takes `fits`'s calls with key heads of a multiple of 32 channels and conv "
+                         f"inputs of the raw's dtype; got state {tuple(state.shape)}, raw {tuple(conv.raw.shape)} "
+                         f"{conv.raw.dtype}")
+    out = torch.empty((b, c, hv, dv), dtype=torch.float32, device=state.device)
+    _launch(state, lanes, state, state, dt_bias, rate, out, record, key_heads, conv)  # mixed, ba: not read
+    return out
 
 
 def chunk_reference(state: torch.Tensor, lanes: torch.Tensor, mixed: torch.Tensor, ba: torch.Tensor,

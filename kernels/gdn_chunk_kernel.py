@@ -29,12 +29,26 @@ products as 16-byte reads.
 
 from __future__ import annotations
 
+from ignis.kernels.gdn_cuda_kernel import CONV_CHANNEL
+
 CMAX = 8  # the most columns a launch takes: a verify of up to 7 drafts
 
-SOURCE = r"""
+_HEAD = r"""
 #ifndef PDL
 #define PDL 0
 #endif
+#ifndef CONV
+#define CONV 0
+#endif
+#ifndef CBF16
+#define CBF16 0
+#endif
+#ifndef KC
+#define KC 4
+#endif
+#define KC1 (KC - 1)
+#define SEQ (KC1 + CMAX)
+#define CONV_EPS 1e-6f  // the l2 norm's, as gdn_conv's
 #define THREADS (TVC * SL)
 #define BC (TVC * NCOL)  // value columns a block
 #define RPS (DK / SL)  // rows a slice
@@ -59,6 +73,22 @@ __device__ __forceinline__ void pair_of(int p, bool strict, int& i, int& j) {
     j = i + p + (strict ? 1 : 0);
 }
 
+"""
+
+_BODY = r"""
+// CONV: each column's sum of squares of acc over the warp, written to part[j][warp u of the key head's channels]
+__device__ __forceinline__ void head_squares(const float acc[CMAX], int ncols, int e, float part[CMAX][QKW]) {
+#pragma unroll
+    for (int j = 0; j < CMAX; ++j) {
+        if (j < ncols) {
+            float v = acc[j] * acc[j];
+#pragma unroll
+            for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+            if (e % 32 == 0) part[j][e / 32] = v;
+        }
+    }
+}
+
 // state [L, Hv, DK, DV] f32 (read); lanes [B] i64; mixed [B, C, width] f32: q | k | v, q and k l2-normalised (q
 // scaled); ba [B, C, 2 Hv] f32: the raw beta and decay projections; dt_bias, rate [Hv] f32; out [B, C, Hv, DV] f32:
 // every column's output; record [L, rec_cols, Hv, RW] f32: each column's k, delta, g and beta.
@@ -67,7 +97,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 gdn_chunk(const float* __restrict__ state, const long long* __restrict__ lanes, const float* __restrict__ mixed,
           const float* __restrict__ ba, const float* __restrict__ dt_bias, const float* __restrict__ rate,
           float* __restrict__ out, float* __restrict__ record, int ncols, int hv, int width, int key_dim, int ratio,
-          int rec_cols) {
+          int rec_cols, const celem* __restrict__ window, const celem* __restrict__ raw,
+          const float* __restrict__ taps, celem* __restrict__ inputs, const celem* __restrict__ raw_ba, int win_l,
+          int win_t, int raw_b, int raw_c, int in_l, int in_c, int ba_b, int ba_c, float qscale) {
     // The staged columns, then (past a barrier) the slices' sums in the same memory.
     __shared__ __align__(16) float pool[POOL];
     float(*sqk)[W2] = reinterpret_cast<float(*)[W2]>(pool);  // row r: k_0[r] .. k_(CMAX-1)[r], q_0[r] .. q_(CMAX-1)[r]
@@ -100,6 +132,66 @@ gdn_chunk(const float* __restrict__ state, const long long* __restrict__ lanes, 
     asm volatile("griddepcontrol.wait;" ::: "memory");  // mixed and ba are the kernel before's output
 #endif
 
+#if CONV
+    // The short conv of this round's columns for the channels the block reads (gdn_conv's arithmetic): the key head's
+    // q and k channels (every block of the head's group convolves them; one records them), a thread a channel in
+    // turn, then the block's own v channels. q and k are normalised once the heads' squares are in.
+    __shared__ float qkpart[2][CMAX][QKW];  // [q, k][column][warp]: the head's squares
+    {
+        const celem* rw = raw + (size_t)b * raw_b;
+        const celem* wl = window + (size_t)lane * win_l;
+        celem* il = inputs + (size_t)lane * in_l;
+        const bool qk_keeper = keeper && h % ratio == 0;  // records the key head's inputs
+        for (int e2 = t; e2 < 2 * DK; e2 += THREADS) {  // a warp's channels all q or all k (DK a multiple of 32)
+            const int which = e2 / DK, e = e2 % DK;  // 0: q, 1: k
+            const int ch = which * key_dim + hk * DK + e;
+            float acc[CMAX];
+            conv_channel(wl + ch, win_t, rw + ch, raw_c, taps + (size_t)ch * KC, ncols, acc);
+            const int col0 = which == 0 ? CMAX : 0;  // the staged row: k first, then q
+#pragma unroll
+            for (int j = 0; j < CMAX; ++j) skt[col0 + j][e] = j < ncols ? acc[j] : 0.f;
+            head_squares(acc, ncols, e, qkpart[which]);
+            if (qk_keeper) {
+                for (int j = 0; j < ncols; ++j) il[(size_t)j * in_c + ch] = rw[(size_t)j * raw_c + ch];
+            }
+        }
+        for (int n = t; n < BC; n += THREADS) {
+            const int chv = 2 * key_dim + h * DV + blockIdx.x * BC + n;
+            float acc[CMAX];
+            conv_channel(wl + chv, win_t, rw + chv, raw_c, taps + (size_t)chv * KC, ncols, acc);
+#pragma unroll
+            for (int j = 0; j < CMAX; ++j) sv[j][n] = j < ncols ? acc[j] : 0.f;
+            for (int j = 0; j < ncols; ++j) il[(size_t)j * in_c + chv] = rw[(size_t)j * raw_c + chv];
+        }
+    }
+    __syncthreads();
+    for (int e2 = t; e2 < 2 * DK; e2 += THREADS) {  // each channel normalised over its head, in both layouts
+        const int which = e2 / DK, e = e2 % DK;
+        const int col0 = which == 0 ? CMAX : 0;
+        float row[CMAX];
+#pragma unroll
+        for (int j = 0; j < CMAX; ++j) {
+            row[j] = 0.f;
+            if (j < ncols) {
+                float total = 0.f;
+#pragma unroll
+                for (int u = 0; u < QKW; ++u) total += qkpart[which][j][u];
+                row[j] = skt[col0 + j][e] * (1.f / sqrtf(total + CONV_EPS));
+                if (which == 0) row[j] = row[j] * qscale;
+            }
+            skt[col0 + j][e] = row[j];
+        }
+        float4* dst = reinterpret_cast<float4*>(&sqk[e][col0]);
+#pragma unroll
+        for (int u = 0; u < CMAX / 4; ++u)
+            dst[u] = make_float4(row[4 * u], row[4 * u + 1], row[4 * u + 2], row[4 * u + 3]);
+        if (keeper && which == 1) {
+#pragma unroll
+            for (int j = 0; j < CMAX; ++j)
+                if (j < ncols) rec[(size_t)j * hv * RW + e] = row[j];
+        }
+    }
+#else
     // Stage every column's k and q (a thread a key channel, zeros past ncols), the block's v and the gates.
     for (int e = t; e < DK; e += THREADS) {
 #pragma unroll
@@ -126,12 +218,19 @@ gdn_chunk(const float* __restrict__ state, const long long* __restrict__ lanes, 
         for (int n = 0; n < NCOL; ++n)
             sv[j][cl + n * TVC] = j < ncols ? mb[j * width + 2 * key_dim + h * DV + c + n * TVC] : 0.f;
     }
+#endif
     if (t < CMAX) {
         float e = 1.f, beta = 0.f;
         if (t < ncols) {
+#if CONV
+            const celem* r = raw_ba + (size_t)b * ba_b + (size_t)t * ba_c;
+            const float rb = cload(r[h]), ra = cload(r[hv + h]);
+#else
             const float* r = ba + ((size_t)b * ncols + t) * 2 * hv;
-            beta = 1.f / (1.f + expf(-r[h]));
-            const float a = r[hv + h] + dt_bias[h];
+            const float rb = r[h], ra = r[hv + h];
+#endif
+            beta = 1.f / (1.f + expf(-rb));
+            const float a = ra + dt_bias[h];
             const float g = rate[h] * (a > 20.f ? a : log1pf(expf(a)));
             e = expf(g);
             if (keeper) {
@@ -246,3 +345,5 @@ gdn_chunk(const float* __restrict__ state, const long long* __restrict__ lanes, 
     }
 }
 """
+
+SOURCE = _HEAD + CONV_CHANNEL + _BODY

@@ -31,6 +31,39 @@ from __future__ import annotations
 
 CMAX = 8  # the most columns a launch takes: a verify of up to 7 drafts, or a decode's one
 
+# The joined conv's element type and one channel's conv (the including source defines CBF16, KC, KC1, SEQ, CMAX and
+# DK): ignis.kernels.gdn_chunk_kernel's joined conv is built from the same text, so both repeat gdn_conv's arithmetic.
+CONV_CHANNEL = r"""#if CBF16  // the conv's inputs, window and record (CONV)
+typedef unsigned short celem;
+__device__ __forceinline__ float cload(celem h) { return __uint_as_float(((unsigned)h) << 16); }
+#else
+typedef float celem;
+__device__ __forceinline__ float cload(celem h) { return h; }
+#endif
+#define QKW ((DK + 31) / 32)  // warps holding a key head's channels (CONV: a thread a channel)
+
+// CONV: silu of the causal conv of one channel for every column, as gdn_conv computes it: xs = [the window's KC1
+// inputs | this round's], weights w; also each column's square for the head's l2 norm.
+__device__ __forceinline__ void conv_channel(const celem* win, int win_t, const celem* rw, int raw_c, const float* w4,
+                                             int ncols, float acc[CMAX]) {
+    float xs[SEQ], w[KC];
+#pragma unroll
+    for (int i = 0; i < KC1; ++i) xs[i] = cload(win[i * win_t]);
+#pragma unroll
+    for (int tap = 0; tap < KC; ++tap) w[tap] = w4[tap];
+#pragma unroll
+    for (int i = KC1; i < SEQ; ++i) xs[i] = i < KC1 + ncols ? cload(rw[(i - KC1) * raw_c]) : 0.f;
+#pragma unroll
+    for (int j = 0; j < CMAX; ++j) {
+        float a = 0.f;
+#pragma unroll
+        for (int tap = 0; tap < KC; ++tap) a += xs[j + tap] * w[tap];
+        acc[j] = a / (1.f + expf(-a));
+    }
+}
+
+"""
+
 SOURCE = r"""
 #ifndef PDL
 #define PDL 0
@@ -70,36 +103,7 @@ __device__ __forceinline__ elem store(float f) { return f; }
 #endif
 __device__ __forceinline__ float rounded(float f) { return load(store(f)); }
 
-#if CBF16  // the conv's inputs, window and record (CONV)
-typedef unsigned short celem;
-__device__ __forceinline__ float cload(celem h) { return __uint_as_float(((unsigned)h) << 16); }
-#else
-typedef float celem;
-__device__ __forceinline__ float cload(celem h) { return h; }
-#endif
-#define QKW ((DK + 31) / 32)  // warps holding a key head's channels (CONV: a thread a channel)
-
-// CONV: silu of the causal conv of one channel for every column, as gdn_conv computes it: xs = [the window's KC1
-// inputs | this round's], weights w; also each column's square for the head's l2 norm.
-__device__ __forceinline__ void conv_channel(const celem* win, int win_t, const celem* rw, int raw_c, const float* w4,
-                                             int ncols, float acc[CMAX]) {
-    float xs[SEQ], w[KC];
-#pragma unroll
-    for (int i = 0; i < KC1; ++i) xs[i] = cload(win[i * win_t]);
-#pragma unroll
-    for (int tap = 0; tap < KC; ++tap) w[tap] = w4[tap];
-#pragma unroll
-    for (int i = KC1; i < SEQ; ++i) xs[i] = i < KC1 + ncols ? cload(rw[(i - KC1) * raw_c]) : 0.f;
-#pragma unroll
-    for (int j = 0; j < CMAX; ++j) {
-        float a = 0.f;
-#pragma unroll
-        for (int tap = 0; tap < KC; ++tap) a += xs[j + tap] * w[tap];
-        acc[j] = a / (1.f + expf(-a));
-    }
-}
-
-// CONV, a decode: one channel's window moved on past this round's ncols inputs. Slot i takes input ncols + i of
+""" + CONV_CHANNEL + r"""// CONV, a decode: one channel's window moved on past this round's ncols inputs. Slot i takes input ncols + i of
 // [window | raw], never a slot below i + 1, so the slots are read before they are written.
 __device__ __forceinline__ void move_window(celem* win, int win_t, const celem* rw, int raw_c, int ncols) {
 #pragma unroll

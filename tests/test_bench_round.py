@@ -71,7 +71,7 @@ def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch:
     monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", libraries.append)
     for name in ("CONV_BLOCKS", "CUDA_CONV"):
         monkeypatch.setattr(fused, name, getattr(fused, name))
-    for name in ("CUDA_COLUMNS", "CUDA_NORMED", "STEP", "CHUNK_VERIFY", "CUDA_REPLAY"):
+    for name in ("CUDA_COLUMNS", "CUDA_NORMED", "STEP", "CHUNK_VERIFY", "CUDA_REPLAY", "CHUNK_CONV_LANES"):
         monkeypatch.setattr(gdn, name, getattr(gdn, name))
     for name in ("BLOCKS", "KEEP_K"):
         monkeypatch.setattr(gdn_cuda, name, getattr(gdn_cuda, name))

@@ -289,3 +289,22 @@ def test_a_kernel_variant_is_compiled_and_loaded_once_a_device(monkeypatch: pyte
     assert nvrtc.load(SOURCE, "gdn_replay", defines(16, 16, 4), second) is not a
     assert nvrtc.load(SOURCE, "gdn_replay", defines(16, 16, 8), first) is not a
     assert made == [("gdn_replay", first), ("gdn_replay", second), ("gdn_replay", first)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", ["chunk1", "chunk2", "chunk2x8"])
+def test_the_chunk_form_with_the_conv_joined_compiles_for_sm90_in_its_launch_bound(shape: str,
+                                                                                   dtype: torch.dtype) -> None:
+    # gdn_chunk.step: the chunk form's binary with CONV, within the same launch bounds and without spills
+    pytest.importorskip("cuda.bindings")
+    from ignis.kernels import gdn_chunk
+    from ignis.kernels.gdn_chunk_kernel import SOURCE
+    from ignis.kernels.nvrtc import compile_cubin
+    from tools.variants import CHUNK_SHAPES
+
+    columns, slices, blocks = CHUNK_SHAPES[shape]
+    key = gdn_chunk.defines(128, 128, CHUNK_SHAPES[shape]) + (("CONV", 1), ("CBF16", int(dtype == torch.bfloat16)),
+                                                              ("KC", 4))
+    cubin = compile_cubin(SOURCE, "gdn_chunk", "sm_90", key)
+    assert cubin.spills == cubin.stack == 0, (cubin.registers, cubin.spills, cubin.stack)
+    assert 0 < cubin.registers <= min(255, 65536 // (gdn_chunk.TVC * slices * blocks)), cubin.registers

@@ -386,6 +386,34 @@ def test_the_conv_joined_to_the_recurrence_gives_the_bits_of_the_two_launches(sh
     assert int(gdn_cuda._counters(torch.device("cuda"), 1).abs().sum()) == 0  # every decode set its counters back
 
 
+@pytest.mark.parametrize("shape", [(1, 8, 16, 48, 128, 128), (2, 5, 2, 6, 64, 64), (1, 2, 4, 8, 32, 64),
+                                   (3, 8, 2, 4, 64, 64)])
+def test_the_conv_joined_to_the_chunk_form_gives_the_bits_of_the_two_launches(shape: tuple[int, ...],
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """gdn_chunk.step convolves a verify's columns as the CUDA C++ conv kernel does and then runs the chunk form: its
+    outputs, records and recorded inputs are the two launches' bits (conv_cuda, then gdn_chunk.columns)."""
+    from ignis.kernels import fused, gdn, gdn_chunk, gdn_cuda
+
+    monkeypatch.setattr(fused, "CUDA_CONV", True)  # the conv whose arithmetic the joined one repeats
+    b, c, hk, hv, dk, dv = shape
+    x = _step_inputs(shape, sum(shape) + 5)
+    state, ids = x["state"], x["ids"]
+    before = state.clone()
+    width = gdn.record_width(dk, dv)
+    rec, ref_rec = (torch.full((b + 2, c, hv, width), float("nan"), device="cuda") for _ in range(2))
+    inputs, ref_inputs = x["inputs"].clone(), x["inputs"].clone()
+    conv = gdn_cuda.Conv(x["window"], x["raw"], x["taps"], x["ba"], inputs)
+    assert gdn_chunk.fits_step(state, conv, rec)
+    out = gdn_chunk.step(state, ids, conv, x["dt_bias"], x["rate"], rec, key_heads=hk)
+    mixed, ba32 = fused.conv(x["window"], ids, x["raw"], x["taps"], x["ba"], ref_inputs, key_heads=hk, dk=dk)
+    ref = torch.empty_like(out)
+    gdn_chunk.columns(state, ids, mixed, ba32, x["dt_bias"], x["rate"], ref, ref_rec, key_heads=hk)
+    assert torch.equal(out.view(torch.int32), ref.view(torch.int32))
+    assert torch.equal(rec[ids].view(torch.int32), ref_rec[ids].view(torch.int32))
+    assert torch.equal(inputs[ids].view(torch.int16), ref_inputs[ids].view(torch.int16))
+    assert torch.equal(state, before)  # a verify leaves the state alone
+
+
 @pytest.mark.parametrize("c", [1, 8])
 def test_the_joined_step_takes_decodes_alone(c: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """gdn.STEP routes a decode's one column through gdn_cuda.step; a verify's columns keep the conv's own launch."""

@@ -35,13 +35,13 @@ def combinations(args: argparse.Namespace) -> list[dict[str, str]]:
 _TILE_ROWS_SHIPPED = int4_tile.TILE_ROWS  # --int4-tile on: from where ignis ships it
 _DRAW_SHIPPED = backends.DRAW_COLUMNS  # --draw triton: the most columns a sampled draft's one-launch draw takes
 GDN_KERNELS = ("auto", "numba", "cuda", "cuda4", "cuda5", "cuda6", "step", "step4", "step5", "step-normed",
-               "apart", "chunk1", "chunk2", "chunk2x8", "columns")  # --gdn's words (`recurrence_kernel`)
+               "apart", "chunk1", "chunk2", "chunk2x8", "columns", "chunkapart")  # --gdn's words (`recurrence_kernel`)
 # chunk words: a verify in chunk form at every lane count in one block shape of ignis.kernels.gdn_chunk's (state
 # columns a thread, row slices a block, blocks an SM bounded for)
 CHUNK_SHAPES = {"chunk1": (1, 4, 6), "chunk2": (2, 4, 4), "chunk2x8": (2, 8, 2)}
 # the recurrence's switches as ignis ships them, which --gdn auto restores
 _GDN_SHIPPED = (gdn.CUDA_COLUMNS, gdn.CUDA_NORMED, gdn.STEP, gdn.CHUNK_VERIFY, gdn_cuda.BLOCKS, gdn_cuda.KEEP_K,
-                gdn_cuda.STEP_BLOCKS, gdn_chunk.SHAPE, gdn_chunk.FEW)
+                gdn_cuda.STEP_BLOCKS, gdn_chunk.SHAPE, gdn_chunk.FEW, gdn.CHUNK_CONV_LANES)
 
 
 def recurrence_kernel(word: str) -> None:
@@ -51,15 +51,19 @@ def recurrence_kernel(word: str) -> None:
     shipped but for a decode's conv, joined to the recurrence's launch (ignis.kernels.gdn.STEP) or launched before it;
     stepN: joined, bounded for N blocks an SM; step-normed: a decode's conv, recurrence and gated norm in one launch
     (the whole head's kernel); chunk1, chunk2, chunk2x8: as shipped, a verify in chunk form (ignis.kernels.gdn_chunk)
-    in one of CHUNK_SHAPES at every lane count; columns: as shipped, a verify's columns one by one."""
+    in one of CHUNK_SHAPES at every lane count; columns: as shipped, a verify's columns one by one; chunkapart: as
+    shipped, a verify's conv in its own launch at every lane count (ignis.kernels.gdn.CHUNK_CONV_LANES 0)."""
     if word not in GDN_KERNELS:
         raise ValueError(f"--gdn takes {', '.join(GDN_KERNELS)}; got {word!r}")
     (gdn.CUDA_COLUMNS, gdn.CUDA_NORMED, gdn.STEP, gdn.CHUNK_VERIFY, gdn_cuda.BLOCKS, gdn_cuda.KEEP_K,
-     gdn_cuda.STEP_BLOCKS, gdn_chunk.SHAPE, gdn_chunk.FEW) = _GDN_SHIPPED
+     gdn_cuda.STEP_BLOCKS, gdn_chunk.SHAPE, gdn_chunk.FEW, gdn.CHUNK_CONV_LANES) = _GDN_SHIPPED
     if word == "auto":
         return
     if word == "columns":
         gdn.CHUNK_VERIFY = False
+        return
+    if word == "chunkapart":
+        gdn.CHUNK_CONV_LANES = 0
         return
     if word.startswith("chunk"):
         gdn.CHUNK_VERIFY = True
