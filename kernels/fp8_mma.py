@@ -20,7 +20,6 @@ the order of the sums comes from the weight's shape alone (int4_mma.choose).
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import replace
 from functools import lru_cache
 
@@ -47,19 +46,10 @@ def usable(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-_lock = threading.Lock()
-_functions: dict[tuple[torch.device, int, Shape, torch.dtype, bool, bool], object] = {}
-
-
 def _function(device: torch.device, nt: int, shape: Shape, dtype: torch.dtype, early: bool) -> object:
-    from ignis.kernels.nvrtc import Function, arch_of, compile_cubin
+    from ignis.kernels.nvrtc import load
 
-    key = (device, nt, shape, dtype, early, early and launches.EARLY_TRIGGER)
-    with _lock:
-        if key not in _functions:
-            cubin = compile_cubin(SOURCE, "fp8_mma", arch_of(device), defines(nt, shape, dtype, early))
-            _functions[key] = Function(cubin, "fp8_mma", device)
-        return _functions[key]
+    return load(SOURCE, "fp8_mma", defines(nt, shape, dtype, early), device)
 
 
 def defines(nt: int, shape: Shape, dtype: torch.dtype, early: bool = False) -> tuple[tuple[str, int], ...]:

@@ -18,7 +18,6 @@ from the weight's shape alone.
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -181,25 +180,16 @@ def launch(base: Shape, nt: int) -> Shape:
     return replace(base, u=u, f=f, ahead=ahead, rg=base.rg if nt == 8 else 1)
 
 
-_lock = threading.Lock()
-_functions: dict[tuple[torch.device, int, Shape, int, torch.dtype, torch.dtype, bool, bool, bool], object] = {}
-
-
 def _function(device: torch.device, nt: int, shape: Shape, gpc: int, dtype: torch.dtype,
               scale_dtype: torch.dtype, early: bool = False, swiglu: bool = False) -> object:
-    from ignis.kernels.nvrtc import Function, arch_of, compile_cubin
+    from ignis.kernels.nvrtc import load
 
-    trigger = early and launches.EARLY_TRIGGER
-    key = (device, nt, shape, gpc, dtype, scale_dtype, early, swiglu, trigger)
-    with _lock:
-        if key not in _functions:
-            defines = (("NT", nt // shape.rg), ("F", shape.f), ("U", shape.u), ("AHEAD", shape.ahead),
-                       ("KS", shape.ks), ("KW", shape.kw), ("RB", shape.rb), ("RG", shape.rg),
-                       ("GPC", gpc), ("F16", int(dtype == torch.float16)),
-                       ("SBF16", int(scale_dtype == torch.bfloat16)), ("SWIGLU", int(swiglu)), ("PDL", int(early)),
-                       ("TRIGGER", int(trigger)))
-            _functions[key] = Function(compile_cubin(SOURCE, "int4_mma", arch_of(device), defines), "int4_mma", device)
-        return _functions[key]
+    defines = (("NT", nt // shape.rg), ("F", shape.f), ("U", shape.u), ("AHEAD", shape.ahead),
+               ("KS", shape.ks), ("KW", shape.kw), ("RB", shape.rb), ("RG", shape.rg),
+               ("GPC", gpc), ("F16", int(dtype == torch.float16)),
+               ("SBF16", int(scale_dtype == torch.bfloat16)), ("SWIGLU", int(swiglu)), ("PDL", int(early)),
+               ("TRIGGER", int(early and launches.EARLY_TRIGGER)))
+    return load(SOURCE, "int4_mma", defines, device)
 
 
 def row_tiles(rows: int) -> int:

@@ -10,7 +10,6 @@ the input split (the split is int4_mma.choose's: it fixes the order of a row's s
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass
 
 import torch
@@ -64,22 +63,13 @@ def tile_for(rows: int, nout: int, sms: int, swiglu: bool) -> Tile | None:
     return Tile(f=1) if narrow and not swiglu else Tile(f=2)
 
 
-_lock = threading.Lock()
-_functions: dict[tuple[torch.device, int, Tile, int, int, int, torch.dtype, torch.dtype, bool, bool], object] = {}
-
-
 def _function(device: torch.device, nt: int, tile: Tile, ks: int, kw: int, gpc: int, dtype: torch.dtype,
               scale_dtype: torch.dtype, early: bool, swiglu: bool) -> object:
-    from ignis.kernels.nvrtc import Function, arch_of, compile_cubin
+    from ignis.kernels.nvrtc import load
 
-    key = (device, nt, tile, ks, kw, gpc, dtype, scale_dtype, early, swiglu)
-    with _lock:
-        if key not in _functions:
-            macros = {**dict(defines(nt, tile, ks, kw, gpc, swiglu)), "F16": int(dtype == torch.float16),
-                      "SBF16": int(scale_dtype == torch.bfloat16), "PDL": int(early)}
-            cubin = compile_cubin(SOURCE, "int4_tile", arch_of(device), tuple(macros.items()))
-            _functions[key] = Function(cubin, "int4_tile", device)
-        return _functions[key]
+    macros = {**dict(defines(nt, tile, ks, kw, gpc, swiglu)), "F16": int(dtype == torch.float16),
+              "SBF16": int(scale_dtype == torch.bfloat16), "PDL": int(early)}
+    return load(SOURCE, "int4_tile", tuple(macros.items()), device)
 
 
 def defines(nt: int, tile: Tile, ks: int, kw: int, gpc: int, swiglu: bool = False) -> tuple[tuple[str, int], ...]:
