@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ignis.model.random import _full_config
 from ignis.quant.format import QuantConfig
-from tools.bench_round import QWEN35_27B
+from tools.round_work import QWEN35_27B
 
 BUILTIN_DRAFTER = Path(__file__).resolve().parents[1] / "ignis" / "builtin" / "drafter" / "config.json"
 

@@ -13,7 +13,7 @@ from tiny import TINY
 from ignis.backends.dflash2.shortlist import ShortlistHead
 from ignis.backends.dflash2.weights import SHORTLIST
 from ignis.model.random import random_model
-from tools.bench_round import random_shortlist
+from tools.round_work import random_shortlist
 
 
 def test_a_random_shortlist_holds_the_heads_rows_of_distinct_sorted_ids(tmp_path: Path) -> None:
@@ -37,7 +37,7 @@ def test_a_random_shortlist_holds_the_heads_rows_of_distinct_sorted_ids(tmp_path
     ("dflash2-g4", "full", "int4-greedy"), ("dflash2-head4-g4", "int4", "int4-greedy")])
 def test_each_drafting_case_loads_the_drafter_its_name_says(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                             kind: str, head: str, weights: str) -> None:
-    import tools.bench_round as bench
+    import tools.round_work as bench
 
     seen: list[tuple[str, str, str]] = []
     monkeypatch.setattr(bench, "DFlash2", lambda ctx, drafter: seen.append(
@@ -210,7 +210,7 @@ def test_a_4bit_targets_floor_counts_its_codes_scales_and_zeros() -> None:
     """`--models 27b-int4`: the target packed as `ignis quantize --head` packs it; its floor reads the packed
     projections and head (codes, scales, zero points) and the 16-bit tensors left, not the 16-bit weights."""
     from ignis.quant.linear import QuantLinear
-    from tools.bench_round import floor_bytes, pack_int4
+    from tools.round_work import floor_bytes, pack_int4
 
     model = random_model(TINY, seed=3, mtp=False, device="cpu", dtype=torch.bfloat16)
     dense = floor_bytes(model, 0, 8)  # no lanes: the weights alone
@@ -226,7 +226,7 @@ def test_a_4bit_targets_floor_counts_its_codes_scales_and_zeros() -> None:
 def test_followed_rounds_queue_each_round_before_reading_the_last(monkeypatch: pytest.MonkeyPatch) -> None:
     """time_followed runs the rounds as engine.async_scheduling does: a run of FOLLOWED rounds loads the lanes once,
     queues each later round from the last one before waiting for and reading the last, and reads the final one."""
-    from tools import bench_round
+    from tools import round_timing
 
     calls: list[str] = []
 
@@ -245,7 +245,7 @@ def test_followed_rounds_queue_each_round_before_reading_the_last(monkeypatch: p
         def collect(self, launched):  # type: ignore[no-untyped-def]
             calls.append(f"read {launched}")
 
-    monkeypatch.setattr(bench_round, "FOLLOWED", 3)
-    assert bench_round.time_followed(Rounds(), [], iters=1) >= 0.0  # type: ignore[arg-type]
+    monkeypatch.setattr(round_timing, "FOLLOWED", 3)
+    assert round_timing.time_followed(Rounds(), [], iters=1) >= 0.0  # type: ignore[arg-type]
     run = ["start", "follow 0", "wait 0", "read 0", "follow 1", "wait 1", "read 1", "wait 2", "read 2"]
     assert calls == run * 3  # two warm-up runs and the timed one

@@ -4,7 +4,7 @@ torch path it replaces on CUDA: `ContextCache.gather` + `block_mask` + `DrafterM
 
 Without a GPU the kernels run in Triton's interpreter on CPU tensors in fp32, with the backend's `ring` switch turned
 on by hand: the rows and rings must be the torch path's up to the order of a norm's sum of squares. The GPU run (bf16,
-the 27B drafter's shape) is in tests/test_kernels_gpu.py; graph rounds and greedy equality in tests/test_engine_gpu.py.
+the 27B drafter's shape) is in tests/test_dflash2_ring_gpu.py; graph rounds and greedy equality in tests/test_engine_gpu.py.
 """
 
 from __future__ import annotations

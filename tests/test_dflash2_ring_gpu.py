@@ -15,7 +15,7 @@ from ignis.backends.dflash2.context import ContextCache
 from ignis.backends.dflash2.weights import random_drafter, spread_layer_ids
 from ignis.model.config import ModelConfig
 from tiny import tiny_config
-from tools.bench_round import QWEN35_27B
+from tools.round_work import QWEN35_27B
 
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)

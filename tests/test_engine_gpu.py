@@ -66,7 +66,7 @@ def test_a_later_prefill_chunk_attends_bottom_right_without_a_mask_in_memory() -
     from ignis.model.attention import GatedAttention
     from ignis.model.config import ModelConfig
     from ignis.model.random import _full_config
-    from tools.bench_round import QWEN35_27B
+    from tools.round_work import QWEN35_27B
 
     with torch.device("meta"):  # only its head counts and scale are used
         layer = GatedAttention(ModelConfig.from_dict(_full_config(QWEN35_27B, mtp=False)))

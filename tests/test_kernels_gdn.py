@@ -4,7 +4,7 @@ model's own recurrence.
 The kernel source runs in numba's CUDA simulator in a child interpreter (NUMBA_ENABLE_CUDASIM must be set before
 numba.cuda is imported, and the rest of the suite keeps the real numba.cuda), on shapes with two blocks per head,
 value heads sharing key heads, and lanes that are not in order; the GPU run of the same comparison is in
-tests/test_kernels_gpu.py.
+tests/test_gdn_gpu.py.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from ignis.model.loader import load_model
 from ignis.plan import GIB, memory_plan
 from ignis.quant.convert import convert
 from ignis.quant.linear import uses_mma
-from tools.bench_round import QWEN35_27B
+from tools.round_work import QWEN35_27B
 
 KV_PER_POSITION = 16 * 2 * 4 * 256 * 2  # attention layers x (K, V) x KV heads x head_dim x bf16 bytes = 64 KiB
 

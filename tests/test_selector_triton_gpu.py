@@ -99,7 +99,7 @@ def test_the_walk_making_its_edges_picks_what_the_loop_picks_at_the_27b_shape(mo
     from ignis.backends.dflash2.config import DrafterConfig, drafter_config_json
     from ignis.backends.dflash2.model import Selector
     from test_dflash2_ring_gpu import ARCH
-    from tools.bench_round import QWEN35_27B
+    from tools.round_work import QWEN35_27B
 
     from ignis.model.config import ModelConfig
 

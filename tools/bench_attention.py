@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("bench_attention needs a CUDA device", file=sys.stderr)
         return 1
-    from tools.bench_round import copy_bandwidth
+    from tools.round_timing import copy_bandwidth
 
     bw = copy_bandwidth(torch.device("cuda"))
     meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "copy_TBps": bw / 1e12,

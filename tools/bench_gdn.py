@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from ignis.kernels import gdn, replay_cuda
-from tools.bench_round import QWEN35_27B, copy_bandwidth
+from tools.round_timing import copy_bandwidth
+from tools.round_work import QWEN35_27B
 from tools.quant_products import graph_ms
 from tools.variants import recurrence_kernel
 

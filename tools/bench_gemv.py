@@ -34,7 +34,7 @@ from ignis.kernels.gemv_triton import Config, dense_gemv, fits, fp8_gemv, plan
 from ignis.model.ops import blas_library
 from ignis.quant.fp8 import quantize_fp8
 from tools.quant_products import C, SHAPES, graph_ms, weight_copies
-from tools.bench_round import copy_bandwidth
+from tools.round_timing import copy_bandwidth
 
 # the 27B's products, its output head, and a quantized Gated DeltaNet's gates b | a (dense beside 4-bit projections)
 PRODUCTS = [*SHAPES, ("output head", C["vocab_size"], C["hidden_size"]),

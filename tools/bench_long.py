@@ -2,13 +2,13 @@
 their floor, a second turn's time to first token with a retained slot against a full prefill, and the decode round
 time of other lanes while one lane prefills a long prompt.
 
-Model: the built-in one, a checkpoint directory, or `27b`: the Qwen3.5-27B shape (tools.bench_round.QWEN35_27B, with
+Model: the built-in one, a checkpoint directory, or `27b`: the Qwen3.5-27B shape (tools.round_work.QWEN35_27B, with
 its MTP layer) with seeded random bf16 weights made on the GPU (`model.load_format = "dummy"`: no checkpoint on disk).
 
 Long prompts (`--long N`, repeatable): one lane whose context holds N prompt tokens and `--rounds` decode rounds; the
 prompt's time to first token gives prefill tokens/s, then each decode round is timed (median) against its floor: the
 weights, the recurrent state and the K/V of N positions over the copy bandwidth measured in the same run
-(tools.bench_round.floor_bytes).
+(tools.round_work.floor_bytes).
 
 Turns: a conversation of `--context` tokens (random ids) gets a `--reply`-token answer; its second turn adds `--turn`
 tokens. The second turn's time to first token is taken three ways: resumed from the state left on its lane, resumed
@@ -43,7 +43,8 @@ from ignis.engine.core import Engine
 from ignis.ipc.messages import EngineRequest
 from ignis.model.random import _full_config
 from ignis.params import SamplingParams
-from tools.bench_round import QWEN35_27B, copy_bandwidth, floor_bytes
+from tools.round_timing import copy_bandwidth
+from tools.round_work import QWEN35_27B, floor_bytes
 
 SECTIONS = ("long", "turns", "beside")
 

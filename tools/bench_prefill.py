@@ -33,7 +33,8 @@ from ignis.model.cache import LaneCache
 from ignis.model.loader import load_model
 from ignis.model.random import random_model
 from ignis.params import SamplingParams
-from tools.bench_round import QWEN35_27B, build_backend, gpu_profile, median_wall_s
+from tools.round_timing import gpu_profile, median_wall_s
+from tools.round_work import QWEN35_27B, build_backend
 
 LENGTHS = [16, 100, 500, 2000]
 

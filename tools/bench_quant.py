@@ -1,7 +1,7 @@
 """Quantized weights on one GPU, in one run: the 4-bit GEMV against its floor and against bf16 and fp8 products, a
 Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in model's quality with each.
 
-1. Copy bandwidth (tools.bench_round.copy_bandwidth): the floors below are bytes over it.
+1. Copy bandwidth (tools.round_timing.copy_bandwidth): the floors below are bytes over it.
 2. Products at the 27B shapes for 1, 8, 16 and 64 rows, each a CUDA graph of calls cycling over enough copies of the
    weight that none is still in L2: the int4 kernels, numba on CUDA cores ("int4", ignis.kernels.int4_gemv), Triton
    on tensor cores ("int4 triton", ignis.kernels.int4_triton, its table's choice) and CUDA C++ with the weight as the
@@ -60,8 +60,8 @@ from ignis.quant import fp8
 from ignis.quant.fp8 import Fp8Linear, to_fp8
 from ignis.quant import linear as quant_linear
 from ignis.quant.linear import QuantLinear, set_kernel, to_mma, uses_mma
-from tools.bench_round import (POSITION, build_backend, copy_bandwidth, decodes, floor_bytes, gpu_profile,
-                               time_followed, time_replays, time_rounds)
+from tools.round_timing import copy_bandwidth, gpu_profile, time_followed, time_replays, time_rounds
+from tools.round_work import POSITION, build_backend, decodes, floor_bytes
 from tools.variants import PDL_SWITCH, TRIGGERS
 from tools.quant_rounds import LANES, tile_rounds
 from tools.quant_tile import sweep_tile

@@ -186,7 +186,7 @@ def time_form(form: Form, pdl: bool, nbytes: int, sms: int, device: torch.device
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tools.bench_round import copy_bandwidth
+    from tools.round_timing import copy_bandwidth
 
     ap = argparse.ArgumentParser(prog="python -m tools.bench_read", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, help="write the results as JSON")

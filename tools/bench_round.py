@@ -39,358 +39,36 @@ every combination on each model, built once.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
-import dataclasses
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import torch
 
 from ignis.artifact import BUILTIN
 from ignis.backends import base as backends_base
-from ignis.backends.base import BackendContext, Choice, Committed, Proposal, SpecBackend
+from ignis.backends.base import SpecBackend
 from ignis.backends.dflash2 import ring, selector
 from ignis.backends.dflash2.backend import DFlash2
-from ignis.backends.dflash2.config import DrafterConfig, drafter_config_json
-from ignis.backends.dflash2.weights import SHORTLIST, random_drafter, spread_layer_ids
-from ignis.backends.mtp import Mtp
-from ignis.config import load_config
 from ignis.engine.device_round import DeviceRound, Sampling
-from ignis.engine.request import Request
-from ignis.engine.sampling import make_generator
 from ignis.engine.scheduler import Decode
+from ignis.kernels import attention, fused, gdn, int4_tile, launch
+from ignis.model import ops
 from ignis.model.cache import LaneCache
 from ignis.model.loader import load_model
-from ignis.model import ops
 from ignis.model.model import HybridModel
-from ignis.kernels import attention, fused, gdn, int4_tile, launch
-from tools.gpu_clocks import Clocks
-from tools.variants import PDL_SWITCH, apply_variant, combinations
 from ignis.model.random import random_model
 from ignis.quant import fp8
-from ignis.quant.linear import QuantLinear, to_mma, uses_mma
-from ignis.train.shortlist import build as build_shortlist
-from ignis.params import SamplingParams
-
-# Qwen3.5-27B text model (research/qwen35.md): 64 layers, 48 Gated DeltaNet + 16 gated attention.
-QWEN35_27B: dict[str, Any] = {
-    "vocab_size": 248320, "hidden_size": 5120, "intermediate_size": 17408, "num_hidden_layers": 64,
-    "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256, "linear_num_key_heads": 16,
-    "linear_num_value_heads": 48, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
-    "linear_conv_kernel_dim": 4, "max_position_embeddings": 262144, "tie_word_embeddings": False,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
-    "rms_norm_eps": 1e-6, "eos_token_id": [248044],
-}
-POSITION = 512  # every lane's anchor position while timing (a 512-token context)
-
-
-class FreeDrafts:
-    """A graph-safe backend whose drafts cost nothing (the anchor repeated): the target's own verify round."""
-
-    name = "verify"
-    tap_layers: tuple[int, ...] = ()
-    graph_safe = True
-
-    def __init__(self, k: int) -> None:
-        self.draft_tokens = k
-
-    def nbytes(self) -> int:
-        return 0
-
-    def reset(self, lane: int) -> None:
-        pass
-
-    def observe(self, obs: list[Any]) -> None:
-        pass
-
-    def propose(self, inp: Any) -> Proposal:
-        raise NotImplementedError
-
-    def propose_lanes(self, lanes: torch.Tensor, anchors: torch.Tensor, positions: torch.Tensor, k: int,
-                      choice: Choice, span: int) -> Proposal:
-        return Proposal(anchors[:, None].expand(-1, k), None)
-
-    def observe_lanes(self, rows: Committed, span: int) -> None:
-        pass
-
-
-@dataclass
-class Case:
-    name: str
-    backend: str  # off | verify | mtp | dflash2
-    k: int
-    lanes: int = 1
-
-
-# every kind of round, once: each runs at every lane count --lanes asks for
-CASES = [Case("decode", "off", 0), Case("verify", "verify", 7), Case("mtp", "mtp", 7), Case("dflash2", "dflash2", 7),
-         Case("dflash2-sl", "dflash2-shortlist", 7), Case("dflash2-sl-fp8", "dflash2-shortlist-fp8", 7),
-         Case("dflash2-sl-int4", "dflash2-shortlist-int4", 7), Case("dflash2-h4", "dflash2-head4", 7),
-         Case("dflash2-h4-int4", "dflash2-head4-int4", 7), Case("dflash2-h4-fp8", "dflash2-head4-fp8", 7),
-         Case("dflash2-auto", "dflash2-auto", 7), Case("dflash2-g4", "dflash2-g4", 7),
-         Case("dflash2-h4-g4", "dflash2-head4-g4", 7)]
-# a drafting case's suffix -> its spec.draft_weights
-WEIGHT_SUFFIXES = {"-fp8": "fp8", "-int4": "int4", "-g4": "int4-greedy"}
-# the random 27B drafter's shortlist head (spec.draft_head = "shortlist"): as many tokens as docs/drafter-training.md's
-# 27B command keeps (--shortlist 32768); the built-in drafter has its own (4,096)
-SHORTLIST_TOKENS = 32768
-
-
-def copy_bandwidth(device: torch.device) -> float:
-    """Bytes per second of a 2 GiB device-to-device copy (bytes read plus bytes written), median of 20."""
-    x = torch.randn(2**29, device=device)  # 2 GiB fp32
-    y = torch.empty_like(x)
-    return 2 * x.nbytes / _median_s(lambda: y.copy_(x))
-
-
-def read_bandwidth(device: torch.device) -> float:
-    """Bytes per second of reading a 2 GiB bf16 weight once as a one-row product does (cuBLAS, [16384, 65536] @ [65536,
-    1]), median of 20. A round reads its weights this way, and machines whose copies run alike have been seen to
-    differ here: beside the copy bandwidth that the floors use, it tells the machine's share of a ratio apart."""
-    w = torch.randn(2**14, 2**16, device=device, dtype=torch.bfloat16)
-    v = torch.randn(2**16, 1, device=device, dtype=torch.bfloat16)
-    return w.nbytes / _median_s(lambda: torch.mm(w, v))
-
-
-def _median_s(call: Callable[[], object]) -> float:
-    """Seconds of one call by CUDA events, the median of 20 after 5 warm-up calls."""
-    times = []
-    for i in range(25):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        call()
-        b.record()
-        b.synchronize()
-        if i >= 5:
-            times.append(a.elapsed_time(b) / 1000)
-    return statistics.median(times)
-
-
-def pack_int4(model: HybridModel) -> None:
-    """The model as `ignis quantize --head` and the loader would hold it: every projection and the output head in
-    4 bits over groups of 128, in the mma kernel's order where it runs, fused again."""
-    from tools.bench_quant import fuse_and_own, to_int4
-
-    to_int4(model, 128, head=True)
-    if uses_mma(model.embed_tokens.weight.device, model.embed_tokens.weight.dtype):
-        to_mma(model, model.embed_tokens.weight.dtype)
-    fuse_and_own(model)
-
-
-def floor_bytes(model: HybridModel, lanes: int, cols: int, position: int = POSITION) -> int:
-    """Bytes a round must move: the target's weights once (the embedding only where it is the output head too),
-    and per lane the recurrent state read and written plus the keys and values of its context (`position` slots and
-    the round's columns) read."""
-    c = model.config
-    skip = {"embed_tokens.weight"} if model.lm_head is not None else set()
-    weights = sum(p.nbytes for n, p in model.named_parameters() if not n.startswith("mtp.") and n not in skip)
-    weights += sum(t.nbytes for n, m in model.named_modules() if isinstance(m, QuantLinear) and not n.startswith("mtp.")
-                   for t in m.buffers(recurse=False))  # a 4-bit target's codes, scales and zero points
-    elt = model.embed_tokens.weight.element_size()
-    gdn = sum(1 for t in c.layer_types if t == "linear_attention")
-    attn = len(c.layer_types) - gdn
-    state = gdn * (2 * 4 * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim)
-    kv = attn * 2 * c.num_key_value_heads * c.head_dim * elt * (position + cols)
-    return weights + lanes * (state + kv)
-
-
-def build_backend(kind: str, k: int, model: HybridModel, path: Path, lanes: int, context: int,
-                  device: torch.device, dtype: torch.dtype) -> SpecBackend:
-    if kind in ("off", "verify"):
-        return FreeDrafts(k)
-    head, weights = "full", "model"
-    if kind == "dflash2-auto":  # what the engine's defaults resolve to for this model and device
-        kind, head, weights = "dflash2", "auto", "auto"
-    elif kind.startswith("dflash2-"):
-        weights = next((w for s, w in WEIGHT_SUFFIXES.items() if kind.endswith(s)), "model")
-        if kind.startswith(("dflash2-shortlist", "dflash2-head4")):
-            head = "shortlist" if kind.startswith("dflash2-shortlist") else "int4"
-        kind = "dflash2"
-    overrides = {"model.path": str(path), "spec.backend": kind, "spec.draft_tokens": k, "spec.draft_head": head,
-                 "spec.draft_weights": weights, "log.level": "warning"}
-    ctx = BackendContext(model, load_config(overrides=overrides), path, lanes, context, device, dtype)
-    if kind == "mtp":
-        return Mtp(ctx)
-    drafter = None
-    if not (path / "drafter" / "config.json").is_file():
-        if head == "shortlist":
-            random_shortlist(model, path / "drafter", SHORTLIST_TOKENS)
-        cfg = DrafterConfig.from_dict(drafter_config_json(
-            model.config, num_layers=5, num_heads=32, num_kv_heads=8, head_dim=128, block_size=8,
-            mask_token_id=model.config.vocab_size - 1, target_layer_ids=spread_layer_ids(model.config.num_hidden_layers, 5),
-            selector_rank=256, selector_top_k=16), model.config)
-        drafter = random_drafter(cfg, seed=1, device=device, dtype=dtype)
-    return DFlash2(ctx, drafter)
-
-
-def random_shortlist(model: HybridModel, drafter_dir: Path, tokens: int) -> None:
-    """A shortlist head for a drafter that has none on disk: the target's output rows of `tokens` random ids
-    (ignis.backends.dflash2.shortlist's format), so a round can be timed with spec.draft_head = "shortlist"."""
-    if (drafter_dir / SHORTLIST).is_file():
-        return
-    head = model.lm_head.weight if model.lm_head is not None else model.embed_tokens.weight
-    counts = torch.zeros(head.shape[0])  # one count each for `tokens` random ids: the shortlist keeps them in id order
-    counts[torch.randperm(head.shape[0], generator=torch.Generator().manual_seed(0))[:tokens]] = 1.0
-    build_shortlist(head, drafter_dir / SHORTLIST, counts, tokens)
-
-
-# the sampled rounds' requests (--sampled): the acceptance tool's sampled suite's parameters
-SAMPLED = SamplingParams(max_tokens=4096, temperature=1.0, top_p=0.95, top_k=20)
-
-
-def decodes(lanes: int, k: int, position: int = POSITION, sampled: bool = False,
-            top_k: int = SAMPLED.top_k) -> list[Decode]:
-    """`lanes` requests at `position`, each drafting `k`: greedy, or sampled as `SAMPLED` with its top-k `top_k` (the
-    target's draws, rejection sampling and drafts drawn from the drafter's distribution)."""
-    out = []
-    params = msgspec.structs.replace(SAMPLED, top_k=top_k) if sampled else SamplingParams(max_tokens=4096,
-                                                                                          temperature=0.0)
-    for lane in range(lanes):
-        r = Request(id=str(lane), prompt=[1] * position, params=params,
-                    stop_ids=frozenset(), generator=make_generator(lane), seed=lane)
-        r.tokens.append(2)
-        r.lane, r.computed = lane, position
-        out.append(Decode(r, k))
-    return out
-
-
-def time_rounds(dr: DeviceRound, work: list[Decode], iters: int, rounds: int = 1) -> float:
-    """Seconds a round, median of `iters` runs of `rounds` chained rounds each (engine.rounds_per_sync), each run
-    ending with its one read-back."""
-    # each run ends with the rounds' one read-back: the host has the tokens
-    return median_wall_s(lambda: dr.run(work, rounds), iters, warmup=3) / rounds
-
-
-def median_wall_s(call: Callable[[], object], iters: int, warmup: int = 2) -> float:
-    """Host seconds of one call that ends with its own read-back, the median of `iters` after `warmup` calls."""
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-FOLLOWED = 8  # rounds of a followed run: the lanes' inputs are loaded again after it, so positions stay in the span
-
-
-def time_followed(dr: DeviceRound, work: list[Decode], iters: int) -> float:
-    """Seconds a round as the engine runs them with engine.async_scheduling: runs of FOLLOWED rounds, the first from
-    the host's inputs (`DeviceRound.start`), each later one queued from the last one's outputs on the device
-    (`DeviceRound.follow`) before the host waits for and reads the last one; median over `iters` runs of a run's time
-    over its rounds. The host's wait and read-back overlap the next round; one load a run does not."""
-    def one() -> None:
-        launched = dr.start(work)
-        for _ in range(FOLLOWED - 1):
-            following = dr.follow(launched)
-            dr.wait(launched)
-            dr.collect(launched)
-            launched = following
-        dr.wait(launched)
-        dr.collect(launched)
-
-    return median_wall_s(one, iters) / FOLLOWED
-
-
-def eager_round(dr: DeviceRound, work: list[Decode]) -> None:
-    """One round run eagerly, even where a graph is captured for its shape: the launches a round issues."""
-    graphs, dr.graphs = dr.graphs, {}
-    try:
-        dr.run(work)
-    finally:
-        dr.graphs = graphs
-
-
-def time_replays(graph: torch.cuda.CUDAGraph, iters: int) -> float:
-    """Seconds a replay of `graph` takes back to back on the device (CUDA events around `iters` replays): the round's
-    device time with its kernels' gaps, without the host's input writes and read-back that `time_rounds` includes."""
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / iters
-
-
-SLEEP_CYCLES = 8_000_000  # a sleep kernel of about 4 ms at the H200's clock: a graph launched behind it is queued
-
-
-def host_split(dr: DeviceRound, work: list[Decode], bucket: int, span: int, iters: int,
-               sampling: int) -> dict[str, float]:
-    """Where a round's time past its back-to-back replay goes, ms medians of `iters` rounds each after 2 ms of an idle
-    device: `DeviceRound.run`'s steps (the inputs' write and upload, the graph's launch call, the read-back queued, the
-    wait, the read); one replay timed by CUDA events from an idle device; and one launched behind a sleep kernel, so
-    that the launch is done before the device reaches it. The first against the last is what launching onto an idle
-    device costs; the replay call against the wait, how much of the launch the device waits for. The round's graph for
-    (bucket, span, sampling) is captured."""
-    from ignis.engine.device_round import Launched, synchronize
-
-    buf, graph = dr.buffers[bucket], dr.graphs[(bucket, span, sampling)]
-    steps: dict[str, list[float]] = {n: [] for n in ("load", "replay_call", "send", "wait", "collect")}
-    idle: list[float] = []
-    queued: list[float] = []
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(iters):
-        torch.cuda.synchronize(dr.device)
-        time.sleep(0.002)
-        t = [time.perf_counter()]
-        buf.load(work, dr.sample_drafts)
-        t.append(time.perf_counter())
-        graph.replay()
-        t.append(time.perf_counter())
-        buf.send(0)
-        t.append(time.perf_counter())
-        synchronize(dr.device)
-        t.append(time.perf_counter())
-        dr.collect(Launched(work, buf, 1))
-        t.append(time.perf_counter())
-        for name, a, b in zip(steps, t, t[1:]):
-            steps[name].append(1e3 * (b - a))
-        for behind, out in ((False, idle), (True, queued)):
-            torch.cuda.synchronize(dr.device)
-            time.sleep(0.002)
-            if behind:
-                torch.cuda._sleep(SLEEP_CYCLES)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            out.append(start.elapsed_time(end))
-    split = {f"{name}_ms": statistics.median(v) for name, v in steps.items()}
-    return {**split, "replay_idle_ms": statistics.median(idle), "replay_queued_ms": statistics.median(queued)}
-
-
-def gpu_profile(fn: Callable[[], object], top: int = 25) -> tuple[float, int, list[dict[str, Any]]]:
-    """(GPU time in s, kernels and copies, the `top` costliest kernel names with their count and total µs) of one
-    call of fn after a warm one, from torch.profiler."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as prof
-
-    fn()
-    torch.cuda.synchronize()
-    with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
-        fn()
-        torch.cuda.synchronize()
-    events = [e for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    by_name: dict[str, list[float]] = {}
-    for e in events:
-        by_name.setdefault(e.name[:90], []).append(e.device_time_total)
-    ranked = sorted(by_name.items(), key=lambda item: -sum(item[1]))[:top]
-    costliest: list[dict[str, Any]] = [{"kernel": n, "count": len(t), "us": round(sum(t), 1)} for n, t in ranked]
-    return sum(e.device_time_total for e in events) / 1e6, len(events), costliest
+from tools.gpu_clocks import Clocks
+from tools.round_timing import (copy_bandwidth, eager_round, gpu_profile, host_split, read_bandwidth, time_followed,
+                                time_replays, time_rounds)
+from tools.round_work import (CASES, POSITION, QWEN35_27B, SAMPLED, Case, build_backend, decodes, floor_bytes,
+                              pack_int4)
+from tools.variants import PDL_SWITCH, apply_variant, combinations
 
 
 def bench_model(label: str, model: HybridModel, path: Path, bw: float, args: argparse.Namespace,

@@ -28,7 +28,7 @@ from ignis.kernels.gemv_triton import fp8_gemv
 from ignis.kernels.launch import SPLIT_COUNTERS
 from ignis.quant.format import dequantize, quantize
 from ignis.quant.fp8 import Fp8Weight, fp8_linear, quantize_fp8
-from tools.bench_round import QWEN35_27B
+from tools.round_work import QWEN35_27B
 
 C = QWEN35_27B
 GDN_Z = C["linear_num_value_heads"] * C["linear_value_head_dim"]
