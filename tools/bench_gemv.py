@@ -180,8 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     bw = copy_bandwidth(torch.device("cuda"))
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}", flush=True)
     rows = sweep(bw, args.reps, names, [int(r) for r in args.rows.split(",")])
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_tb_s": bw / 1e12,
-              "rows": rows, "summary": summary(rows), "total_s": time.perf_counter() - t0}
+    result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                              "copy_tb_s": bw / 1e12, "rows": rows, "summary": summary(rows),
+                              "total_s": time.perf_counter() - t0}
     Path(args.out).write_text(json.dumps(result, indent=1))
     print("\n".join(result["summary"]))
     print(f"done in {result['total_s']:.0f} s -> {args.out}")

@@ -60,7 +60,7 @@ def turn(engine: Engine, rid: str, ids: list[int], max_tokens: int) -> tuple[flo
     _sync()
     t0 = time.perf_counter()
     engine.add(EngineRequest(id=rid, prompt_token_ids=ids, params=params))
-    first, tokens = 0.0, []
+    first, tokens = 0.0, list[int]()
     while True:
         for d in engine.step():
             if not tokens:

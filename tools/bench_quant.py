@@ -341,9 +341,9 @@ def summary(result: dict[str, Any]) -> list[str]:
     for p in result.get("sweep_hot", []):
         if "ms" in p:
             hot.setdefault((p["shape"], p["rows"]), {})[p["form"]] = p["x_floor"]
-    for (shape, r), at in hot.items():
+    for (shape, r), forms in hot.items():
         lines.append(f"mma from DRAM and from L2, {shape}, {r:2d} rows: "
-                     + ", ".join(f"{k} x{v:.2f}" for k, v in at.items()))
+                     + ", ".join(f"{k} x{v:.2f}" for k, v in forms.items()))
     pol = result.get("policies")
     if pol:
         b, table = pol["best"], pol["sums"][0]

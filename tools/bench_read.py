@@ -181,7 +181,7 @@ def time_form(form: Form, pdl: bool, nbytes: int, sms: int, device: torch.device
 
     from tools.quant_products import graph_ms
 
-    ms = graph_ms([lambda b=b: call(b) for b in bufs], reps)
+    ms = graph_ms([functools.partial(call, b) for b in bufs], reps)
     return ms * 1000 * nbytes / size  # µs for nbytes at the rate measured
 
 

@@ -350,10 +350,11 @@ def policies(bw: float, reps: int) -> dict[str, Any]:
 
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    weights = {}
+    weights: dict[str, tuple[int, list[tuple[torch.Tensor, ...]], int, int]] = {}
     for name, nout, ncols in SHAPES:
         weights[name] = (*_int4_copies(nout, ncols, dev), nout, ncols)
-    rows_out, sums = [], []
+    rows_out: list[dict[str, Any]] = []
+    sums: list[dict[str, Any]] = []
     for pol in POLICIES:
         bn, warps, stages, pps = pol
         it.tune({16: (bn, warps, stages), 32: (bn, warps, stages)}, pps)
@@ -392,7 +393,8 @@ def layouts(bw: float, reps: int) -> list[dict[str, Any]]:
     for name, nout, ncols in SHAPES:
         bk = choose(1, nout, ncols, GROUP, sms).block_k
         n4, row_major = _int4_copies(nout, ncols, dev)
-        forms = {"row-major": row_major, "k-blocked": [(k_blocked(qw, bk), s, z) for qw, s, z in row_major]}
+        forms: dict[str, list[tuple[torch.Tensor, ...]]] = {
+            "row-major": row_major, "k-blocked": [(k_blocked(qw, bk), s, z) for qw, s, z in row_major]}
         for r in (1, 8):
             x = torch.randn(r, ncols, device=dev).bfloat16()
             floor = (n4 + 2 * r * (ncols + nout)) / bw * 1e3
