@@ -15,7 +15,6 @@ from ignis.kernels.launch import gdn_pdl, nvrtc_installed
 from ignis.kernels.nvrtc import load
 
 
-
 def threads(dk: int) -> int:
     """A block's threads: one a channel of a key head, a power of two of at least a warp."""
     return max(32, 1 << (dk - 1).bit_length())

@@ -1,5 +1,5 @@
 """A verify's Gated DeltaNet recurrence in chunk form, as a CUDA C++ kernel (NVRTC): `columns`, `fits`, `defines`,
-and `chunk_reference`, the same algebra in torch.
+`step` and `fits_step` (the verify's short conv in the same launch), and `chunk_reference`, the same algebra in torch.
 
 Owns: the launch of ignis.kernels.gdn_chunk_kernel's `gdn_chunk` on torch's current stream (capturable), its block
 shape, its argument checks and which calls it takes. Does not own: the source and its algebra (gdn_chunk_kernel), the
@@ -26,7 +26,6 @@ TVC = 32  # a warp's state columns of a row, at most (fewer for narrower heads)
 SHAPE = (2, 4, 4)
 FEW = (2, 8, 2)
 FEW_LANES = 2
-
 
 
 def _tvc(dv: int) -> int:

@@ -20,7 +20,6 @@ from ignis.kernels.replay_cuda_kernel import SOURCE
 ROWS = 64
 
 
-
 def _rows(dk: int) -> int:
     return min(ROWS, dk)
 
