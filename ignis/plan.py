@@ -203,21 +203,21 @@ def _plan(cfg: IgnisConfig, model_dir: Path, *, fitted: bool) -> MemoryPlan:
     if cuda:
         items.append(Item("cuda graphs, scratch", scratch, how))
         items.append(Item("runtime", RUNTIME, "estimate: CUDA context, cuBLAS workspace, allocator slack"))
-    kv, room, lane = _pool(cfg, config, dtype, capacity, weights, sum(i.nbytes for i in items[1:]))
+    kv, room, lane = _pool(cfg, config, dtype, capacity, weights, sum(i.nbytes for i in items[1:]), model_dir)
     if fitted:
         kv = dataclasses.replace(kv, how=kv.how + f" (engine.context = 0: {fit})")
     return MemoryPlan(model_dir, fmt, device, capacity, (items[0], kv, *items[1:]), room, lane)
 
 
 def _pool(cfg: IgnisConfig, config: ModelConfig, dtype: torch.dtype, capacity: int, weights: int, others: int,
-          ) -> tuple[Item, int, int]:
+          model_dir: Path) -> tuple[Item, int, int]:
     """(the K/V pool's item, positions it may take, positions one lane's whole context takes), as the engine
     settles the pool (ignis.engine.defaults.fit_pool) with `weights` loaded and `others` bytes of other items."""
     from ignis.config import MAX_DRAFT_TOKENS
     from ignis.engine.defaults import GPU_MEMORY_FRACTION, pooled_layers
 
     ec, k = cfg.engine, cfg.spec.draft_tokens
-    layers = sum(1 for t in config.layer_types if t == "full_attention") + pooled_layers(cfg.spec.backend)
+    layers = sum(1 for t in config.layer_types if t == "full_attention") + pooled_layers(cfg, model_dir)
 
     def pool(pages: int) -> KVPool:
         made = KVPool(config, lanes=ec.lanes, positions=ec.context + MAX_DRAFT_TOKENS + 1, pages=pages,

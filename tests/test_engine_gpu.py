@@ -209,6 +209,30 @@ def test_graph_rounds_give_the_eager_rounds_tokens(backend: str, k: int, lanes: 
     assert graph == eager
 
 
+@pytest.mark.parametrize("lanes", [1, 8])
+def test_graph_rounds_with_the_mtp_layer_drafting_slot_one_give_the_eager_rounds_tokens(
+        lanes: int, tmp_path: Path) -> None:
+    """A dflash2 drafter with first_draft "mtp" (random weights beside the built-in target): the MTP layer's first
+    draft and its keys, then the drafter's block, captured in the round's graph, give the eager rounds' tokens."""
+    from ignis.backends.dflash2.weights import save_random_drafter
+    from ignis.model.config import ModelConfig
+
+    model = tmp_path / "model"
+    model.mkdir()
+    for f in BUILTIN.iterdir():
+        if f.name != "drafter":
+            (model / f.name).symlink_to(f)
+    save_random_drafter(model / "drafter", ModelConfig.from_dir(BUILTIN), seed=3, num_layers=2, taps=3,
+                        first_draft="mtp", dtype=torch.bfloat16)
+
+    def check(engine: Engine, graphs: bool) -> None:
+        assert engine.runner.device_round is not None and bool(engine.runner.device_round.graphs) == graphs
+        assert getattr(engine.backend, "first", None) is not None
+
+    graph, eager = _graph_and_eager_tokens(model, "dflash2", 7, lanes, check)
+    assert graph == eager
+
+
 def _graph_and_eager_tokens(path: Path, backend: str, k: int, lanes: int,
                             check: Callable[[Engine, bool], None]) -> list[dict[str, list[int]]]:
     """Greedy tokens of 8 held-out prompts from an engine over `path` with CUDA graphs, then from one without; `check`

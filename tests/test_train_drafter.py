@@ -282,3 +282,31 @@ def test_init_starts_from_a_drafters_weights_and_shape(target: Path, data: Path,
 
     other = save_random_drafter(tmp_path / "other", ModelConfig.from_dict(tiny_config(**{**SHAPE, "hidden_size": 64}, model_type="qwen3_5_text")))
     assert main([*args[:7], str(other), *args[8:], "--restart"]) == 2  # built for another target: refused
+
+
+def test_a_drafter_trained_with_slot_one_given_serves_behind_the_mtp_layer(data: Path, tmp_path: Path,
+                                                                           single_thread: None) -> None:
+    """--first-draft mtp: the block trains with slot 1's true token in place of its mask, the config says so, and
+    the drafter serves with the target's MTP layer drafting slot 1, greedy output equal to off."""
+    target = tmp_path / "target"
+    tiny_checkpoint(target, seed=5, mtp=True, **SHAPE)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(BUILTIN / name, target / name)
+    out = tmp_path / "drafter"
+    rc = main(["train-drafter", str(target), "--data", str(data), "--out", str(out), "--steps", "3",
+               "--held-out", "2", "--first-draft", "mtp", *SMALL])
+    assert rc == 0
+    assert json.loads((out / "config.json").read_text())["dflash_config"]["first_draft"] == "mtp"
+    assert json.loads((out / "train_summary.json").read_text())["greedy_equal_to_off"] == "2/2"
+    prompts = [[1, 882, 198, 9, 44, 71], list(range(10, 40))]
+    greedy = SamplingParams(max_tokens=20, temperature=0.0)
+    want = {i: d.token_ids for i, d in run(_engine(target), prompts, greedy).items()}
+    got = run(_engine(target, "dflash2", draft_tokens=7, drafter=str(out)), prompts, greedy)
+    assert {i: d.token_ids for i, d in got.items()} == want
+    # a target without an MTP layer cannot serve one: refused before anything loads beyond the config
+    bare = tmp_path / "bare"
+    tiny_checkpoint(bare, seed=5, mtp=False, **SHAPE)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(BUILTIN / name, bare / name)
+    assert main(["train-drafter", str(bare), "--data", str(data), "--out", str(tmp_path / "no"), "--steps", "1",
+                 "--first-draft", "mtp", *SMALL]) != 0

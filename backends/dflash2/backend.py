@@ -9,12 +9,17 @@ once per token. propose: the block [anchor, MASK x k] of every lane, embedded wi
 positions anchor..anchor+k, runs through the drafter against that context; the rows after the anchor go through the
 proposal head (the target's output head, the 4-bit shortlist head, or the target's head in 4 bits: .packed_head) and
 the selector (DFlash2) or argmax (v1).
+A drafter trained with slot 1 given (dflash_config.first_draft "mtp", docs/adr/0017) drafts behind the target's MTP
+layer: the MTP layer (ignis.backends.mtp, observing the same rows) drafts slot 1, the block is [anchor, that draft,
+MASK x (k-1)], and its rows 2..k go through the head and the selector, whose walk starts from the MTP draft.
 Neither step reads a device value on the host: lane lengths and positions of committed rows are known from
 `Observation` fields that are plain ints. The device form (`propose_lanes`, `observe_lanes`) does the same from
 device tensors, sending each lane's rejected verify rows to the context's scratch lane.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -27,6 +32,7 @@ from ignis.backends.dflash2.packed_head import PackedHead, resolve, target_head
 from ignis.backends.dflash2.selector import pick, select
 from ignis.backends.dflash2.shortlist import ShortlistHead
 from ignis.backends.dflash2.weights import SHORTLIST, load_drafter
+from ignis.backends.mtp import Mtp
 from ignis.errors import ConfigError
 from ignis.kernels.launch import triton_installed
 from ignis.logging import get_logger
@@ -87,6 +93,8 @@ class DFlash2:
             except ValueError as e:
                 raise ConfigError("spec.draft_head", f"int4 does not fit the target's output head: {e}") from e
         self.cache = ContextCache(cfg, lanes=ctx.lanes, context=ctx.context, device=ctx.device, dtype=ctx.dtype)
+        # slot 1's drafter where the drafter was trained with that slot given (first_draft "mtp"): the target's MTP layer
+        self.first: Mtp | None = Mtp(ctx) if cfg.first_draft == "mtp" else None
         # The device round's attention and context writes read and write the rings in place (Triton kernels) on
         # CUDA outside the exact mode; tests switch it on for CPU tensors under Triton's interpreter.
         self.ring = (ctx.device.type == "cuda" and not ctx.model.exact and triton_installed()
@@ -118,13 +126,19 @@ class DFlash2:
         weights = sum(held.values())
         head = self.shortlist.nbytes() if self.shortlist is not None else 0
         head += self.packed_head.nbytes() if self.packed_head is not None else 0
-        return weights + head + self.cache.nbytes() + self.offsets.nbytes + self.masks.nbytes
+        first = self.first.nbytes() if self.first is not None else 0
+        return weights + head + first + self.cache.nbytes() + self.offsets.nbytes + self.masks.nbytes
 
     def reset(self, lane: int) -> None:
         self.cache.reset(lane)
+        if self.first is not None:
+            self.first.reset(lane)
 
     def lane_views(self, lane: int, length: int) -> dict[str, torch.Tensor] | None:
-        return self.cache.lane_views(lane, length)
+        views = self.cache.lane_views(lane, length)
+        if views is None or self.first is None:
+            return views
+        return views | {f"first.{k}": t for k, t in (self.first.lane_views(lane, length) or {}).items()}
 
     @torch.inference_mode()
     def observe(self, obs: list[Observation]) -> None:
@@ -148,6 +162,8 @@ class DFlash2:
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
         kv = self.model.context_kv(torch.cat(taps), pos)
         self.cache.write(lanes, starts, counts, kv, self.device)
+        if self.first is not None:
+            self.first.observe(obs)
 
     @torch.inference_mode()
     def observe_lanes(self, rows: Committed, span: int) -> None:
@@ -162,6 +178,8 @@ class DFlash2:
             ring.write(self.model, taps, positions, lane_ix, self.cache.rings())
         else:
             self.cache.write_rows(lane_ix, positions, self.model.context_kv(taps, positions))
+        if self.first is not None:
+            self.first.observe_lanes(rows, span)
 
     @torch.inference_mode()
     def propose(self, inp: ProposeIn) -> Proposal:
@@ -184,8 +202,27 @@ class DFlash2:
 
     def _draft(self, lane_ix: torch.Tensor, anchors: torch.Tensor, positions: torch.Tensor, k: int, choice: Choice,
                span: int) -> Proposal:
+        if self.first is None:
+            return self._block(lane_ix, anchors, positions, k, choice, span)
+        # slot 1 from the MTP layer with the lanes' first uniforms; the block takes it as given and drafts slots 2..k
+        # with the rest, its selector walking on from that draft
+        first = self.first.propose_lanes(lane_ix, anchors, positions, 1, _slots(choice, 0, 1), span)
+        if k == 1:
+            return first
+        rest = self._block(lane_ix, anchors, positions, k, _slots(choice, 1, k), span, given=first.tokens[:, 0])
+        tokens = torch.cat([first.tokens, rest.tokens], dim=1)
+        if first.q is None or rest.q is None:
+            return Proposal(tokens=tokens, q=None)
+        return Proposal(tokens=tokens, q=torch.cat([first.q, rest.q], dim=1))
+
+    def _block(self, lane_ix: torch.Tensor, anchors: torch.Tensor, positions: torch.Tensor, k: int, choice: Choice,
+               span: int, given: torch.Tensor | None = None) -> Proposal:
+        """The block's drafts: slots 1..k, or with `given` (slot 1's drafts [n]) slots 2..k, the selector's walk
+        starting from them."""
         model = self.greedy_model if self.reads_copy(choice.greedy_round, lane_ix.shape[0], k) else self.model
-        hidden = self.hidden(lane_ix, anchors, positions, k, span, model)
+        hidden = self.hidden(lane_ix, anchors, positions, k, span, model, given)
+        if given is not None:
+            hidden, anchors = hidden[:, 1:].contiguous(), given
         candidates = None
         if self.shortlist is not None:
             logits, columns = self.shortlist.logits(hidden), self.shortlist.token_ids
@@ -206,14 +243,17 @@ class DFlash2:
         return self.greedy_model is not None and greedy_copy.reads_copy(greedy_round, lanes, k)
 
     def hidden(self, lane_ix: torch.Tensor, anchors: torch.Tensor, positions: torch.Tensor, k: int,
-               span: int, model: DrafterModel | None = None) -> torch.Tensor:
+               span: int, model: DrafterModel | None = None, given: torch.Tensor | None = None) -> torch.Tensor:
         """The drafter's final-normed rows after each lane's anchor, [n, k, H]. lane_ix, anchors, positions: [n]
         int64, device; span: a host bound on the rows any of these lanes has committed; model: the drafter's form
-        that runs the block (the drafter as it is by default, or its greedy copy)."""
+        that runs the block (the drafter as it is by default, or its greedy copy); given: slot 1's tokens [n] in
+        place of its mask (a first_draft drafter's block)."""
         model = model if model is not None else self.model
         n = lane_ix.shape[0]
         q_pos = positions[:, None] + self.offsets[: k + 1]  # [n, k+1]
         ids = torch.cat([anchors[:, None], self.masks[:k].expand(n, k)], dim=1)
+        if given is not None:
+            ids = torch.cat([anchors[:, None], given[:, None], self.masks[: k - 1].expand(n, k - 1)], dim=1)
         x = self.target.embed(ids)
         if self.cfg.input_embedding_scale != 1.0:
             x = x * self.cfg.input_embedding_scale
@@ -223,6 +263,13 @@ class DFlash2:
         # The anchor row proposes nothing. Contiguous, so the output head is one plain 2-D product: on the strided
         # view cuBLAS picked a kernel that read the 2.5 GB head once per 8 rows at 8 lanes (4.7 ms, 27B shape, H200).
         return model.block(x, q_pos, kv, masks)[:, 1:].contiguous()
+
+
+def _slots(choice: Choice, start: int, stop: int) -> Choice:
+    """The choice of slots start..stop-1 only: their uniforms (a slot's draw reads its own column)."""
+    if choice.uniforms is None:
+        return choice
+    return dataclasses.replace(choice, uniforms=choice.uniforms[:, start:stop])
 
 
 def ring_fits(cfg: DrafterConfig, dtype: torch.dtype) -> bool:

@@ -21,6 +21,7 @@ from ignis.model.config import ModelConfig, read_config_json
 DFLASH2 = "DFlash2DraftModel"
 DFLASH = "DFlashDraftModel"
 LAYER_TYPES = ("full_attention", "sliding_attention")
+FIRST_DRAFTS = ("", "mtp")  # DrafterConfig.first_draft
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,9 @@ class DrafterConfig:
     conv_group_size: int  # 0 for v1
     selector_rank: int  # 0 for v1
     selector_top_k: int  # 0 for v1
+    # who drafts slot 1: "" the drafter, as every published drafter does; "mtp" the target's MTP layer, and the drafter's
+    # block takes that draft as given ([anchor, draft, MASK...]) and drafts slots 2..width (trained so: --first-draft)
+    first_draft: str = ""
 
     @property
     def width(self) -> int:
@@ -131,11 +135,17 @@ class DrafterConfig:
             conv_group_size=_required_int(value("conv_group_size"), "dflash_config.conv_group_size") if v2 else 0,
             selector_rank=_required_int(value("selector_rank"), "dflash_config.selector_rank") if v2 else 0,
             selector_top_k=_required_int(value("selector_top_k"), "dflash_config.selector_top_k") if v2 else 0,
+            first_draft=str(value("first_draft", "") or ""),
         )
         cfg._check(target)
         return cfg
 
     def _check(self, target: ModelConfig) -> None:
+        if self.first_draft not in FIRST_DRAFTS:
+            raise ArtifactError(f"dflash_config.first_draft {self.first_draft!r}: expected one of {list(FIRST_DRAFTS)}")
+        if self.first_draft == "mtp" and (not target.mtp_num_hidden_layers or self.block_size < 3):
+            raise ArtifactError("dflash_config.first_draft 'mtp' takes slot 1 from the target's MTP layer: the target "
+                                "needs one (mtp_num_hidden_layers) and the block at least 3 slots")
         if self.hidden_size != target.hidden_size:
             raise ArtifactError(
                 f"hidden_size {self.hidden_size}: the drafter reads the target's embeddings and output head, whose "
@@ -194,6 +204,7 @@ def drafter_config_json(
     selector_top_k: int = 16,
     output_multiplier: float = 1.0,
     final_logit_softcapping: float | None = None,
+    first_draft: str = "",
 ) -> dict[str, Any]:
     """A drafter config.json in the published layout for `target` (sizes default to the target's attention shape)."""
     types = layer_types or ["sliding_attention" if sliding_window else "full_attention"] * num_layers
@@ -205,6 +216,8 @@ def drafter_config_json(
         dflash["output_multiplier"] = output_multiplier
     if final_logit_softcapping:
         dflash["final_logit_softcapping"] = final_logit_softcapping
+    if first_draft:
+        dflash["first_draft"] = first_draft
     return {
         "architectures": [variant],
         "model_type": "qwen3",

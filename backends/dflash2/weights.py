@@ -115,6 +115,7 @@ def save_random_drafter(
     conv_group_size: int = 16,
     output_multiplier: float = 1.0,
     final_logit_softcapping: float | None = None,
+    first_draft: str = "",
     dtype: torch.dtype = torch.float32,
 ) -> Path:
     """A drafter with random weights in the DFlash2 (or v1) tensor layout for `target`, saved to `path`.
@@ -137,6 +138,7 @@ def save_random_drafter(
         conv_group_size=conv_group_size,
         output_multiplier=output_multiplier,
         final_logit_softcapping=final_logit_softcapping,
+        first_draft=first_draft,
     )
     model = random_drafter(DrafterConfig.from_dict(config, target), seed=seed, device=torch.device("cpu"),
                            dtype=torch.float32)

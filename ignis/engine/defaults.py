@@ -61,7 +61,8 @@ def settle(
         log.info("ignis.engine.draft_weights_default", draft_weights=weights, reason=why)
     drafter = _drafter_bytes(dataclasses.replace(config, spec=spec), path, model, device, dtype)
     context, kv_memory, why, pool_why = fit_pool(model, engine.lanes, engine.context, engine.kv_memory,
-                                                 spec.draft_tokens, device, dtype, drafter, pooled_layers(spec.backend))
+                                                 spec.draft_tokens, device, dtype, drafter,
+                                                 pooled_layers(dataclasses.replace(config, spec=spec), path))
     if engine.context == 0:
         log.info("ignis.engine.context_default", context=context, reason=why)
     if engine.kv_memory == 0:
@@ -82,7 +83,7 @@ def settle_draft_weights(config: IgnisConfig, path: Path, model: ModelConfig, de
         return "model", ("no 4-bit copy of the drafter's layers: it pays for a drafter of 1 GiB or more of 16-bit layer "
                          "projections on a GPU that runs the 4-bit mma kernel, outside exact mode")
     plain = _drafter_bytes(with_draft_weights(config, "model"), path, model, device, dtype)
-    ec, k, layers = config.engine, config.spec.draft_tokens, pooled_layers(config.spec.backend)
+    ec, k, layers = config.engine, config.spec.draft_tokens, pooled_layers(config, path)
     try:
         without = fit_pool(model, ec.lanes, ec.context, ec.kv_memory, k, device, dtype, plain, layers)[:2]
         with_copy = fit_pool(model, ec.lanes, ec.context, ec.kv_memory, k, device, dtype, plain + copy, layers)[:2]
@@ -118,9 +119,19 @@ def choose_backend(config: IgnisConfig, path: Path, device: torch.device) -> tup
     return backend, (k if backend != "off" else 0), why
 
 
-def pooled_layers(backend: str) -> int:
-    """Attention layers a backend keeps in the target's K/V pool: mtp's layer attends at the target's positions."""
-    return 1 if backend == "mtp" else 0
+def pooled_layers(config: IgnisConfig, path: Path) -> int:
+    """Attention layers a backend keeps in the target's K/V pool: mtp's layer attends at the target's positions, and
+    so does it under a dflash2 drafter whose slot 1 it drafts (dflash_config.first_draft "mtp")."""
+    spec = config.spec
+    if spec.backend == "mtp":
+        return 1
+    if spec.backend != "dflash2":
+        return 0
+    try:
+        draft = json.loads((spec.drafter_dir(path) / "config.json").read_text()).get("dflash_config") or {}
+    except (OSError, ValueError, AttributeError):  # the backend's own load says what is wrong with it
+        return 0
+    return 1 if isinstance(draft, dict) and draft.get("first_draft") == "mtp" else 0
 
 
 def fit_pool(model: ModelConfig, lanes: int, context: int, kv_memory: int, draft_tokens: int, device: torch.device,

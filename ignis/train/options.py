@@ -42,6 +42,7 @@ class Options:
     mask_token_id: int | None = None
     init: str = ""  # a drafter directory to start from ("": random); its config.json decides the shape
     grow_layers: int = 0  # with init: layers added after its own, each starting as the identity
+    first_draft: str = ""  # "mtp": slot 1 is the target's MTP layer's, given to the block (DrafterConfig.first_draft)
     shortlist: int = 0
     # the recipe and budget
     batch: int = 32
@@ -107,6 +108,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --init: add N layers after the drafter's own, each starting as the identity (its "
                         "attention's and MLP's output projections zero), so training starts from that drafter's "
                         "function with more capacity")
+    d.add_argument("--first-draft", default="", choices=["", "mtp"],
+                   help="mtp: the target's MTP layer drafts slot 1 when serving, so the drafter trains with that slot's "
+                        "token given in its block and learns slots 2 on (also with --init)")
     d.add_argument("--shortlist", type=int, default=0, metavar="N",
                    help="also write the 4-bit shortlist head of the N most frequent completion tokens")
     r = p.add_argument_group("recipe")
@@ -139,6 +143,7 @@ def from_args(args: argparse.Namespace) -> Options:
         intermediate_size=args.intermediate_size, taps=_ids(args.taps), block_size=args.block_size,
         sliding_window=args.sliding_window, selector_rank=args.selector_rank, selector_top_k=args.selector_top_k,
         mask_token_id=args.mask_token_id, init=args.init, grow_layers=args.grow_layers, shortlist=args.shortlist,
+        first_draft=args.first_draft,
         batch=args.batch, anchors=args.anchors,
         lr=args.lr, warmup=args.warmup, distill=args.distill, distill_tv=args.distill_tv,
         tv_cut=parse_cut(args.tv_cut), seed=args.seed, steps=args.steps,

@@ -9,7 +9,8 @@ Recipe (research/dflash.md §4, dflash2.md §4): a block [x_a, MASK x (B-1)] at 
 tapped features of positions < a and its own rows; slot k predicts x_{a+k}. Anchors are completion tokens whose
 successor is one too, as in serving, where the anchor is always a token the target generated. The selector is trained
 teacher-forced (its predecessor is the true previous token) as a K-way choice among the unary top-K, the true token
-put in place of the K-th candidate when it is missing.
+put in place of the K-th candidate when it is missing. A drafter whose slot 1 another layer drafts (first_draft "mtp")
+trains on [x_a, x_{a+1}, MASK x (B-2)] with slot 1's weight zero: it learns slots 2 on, given the true slot 1.
 
 Distillation: sampled lanes verify by rejection sampling, which accepts a draft from q with probability
 sum_x min(p(x), q(x)); the hard labels are only samples of the target's p. So each hard term gets a soft twin, the
@@ -123,7 +124,10 @@ def losses(
     q_pos = a[:, None] + torch.arange(k + 1, device=dev)  # [n, B]
     at = q_pos[:, 1:].clamp(max=seq - 1)
     labels = tokens[owner[:, None], at]  # [n, k]
-    ids = torch.cat([tokens[owner, a][:, None], torch.full_like(labels, cfg.mask_token_id)], dim=1)
+    # a drafter whose slot 1 another layer drafts (first_draft "mtp") sees that token in its block and learns slots 2..k
+    given = 1 if cfg.first_draft else 0
+    ids = torch.cat([tokens[owner, a][:, None], labels[:, :given],
+                     torch.full_like(labels[:, given:], cfg.mask_token_id)], dim=1)
     x = F.embedding(ids, embed) * cfg.input_embedding_scale
     # One copy of a sequence's context for all its blocks (blocks are sequence-major: a = anchors.reshape(-1)).
     ctx = [(kk.view(b, seq, *kk.shape[1:]), vv.view(b, seq, *vv.shape[1:])) for kk, vv in kv]
@@ -132,7 +136,9 @@ def losses(
     hidden = model.block(x, q_pos, ctx, masks)[:, 1:]  # [n, k, H]
     logits = transform(cfg, F.linear(hidden, head).float())  # [n, k, V]
     weight = slot_weights(mask, anchors, k, gamma)  # [n, k]
-    valid = weight > 0
+    if given:
+        weight = torch.cat([torch.zeros_like(weight[:, :given]), weight[:, given:]], dim=1)
+    valid = weight[:, given:] > 0
     norm = (weight.sum() if norm is None else norm).clamp_min(1e-6)
     logp = logits.log_softmax(-1)  # [n, k, V]
     out = {"unary": _weighted(-logp.gather(-1, labels[..., None])[..., 0], weight, norm)}
@@ -172,7 +178,7 @@ def losses(
             out["loss"] = out["loss"] + tv * (out["tv_unary"] + SELECTOR_WEIGHT * out["tv_selector"])
     full = valid.all(-1)  # blocks whose every slot has a label: their accepted length is defined
     for name, pick in (("unary", unary_pick), ("selector", chosen)):
-        run = torch.cumprod((pick == labels).int(), dim=1).sum(-1)
+        run = torch.cumprod((pick == labels)[:, given:].int(), dim=1).sum(-1)  # the slots the drafter drafts
         out[f"accepted_{name}"] = (run * full).sum().float()
     out["blocks"] = full.sum().float()
     return out

@@ -107,6 +107,12 @@ def train_drafter(o: Options) -> dict[str, Any]:
             cfg = DrafterConfig.from_dict(cfg_json, target)
         except ArtifactError as e:  # a shape the flags asked for that this target cannot carry
             raise InputError("--taps" if "target_layer_ids" in str(e) else "drafter", str(e)) from e
+    if o.first_draft != cfg.first_draft:
+        cfg_json = {**cfg_json, "dflash_config": {**cfg_json.get("dflash_config", {}), "first_draft": o.first_draft}}
+        try:
+            cfg = DrafterConfig.from_dict(cfg_json, target)
+        except ArtifactError as e:
+            raise InputError("--first-draft", str(e)) from e
 
     everything = prompts.read_prompts([Path(d) for d in o.data], tok, window=o.window, stride=o.gen_tokens,
                                       vocab=target.vocab_size)
