@@ -251,9 +251,8 @@ class DFlash2:
         model = model if model is not None else self.model
         n = lane_ix.shape[0]
         q_pos = positions[:, None] + self.offsets[: k + 1]  # [n, k+1]
-        ids = torch.cat([anchors[:, None], self.masks[:k].expand(n, k)], dim=1)
-        if given is not None:
-            ids = torch.cat([anchors[:, None], given[:, None], self.masks[: k - 1].expand(n, k - 1)], dim=1)
+        lead = [anchors[:, None]] if given is None else [anchors[:, None], given[:, None]]
+        ids = torch.cat([*lead, self.masks[: k + 1 - len(lead)].expand(n, k + 1 - len(lead))], dim=1)
         x = self.target.embed(ids)
         if self.cfg.input_embedding_scale != 1.0:
             x = x * self.cfg.input_embedding_scale

@@ -28,7 +28,7 @@ from ignis.config.schema import AUTO
 from ignis.errors import ArtifactError, ConfigError
 from ignis.logging import get_logger
 from ignis.model.cache import LaneCache
-from ignis.model.config import ModelConfig
+from ignis.model.config import ModelConfig, read_config_json
 from ignis.model.pool import PAGE
 
 log = get_logger("ignis.engine.defaults")
@@ -128,8 +128,8 @@ def pooled_layers(config: IgnisConfig, path: Path) -> int:
     if spec.backend != "dflash2":
         return 0
     try:
-        draft = json.loads((spec.drafter_dir(path) / "config.json").read_text()).get("dflash_config") or {}
-    except (OSError, ValueError, AttributeError):  # the backend's own load says what is wrong with it
+        draft = read_config_json(spec.drafter_dir(path) / "config.json", "").get("dflash_config") or {}
+    except ArtifactError:  # the backend's own load says what is wrong with it
         return 0
     return 1 if isinstance(draft, dict) and draft.get("first_draft") == "mtp" else 0
 
