@@ -303,6 +303,12 @@ def test_a_drafter_trained_with_slot_one_given_serves_behind_the_mtp_layer(data:
     want = {i: d.token_ids for i, d in run(_engine(target), prompts, greedy).items()}
     got = run(_engine(target, "dflash2", draft_tokens=7, drafter=str(out)), prompts, greedy)
     assert {i: d.token_ids for i, d in got.items()} == want
+    # fine-tuning it keeps its form unless the flag says otherwise
+    for flag, form in (([], "mtp"), (["--first-draft", "drafter"], None), (["--first-draft", "mtp"], "mtp")):
+        tuned = tmp_path / f"tuned-{form}-{len(flag)}"
+        assert main(["train-drafter", str(target), "--data", str(data), "--out", str(tuned), "--steps", "1",
+                     "--held-out", "2", "--init", str(out), *flag, *SMALL]) == 0
+        assert (json.loads((tuned / "config.json").read_text())["dflash_config"].get("first_draft") or None) == form
     # a target without an MTP layer cannot serve one: refused before anything loads beyond the config
     bare = tmp_path / "bare"
     tiny_checkpoint(bare, seed=5, mtp=False, **SHAPE)

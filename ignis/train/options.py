@@ -15,6 +15,8 @@ from ignis.errors import InputError
 
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _COUNT = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "b": 10**9}
+# --first-draft's forms -> DrafterConfig.first_draft
+FIRST_DRAFT_FORMS = {"drafter": "", "mtp": "mtp"}
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,9 @@ class Options:
     mask_token_id: int | None = None
     init: str = ""  # a drafter directory to start from ("": random); its config.json decides the shape
     grow_layers: int = 0  # with init: layers added after its own, each starting as the identity
-    first_draft: str = ""  # "mtp": slot 1 is the target's MTP layer's, given to the block (DrafterConfig.first_draft)
+    # who drafts slot 1 (FIRST_DRAFT_FORMS): "mtp" the target's MTP layer, given to the block, "drafter" the drafter;
+    # None: as the --init drafter does, else the drafter
+    first_draft: str | None = None
     shortlist: int = 0
     # the recipe and budget
     batch: int = 32
@@ -108,9 +112,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --init: add N layers after the drafter's own, each starting as the identity (its "
                         "attention's and MLP's output projections zero), so training starts from that drafter's "
                         "function with more capacity")
-    d.add_argument("--first-draft", default="", choices=["", "mtp"],
-                   help="mtp: the target's MTP layer drafts slot 1 when serving, so the drafter trains with that slot's "
-                        "token given in its block and learns slots 2 on (also with --init)")
+    d.add_argument("--first-draft", default=None, choices=sorted(FIRST_DRAFT_FORMS),
+                   help="who drafts slot 1 when serving. mtp: the target's MTP layer, so the drafter trains with that "
+                        "slot's token given in its block and learns slots 2 on; drafter: the drafter itself. Default: "
+                        "as the --init drafter does, else the drafter")
     d.add_argument("--shortlist", type=int, default=0, metavar="N",
                    help="also write the 4-bit shortlist head of the N most frequent completion tokens")
     r = p.add_argument_group("recipe")

@@ -34,7 +34,7 @@ from ignis.tokenizer import Tokenizer
 from ignis.train import generate, memory, prompts, recipe, shortlist
 from ignis.train.evaluate import evaluate
 from ignis.train.loop import Budget, Loop, Recipe
-from ignis.train.options import Options
+from ignis.train.options import FIRST_DRAFT_FORMS, Options
 from ignis.train.taps import tap_features
 
 MASK_NAMES = ("<|mask|>", "<|MASK|>", "<mask>", "[MASK]")
@@ -87,33 +87,10 @@ def train_drafter(o: Options) -> dict[str, Any]:
         shutil.rmtree(run)
     run.mkdir(parents=True, exist_ok=True)
     settings = run / "settings.json"
-    fingerprint = _check_resume(settings, o, model_dir)
-    log = Log(run / "train.log")
     tok = Tokenizer.from_dir(model_dir)
-    init_cfg: DrafterConfig | None = None
-    if o.init:
-        cfg_json = read_config_json(Path(o.init) / "config.json", "--init names a drafter directory")
-        init_cfg = cfg = DrafterConfig.from_dict(cfg_json, target)  # refused when it does not fit this target
-        if o.grow_layers:
-            cfg_json = grown(cfg_json, o.grow_layers)
-            cfg = DrafterConfig.from_dict(cfg_json, target)
-    else:
-        cfg_json = drafter_config_json(
-            target, num_layers=o.layers, intermediate_size=o.intermediate_size or None, block_size=o.block_size,
-            sliding_window=o.sliding_window, mask_token_id=_mask_id(o, tok, target), selector_rank=o.selector_rank,
-            selector_top_k=o.selector_top_k,
-            target_layer_ids=list(o.taps) or spread_layer_ids(target.num_hidden_layers, 5))
-        try:
-            cfg = DrafterConfig.from_dict(cfg_json, target)
-        except ArtifactError as e:  # a shape the flags asked for that this target cannot carry
-            raise InputError("--taps" if "target_layer_ids" in str(e) else "drafter", str(e)) from e
-    if o.first_draft != cfg.first_draft:
-        cfg_json = {**cfg_json, "dflash_config": {**cfg_json.get("dflash_config", {}), "first_draft": o.first_draft}}
-        try:
-            cfg = DrafterConfig.from_dict(cfg_json, target)
-        except ArtifactError as e:
-            raise InputError("--first-draft", str(e)) from e
-
+    cfg_json, cfg, init_cfg = _drafter_config(o, target, tok)
+    fingerprint = _check_resume(settings, o, model_dir, cfg.first_draft)
+    log = Log(run / "train.log")
     everything = prompts.read_prompts([Path(d) for d in o.data], tok, window=o.window, stride=o.gen_tokens,
                                       vocab=target.vocab_size)
     usable = [p for p in everything if len(p.ids) <= o.max_prompt_tokens]
@@ -240,14 +217,48 @@ def _engine_overrides(o: Options, model_dir: Path, longest: int) -> dict[str, An
     return overrides
 
 
-def _check_resume(path: Path, o: Options, model_dir: Path) -> dict[str, Any]:
-    """The run's settings; refused when DIR/run already holds a run with other ones."""
-    want = {**o.fingerprint(), "model": str(model_dir.resolve()),
+def _drafter_config(o: Options, target: ModelConfig,
+                    tok: Tokenizer) -> tuple[dict[str, Any], DrafterConfig, DrafterConfig | None]:
+    """The config.json of the drafter this run trains, that config read, and the --init drafter's own config (None
+    without --init)."""
+    init_cfg: DrafterConfig | None = None
+    if o.init:
+        cfg_json = read_config_json(Path(o.init) / "config.json", "--init names a drafter directory")
+        init_cfg = cfg = DrafterConfig.from_dict(cfg_json, target)  # refused when it does not fit this target
+        if o.grow_layers:
+            cfg_json = grown(cfg_json, o.grow_layers)
+            cfg = DrafterConfig.from_dict(cfg_json, target)
+    else:
+        cfg_json = drafter_config_json(
+            target, num_layers=o.layers, intermediate_size=o.intermediate_size or None, block_size=o.block_size,
+            sliding_window=o.sliding_window, mask_token_id=_mask_id(o, tok, target), selector_rank=o.selector_rank,
+            selector_top_k=o.selector_top_k,
+            target_layer_ids=list(o.taps) or spread_layer_ids(target.num_hidden_layers, 5))
+        try:
+            cfg = DrafterConfig.from_dict(cfg_json, target)
+        except ArtifactError as e:  # a shape the flags asked for that this target cannot carry
+            raise InputError("--taps" if "target_layer_ids" in str(e) else "drafter", str(e)) from e
+    # who drafts slot 1: as the flag says, else as the --init drafter does (so fine-tuning keeps its form)
+    form = cfg.first_draft if o.first_draft is None else FIRST_DRAFT_FORMS[o.first_draft]
+    if form != cfg.first_draft:
+        cfg_json = {**cfg_json, "dflash_config": {**cfg_json.get("dflash_config", {}), "first_draft": form}}
+        try:
+            cfg = DrafterConfig.from_dict(cfg_json, target)
+        except ArtifactError as e:
+            raise InputError("--first-draft", str(e)) from e
+    return cfg_json, cfg, init_cfg
+
+
+def _check_resume(path: Path, o: Options, model_dir: Path, first_draft: str) -> dict[str, Any]:
+    """The run's settings (with the drafter's form as resolved: `first_draft`); refused when DIR/run already holds
+    a run with other ones."""
+    want = {**o.fingerprint(), "first_draft": first_draft, "model": str(model_dir.resolve()),
             "model_config": json.loads((model_dir / "config.json").read_text())}
     if not path.is_file():
         return want
-    # runs from before --distill trained on hard labels, and those from before --distill-tv without it
-    have = {"distill": 0.0, "distill_tv": 0.0, "tv_cut": None, **json.loads(path.read_text())}
+    # runs from before --distill trained on hard labels, those from before --distill-tv without it, and those from
+    # before --first-draft drafted slot 1 themselves
+    have = {"distill": 0.0, "distill_tv": 0.0, "tv_cut": None, "first_draft": "", **json.loads(path.read_text())}
     diff = [f"{k} {have.get(k)!r} (now {v!r})" for k, v in want.items() if have.get(k) != v and k != "model_config"]
     if have.get("model_config") != want["model_config"]:
         diff.append("the model's config.json")
