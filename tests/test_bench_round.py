@@ -34,7 +34,8 @@ def test_a_random_shortlist_holds_the_heads_rows_of_distinct_sorted_ids(tmp_path
 @pytest.mark.parametrize(("kind", "head", "weights"), [
     ("dflash2", "full", "model"), ("dflash2-shortlist-int4", "shortlist", "int4"), ("dflash2-head4", "int4", "model"),
     ("dflash2-head4-int4", "int4", "int4"), ("dflash2-head4-fp8", "int4", "fp8"), ("dflash2-auto", "auto", "auto"),
-    ("dflash2-g4", "full", "int4-greedy"), ("dflash2-head4-g4", "int4", "int4-greedy")])
+    ("dflash2-g4", "full", "int4-greedy"), ("dflash2-head4-g4", "int4", "int4-greedy"),
+    ("dflash2-first", "auto", "auto")])
 def test_each_drafting_case_loads_the_drafter_its_name_says(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                             kind: str, head: str, weights: str) -> None:
     import tools.round_work as bench
@@ -47,6 +48,18 @@ def test_each_drafting_case_loads_the_drafter_its_name_says(monkeypatch: pytest.
     model = random_model(TINY, seed=3, mtp=False, device="cpu", dtype=torch.float32)
     bench.build_backend(kind, 7, model, tmp_path, 1, 64, torch.device("cpu"), torch.float32)
     assert seen == [("dflash2", head, weights)]
+
+
+@pytest.mark.parametrize(("kind", "first"), [("dflash2-auto", ""), ("dflash2-first", "mtp")])
+def test_the_first_draft_case_builds_its_random_drafter_in_that_form(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                                     kind: str, first: str) -> None:
+    import tools.round_work as bench
+
+    forms: list[str] = []
+    monkeypatch.setattr(bench, "DFlash2", lambda ctx, drafter: forms.append(drafter.config.first_draft))
+    model = random_model(TINY, seed=3, mtp=True, device="cpu", dtype=torch.float32)
+    bench.build_backend(kind, 7, model, tmp_path, 1, 64, torch.device("cpu"), torch.float32)
+    assert forms == [first]
 
 
 def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,7 +9,9 @@ same with the drafter's projections in fp8 or 4-bit, spec.draft_weights; dflash2
 through the target's whole head in 4 bits, spec.draft_head = "int4", with the drafter's projections as they are, in
 4-bit or, dflash2-h4-fp8, in fp8; dflash2-g4 and dflash2-h4-g4, the full or the 4-bit head with spec.draft_weights =
 "int4-greedy"; dflash2-auto, the engine's defaults for the model and device: spec.draft_head and spec.draft_weights
-"auto", at the 27B the 4-bit head and the drafter's 4-bit copy of its layers for greedy rounds of one or two lanes) at 1
+"auto", at the 27B the 4-bit head and the drafter's 4-bit copy of its layers for greedy rounds of one or two lanes;
+dflash2-first, the same with the 27B's random drafter in the first-draft form, slot 1 drafted by the target's MTP layer,
+docs/adr/0017: the built-in model's drafter is loaded as it ships, whichever form it has) at 1
 and 8 lanes: ms a round through `DeviceRound.run` (host work and the one read-back included), ms a round as the engine
 runs them with engine.async_scheduling (`followed_ms`: each round queued before the host reads the last), the graph's replays back
 to back (CUDA events: the device's time with the gaps between kernels, without the host's part), GPU kernel time and
@@ -313,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     for label in {r["model"] for r in timed}:
         for lanes in (1, 8):
             off = [r for r in timed if r["model"] == label and r["case"] == "decode" and r["lanes"] == lanes]
-            for case in ("dflash2", "dflash2-auto"):  # the default drafter: "dflash2-auto" keys its own projection
+            for case in ("dflash2", "dflash2-auto", "dflash2-first"):  # the default drafter: "dflash2-auto" keys its own projection
                 spec = [r for r in timed if r["model"] == label and r["case"] == case and r["lanes"] == lanes]
                 if off and spec:
                     tokens = args.copy_tokens_per_round if spec[0].get("greedy_copy") else args.tokens_per_round

@@ -83,7 +83,7 @@ CASES = [Case("decode", "off", 0), Case("verify", "verify", 7), Case("mtp", "mtp
          Case("dflash2-sl-int4", "dflash2-shortlist-int4", 7), Case("dflash2-h4", "dflash2-head4", 7),
          Case("dflash2-h4-int4", "dflash2-head4-int4", 7), Case("dflash2-h4-fp8", "dflash2-head4-fp8", 7),
          Case("dflash2-auto", "dflash2-auto", 7), Case("dflash2-g4", "dflash2-g4", 7),
-         Case("dflash2-h4-g4", "dflash2-head4-g4", 7)]
+         Case("dflash2-h4-g4", "dflash2-head4-g4", 7), Case("dflash2-first", "dflash2-first", 7)]
 # a drafting case's suffix -> its spec.draft_weights
 WEIGHT_SUFFIXES = {"-fp8": "fp8", "-int4": "int4", "-g4": "int4-greedy"}
 # the random 27B drafter's shortlist head (spec.draft_head = "shortlist"): as many tokens as docs/drafter-training.md's
@@ -123,8 +123,10 @@ def build_backend(kind: str, k: int, model: HybridModel, path: Path, lanes: int,
                   device: torch.device, dtype: torch.dtype) -> SpecBackend:
     if kind in ("off", "verify"):
         return FreeDrafts(k)
-    head, weights = "full", "model"
-    if kind == "dflash2-auto":  # what the engine's defaults resolve to for this model and device
+    head, weights, first = "full", "model", ""
+    if kind in ("dflash2-auto", "dflash2-first"):  # what the engine's defaults resolve to for this model and device
+        # dflash2-first: the random drafter in the first-draft form (the target's MTP layer drafts slot 1, ADR 0017)
+        first = "mtp" if kind == "dflash2-first" else ""
         kind, head, weights = "dflash2", "auto", "auto"
     elif kind.startswith("dflash2-"):
         weights = next((w for s, w in WEIGHT_SUFFIXES.items() if kind.endswith(s)), "model")
@@ -143,7 +145,7 @@ def build_backend(kind: str, k: int, model: HybridModel, path: Path, lanes: int,
         cfg = DrafterConfig.from_dict(drafter_config_json(
             model.config, num_layers=5, num_heads=32, num_kv_heads=8, head_dim=128, block_size=8,
             mask_token_id=model.config.vocab_size - 1, target_layer_ids=spread_layer_ids(model.config.num_hidden_layers, 5),
-            selector_rank=256, selector_top_k=16), model.config)
+            selector_rank=256, selector_top_k=16, first_draft=first), model.config)
         drafter = random_drafter(cfg, seed=1, device=device, dtype=dtype)
     return DFlash2(ctx, drafter)
 
