@@ -15,7 +15,8 @@ BUILTIN_DRAFTER = Path(__file__).resolve().parents[1] / "ignis" / "builtin" / "d
 
 def write_27b(root: Path, int4: bool, head: bool = False) -> Path:
     """The 27B's config.json (with its MTP layer; 4-bit projections, and with `head` its output head too) and its
-    dflash2 drafter's: 5 layers of the target's width."""
+    dflash2 drafter's: 5 layers of the target's width, in the published form (its own slot 1: no first_draft, whatever
+    form the built-in drafter ships in), as `ignis train-drafter` makes one from scratch and z-lab publishes them."""
     root.mkdir(parents=True)
     cfg = _full_config(QWEN35_27B, mtp=True)
     if int4:
@@ -25,6 +26,7 @@ def write_27b(root: Path, int4: bool, head: bool = False) -> Path:
     drafter.update(hidden_size=5120, intermediate_size=17408, num_attention_heads=32, num_key_value_heads=8,
                    head_dim=128, num_target_layers=64, vocab_size=248320)
     drafter["dflash_config"].update(target_layer_ids=[1, 16, 31, 46, 61], mask_token_id=248077)
+    drafter["dflash_config"].pop("first_draft", None)
     (root / "drafter").mkdir()
     (root / "drafter" / "config.json").write_text(json.dumps(drafter))
     return root
