@@ -95,3 +95,30 @@ def test_one_lane_or_a_lane_twice_keeps_one_call_a_segment(monkeypatch: pytest.M
     seg = Segment(lane=1, offset=0, start=0, length=12, prefill=True)
     model(Batch(torch.zeros(12, dtype=torch.long), torch.arange(12), (seg,), torch.arange(12)), cache, taps=())
     assert calls and all(c is None for c in calls)
+
+
+def test_a_cuda_prefill_without_fla_says_once_that_it_runs_the_slow_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without fla a CUDA prefill falls back to the torch chunked form, many times slower on long prompts: the engine
+    says so once a process, with the fix; on the CPU, where fla never runs, it says nothing."""
+    import sys
+
+    import structlog
+
+    structlog.reset_defaults()
+    monkeypatch.setitem(sys.modules, "fla", None)  # `import fla...` raises ImportError
+    monkeypatch.setitem(sys.modules, "fla.ops", None)
+    monkeypatch.setitem(sys.modules, "fla.ops.gated_delta_rule", None)
+    delta_rule.fla_chunk.cache_clear()
+    delta_rule._no_fla.cache_clear()
+    try:
+        with structlog.testing.capture_logs() as logs:
+            assert delta_rule.fla_chunk(1, 2, 8, 8, torch.float32, torch.device("cpu")) is None
+            assert delta_rule.fla_chunk(1, 2, 8, 8, torch.bfloat16, torch.device("cuda")) is None
+            assert delta_rule.fla_chunk(2, 4, 8, 8, torch.bfloat16, torch.device("cuda")) is None
+    finally:
+        delta_rule.fla_chunk.cache_clear()
+        delta_rule._no_fla.cache_clear()
+        structlog.reset_defaults()
+    missing = [e for e in logs if e["event"] == "ignis.model.fla_missing"]
+    assert len(missing) == 1 and missing[0]["log_level"] == "warning"
+    assert "ignis[gpu]" in missing[0]["fix"] and "fla.ops.gated_delta_rule" in missing[0]["why"]

@@ -17,9 +17,11 @@ from collections.abc import Callable
 
 import torch
 
+from ignis.logging import get_logger
 from ignis.model.ops import l2norm
 
 CHUNK = 64
+log = get_logger("ignis.model.delta_rule")
 
 
 def short_conv(window: torch.Tensor, raw: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -109,7 +111,9 @@ def fla_chunk(
     checked on random data against `chunked` before the kernel is trusted with a prefill."""
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule  # type: ignore[import-not-found]
-    except Exception:  # noqa: BLE001 - any failure to import (missing, no triton, no GPU) means "use torch"
+    except Exception as e:  # noqa: BLE001 - any failure to import (missing, no triton, no GPU) means "use torch"
+        if device.type == "cuda":
+            _no_fla(f"{type(e).__name__}: {e}")
         return None
     gen = torch.Generator(device="cpu").manual_seed(0)
     length, r = 150, hv // hk
@@ -154,6 +158,16 @@ def fla_chunk(
 
 
 _VARLEN: dict[tuple[object, ...], bool] = {}  # shape -> whether fla's packed form passed fla_chunk's check
+
+
+@functools.cache
+def _no_fla(why: str) -> None:
+    """Say once a process (once for each reason fla did not import) that CUDA prefills run the torch chunked form,
+    many times slower on long prompts: train-drafter's taps took 421 s instead of 27 s on an H200 without fla
+    (docs/drafter-training.md)."""
+    log.warning("ignis.model.fla_missing", why=why,
+                consequence="prefills on CUDA use the torch chunked form, many times slower on long prompts",
+                fix="pip install 'ignis[gpu]' (fla-core)")
 
 
 def fla_varlen(
