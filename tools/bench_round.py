@@ -315,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     for label in {r["model"] for r in timed}:
         for lanes in (1, 8):
             off = [r for r in timed if r["model"] == label and r["case"] == "decode" and r["lanes"] == lanes]
-            for case in ("dflash2", "dflash2-auto", "dflash2-first"):  # the default drafter: "dflash2-auto" keys its own projection
+            # the default drafter: "dflash2-auto" and "dflash2-first" key their own projections
+            for case in ("dflash2", "dflash2-auto", "dflash2-first"):
                 spec = [r for r in timed if r["model"] == label and r["case"] == case and r["lanes"] == lanes]
                 if off and spec:
                     tokens = args.copy_tokens_per_round if spec[0].get("greedy_copy") else args.tokens_per_round
