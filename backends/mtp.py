@@ -12,7 +12,9 @@ previous draft's embedding and the layer's own previous output one position on. 
 one-hot q); a sampling lane draws each draft from the layer's softmax over its CANDIDATES best tokens, shaped as the
 request shapes the target's (`Choice.draw`: its temperature, top-k, top-p and min-p), and hands that distribution to
 rejection sampling as q, which keeps more drafts than the argmax would (BENCHMARKS.md) and the output exact either
-way.
+way. With spec.draft_head = "int4" ("auto" at a 27B's 16-bit head on a GPU) a draft's logits come from the target's
+head in 4 bits (ignis.backends.dflash2.packed_head), whose best tokens the 16-bit rows score again: a quarter of the
+head's bytes a draft, where the head is most of one.
 
 The device form runs the layer over all C verify rows of every lane (a rejected row's keys sit past the lane's
 committed positions, where the next observe or propose overwrites them before any query can see them) and keeps
@@ -24,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from ignis.backends.base import BackendContext, Choice, Committed, Observation, Proposal, ProposeIn
+from ignis.backends.dflash2.packed_head import PackedHead, for_spec
 from ignis.errors import ArtifactError
 from ignis.kernels.topk import topk
 from ignis.model.batch import Segment
@@ -33,6 +36,9 @@ from ignis.model.pool import AttnState
 # the layer's best tokens a sampled draft is drawn among: a request's nucleus rarely holds more (the sampled suite cuts
 # at top-k 20), and the kernel's single top-k finds them
 CANDIDATES = 32
+# the 4-bit head's candidates a greedy draft is the best of, scored again by the 16-bit rows (RESCORE times as many by
+# the 4-bit logits): the selector's width, within the two-launch top-k's
+GREEDY_CANDIDATES = 16
 
 
 class Mtp:
@@ -40,7 +46,10 @@ class Mtp:
     tap_layers: tuple[int, ...] = ()
     graph_safe = True
 
-    def __init__(self, ctx: BackendContext) -> None:
+    def __init__(self, ctx: BackendContext, head: PackedHead | None = None, settled_head: str | None = None) -> None:
+        """head: the 4-bit head whose candidates the drafts are chosen among; None = the target's own head.
+        settled_head: spec.draft_head as the mtp backend settled it, which then holds the head; None where a dflash2
+        backend holds it (this layer drafting its slot 1)."""
         model = ctx.model
         if model.mtp is None:
             raise ArtifactError(
@@ -60,10 +69,15 @@ class Mtp:
             k = torch.zeros(shape, dtype=ctx.dtype, device=ctx.device)  # [lanes + 1, slots, nkv, hd]
             self.kv = AttnState.contiguous(k, torch.zeros_like(k))
         self.last = torch.zeros((rows, cfg.hidden_size), dtype=ctx.dtype, device=ctx.device)  # [lanes + 1, H]
+        self.head = head
+        self.own_head = settled_head is not None  # nbytes counts the head where it is this backend's own
+        # the engine's reported config says which "auto" became
+        self.settled_spec = {"draft_head": settled_head} if settled_head is not None else {}
 
     def nbytes(self) -> int:
         own = 0 if self.pooled else self.kv.k.nbytes + self.kv.v.nbytes  # pooled: counted with the pool
-        return own + self.last.nbytes
+        head = self.head.nbytes() if self.head is not None and self.own_head else 0
+        return own + self.last.nbytes + head
 
     def reset(self, lane: int) -> None:
         self.last[lane].zero_()
@@ -104,7 +118,7 @@ class Mtp:
                 segments = tuple(Segment(lane=lane, offset=i, start=int(p), length=1)
                                  for i, (lane, p) in enumerate(zip(lanes, positions.tolist())))
                 hidden = self.mtp(self.model.embed(drafts[-1]), hidden, positions, segments, self.kv)
-            self._choose(self.model.logits(hidden), choice, step, drafts, qs)
+            self._choose(hidden, choice, step, drafts, qs)
         return Proposal(tokens=torch.stack(drafts, dim=1), q=torch.stack(qs, dim=1) if qs else None)
 
     def propose_lanes(self, lanes: torch.Tensor, anchors: torch.Tensor, positions: torch.Tensor, k: int,
@@ -117,22 +131,35 @@ class Mtp:
                 at = (positions + (step - 1))[:, None]  # [B, 1]
                 dstep = self.model.decode_step(lanes, at, span=span, record=False)
                 hidden = self.mtp.decode(self.model.embed(drafts[-1]), hidden, dstep, self.kv)
-            self._choose(self.model.logits(hidden), choice, step, drafts, qs)
+            self._choose(hidden, choice, step, drafts, qs)
         return Proposal(tokens=torch.stack(drafts, dim=1), q=torch.stack(qs, dim=1) if qs else None)
 
-    @staticmethod
-    def _choose(logits: torch.Tensor, choice: Choice, slot: int, drafts: list[torch.Tensor],
+    def _choose(self, hidden: torch.Tensor, choice: Choice, slot: int, drafts: list[torch.Tensor],
                 qs: list[torch.Tensor]) -> None:
-        """Slot `slot`'s drafts [n] from the layer's logits [n, V] float32 onto `drafts`, and their q [n, V] onto `qs`
-        when any lane samples: drawn (`Choice.draw`) from the softmax over the layer's CANDIDATES best tokens, which
-        one top-k finds, so a draw never sorts or scans the whole vocabulary."""
-        if choice.uniforms is None:
-            drafts.append(logits.argmax(dim=-1))
-            return
-        values, ids = topk(logits, min(CANDIDATES, logits.shape[-1]))  # [n, C], largest first: column 0 is the argmax
+        """Slot `slot`'s drafts [n] from the layer's output rows hidden [n, H] onto `drafts`, and their q [n, V]
+        float32 onto `qs` when any lane samples: drawn (`Choice.draw`) from the softmax over the layer's CANDIDATES best
+        tokens, which one top-k finds, so a draw never sorts or scans the whole vocabulary. Through the 4-bit head
+        those are its candidates (a greedy draft the best of GREEDY_CANDIDATES), valued by the 16-bit rows."""
+        greedy = choice.uniforms is None
+        if self.head is None:
+            logits = self.model.logits(hidden)  # [n, V] float32
+            vocab = logits.shape[-1]
+            if greedy:
+                drafts.append(logits.argmax(dim=-1))
+                return
+            values, ids = topk(logits, min(CANDIDATES, vocab))  # [n, C], largest first: column 0 is the argmax
+        else:
+            rows = hidden[:, None]  # [n, 1, H]: the head's candidates take rows of slots
+            logits = self.head.logits(rows)  # [n, 1, V]
+            vocab = logits.shape[-1]
+            values, ids = (t[:, 0] for t in self.head.candidates(
+                rows, logits, min(GREEDY_CANDIDATES if greedy else CANDIDATES, vocab)))  # [n, C], largest first
+            if greedy:
+                drafts.append(ids[:, 0])
+                return
         q, column = choice.draw(values, torch.zeros_like(ids[:, 0]), slot)
         drafts.append(ids.gather(1, column[:, None])[:, 0])
-        qs.append(torch.zeros_like(logits).scatter_(1, ids, q))
+        qs.append(torch.zeros((ids.shape[0], vocab), dtype=torch.float32, device=ids.device).scatter_(1, ids, q))
 
     def observe_lanes(self, rows: Committed, span: int) -> None:
         b, c = rows.tokens.shape
@@ -144,4 +171,5 @@ class Mtp:
 
 
 def load(ctx: BackendContext) -> Mtp:
-    return Mtp(ctx)
+    settled, head = for_spec(ctx.config.spec.draft_head, ctx.model, ctx.device, allowed=("auto", "full", "int4"))
+    return Mtp(ctx, head=head, settled_head=settled)

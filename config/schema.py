@@ -98,12 +98,13 @@ class SpecSection:
 
     backend: str = text(AUTO)  # "auto" or a name in the entry-point group ignis.spec_backends
     draft_tokens: int = integer(0, 0, MAX_DRAFT_TOKENS, allowed=f"0 (unset) or 1..{MAX_DRAFT_TOKENS}")
-    # The dflash2 drafter's proposal head: the target's output head as it is ("full"), the 4-bit head of the drafter's
+    # The drafts' proposal head: the target's output head as it is ("full"), the 4-bit head of the dflash2 drafter's
     # N most frequent tokens ("shortlist": <drafter>/shortlist.safetensors; other tokens are never proposed), the
     # target's whole head in 4-bit codes made at load, its best tokens scored again by the 16-bit rows ("int4": the
     # full head's candidates for a quarter of its bytes a round), or "auto": "int4" for a 16-bit head of 1 GiB or more
     # beside a 16-bit target on a GPU that runs the mma kernel, outside exact mode (a 27B's), else "full"
-    # (backends/dflash2/packed_head.py).
+    # (backends/dflash2/packed_head.py). mtp's drafts read it too ("shortlist" is dflash2's only), and so does the MTP
+    # layer's slot 1 of a dflash2 drafter trained behind it, where the block's head is "int4".
     draft_head: str = choice("auto", "auto", "full", "shortlist", "int4")
     # The dflash2 drafter's projections: in the checkpoint's precision ("model"), float8 e4m3 with a scale per
     # output channel made at load ("fp8": a byte a weight, about 40% less drafter memory at the 27B shape, acceptance
@@ -145,6 +146,9 @@ class SpecSection:
         if self.backend == "dflash2" and self.draft_tokens == 0:
             raise ConfigError("spec.draft_tokens", f"required with dflash2; set spec.draft_tokens to "
                               f"1..{MAX_DRAFT_TOKENS}")
+        if self.backend == "mtp" and self.draft_head == "shortlist":
+            raise ConfigError("spec.draft_head", 'got "shortlist", the dflash2 drafter\'s own head; mtp takes "auto", '
+                              '"full" or "int4"')
         if self.backend == "mtp" and self.draft_tokens == 0:
             # vLLM's default for MTP: one draft per round.
             object.__setattr__(self, "draft_tokens", 1)

@@ -310,8 +310,9 @@ def _stored_bytes(name: str, t: torch.Tensor, size: int) -> int:
 
 def _proposal_head(cfg: IgnisConfig, drafter_dir: Path, target: ModelConfig, dtype: torch.dtype, cuda: bool, *,
                    quantized: bool, head_packed: bool) -> tuple[int, str]:
-    """(bytes, head): what the dflash2 drafter's proposal head holds of its own beside the target's, and which head
-    spec.draft_head gives, "auto" resolved as the backend resolves it (backends.dflash2.packed_head.resolve)."""
+    """(bytes, head): what the dflash2 drafter's proposal head (or the mtp backend's) holds of its own beside the
+    target's, and which head spec.draft_head gives, "auto" resolved as the backend resolves it
+    (backends.dflash2.packed_head.resolve)."""
     from ignis.artifact import resolve_exact
     from ignis.backends.dflash2.model import INT4_GROUPS
     from ignis.backends.dflash2.packed_head import auto_int4, head_group, held_bytes
@@ -337,10 +338,10 @@ def _proposal_head(cfg: IgnisConfig, drafter_dir: Path, target: ModelConfig, dty
 
 def proposal_head_bytes(cfg: IgnisConfig, model_dir: Path, target: ModelConfig, dtype: torch.dtype,
                         cuda: bool) -> int:
-    """What the dflash2 drafter's proposal head and its greedy copy will hold beside the target's and the drafter's
-    own weights for `cfg` (a 4-bit copy of a 16-bit head or the shortlist's rows; the 4-bit copy of its layers'
-    projections), for the model in `model_dir` as it is stored (4-bit or not, its head too or not): memory the engine
-    reserves before it fits the K/V pool (ignis.engine.defaults)."""
+    """What the dflash2 drafter's proposal head and its greedy copy (or the mtp backend's head) will hold beside the
+    target's and the drafter's own weights for `cfg` (a 4-bit copy of a 16-bit head or the shortlist's rows; the 4-bit
+    copy of its layers' projections), for the model in `model_dir` as it is stored (4-bit or not, its head too or
+    not): memory the engine reserves before it fits the K/V pool (ignis.engine.defaults)."""
     quant = QuantConfig.of(json.loads((model_dir / "config.json").read_text()), model_dir / "config.json")
     path = cfg.spec.drafter_dir(model_dir)
     head, _ = _proposal_head(cfg, path, target, dtype, cuda, quantized=quant is not None,
@@ -421,5 +422,8 @@ def _drafter(cfg: IgnisConfig, model_dir: Path, target: ModelConfig, dtype: torc
         return Item("drafter", weights + copy + context.nbytes() + head,
                     f"dflash2, {params / 1e9:.2f} B parameters{form} + its context K/V ({dcfg.num_layers} layers)")
     if cfg.spec.backend == "mtp":
-        return Item("drafter", 0, "mtp: its layer's K/V is in the pool (weights are the target's)")
+        head, chosen = _proposal_head(cfg, model_dir, target, dtype, cuda, quantized=quantized,
+                                      head_packed=head_packed)
+        form = ", the output head in 4 bits" if head else ""
+        return Item("drafter", head, f"mtp{form}: its layer's K/V is in the pool (weights are the target's)")
     return Item("drafter", 0, f"spec.backend = {cfg.spec.backend!r}")

@@ -19,13 +19,14 @@ from ignis.params import SamplingParams
 
 def make_engine(
     ckpt: Path, backend: str = "off", draft_tokens: int = 0, *, profile: str = "cpu",
-    model: dict[str, Any] | None = None, **engine: Any,
+    model: dict[str, Any] | None = None, spec: dict[str, Any] | None = None, **engine: Any,
 ) -> Engine:
-    """An engine over `ckpt`; `model` and `engine` override keys of those config sections."""
+    """An engine over `ckpt`; `model`, `spec` and `engine` override keys of those config sections."""
     overrides: dict[str, Any] = {"model.path": str(ckpt), "spec.backend": backend, "log.level": "warning"}
     if draft_tokens:
         overrides["spec.draft_tokens"] = draft_tokens
     overrides.update({f"model.{k}": v for k, v in (model or {}).items()})
+    overrides.update({f"spec.{k}": v for k, v in (spec or {}).items()})
     overrides.update({f"engine.{k}": v for k, v in engine.items()})
     return Engine(load_config(profile=profile, overrides=overrides))
 

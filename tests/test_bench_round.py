@@ -62,6 +62,16 @@ def test_the_first_draft_case_builds_its_random_drafter_in_that_form(monkeypatch
     assert forms == [first]
 
 
+@pytest.mark.parametrize(("kind", "packed"), [("mtp", False), ("mtp-head4", True)])
+def test_the_mtp_cases_draft_through_the_head_they_name(tmp_path: Path, kind: str, packed: bool) -> None:
+    import tools.round_work as bench
+    from ignis.backends.mtp import Mtp
+
+    model = random_model(TINY, seed=3, mtp=True, device="cpu", dtype=torch.float32)
+    backend = bench.build_backend(kind, 7, model, tmp_path, 1, 64, torch.device("cpu"), torch.float32)
+    assert isinstance(backend, Mtp) and (backend.head is not None) == packed
+
+
 def test_variants_are_every_combination_and_set_the_kernel_switches(monkeypatch: pytest.MonkeyPatch) -> None:
     from ignis.backends import base as backends
     from ignis.backends.dflash2 import ring, selector

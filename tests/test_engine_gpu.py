@@ -209,11 +209,13 @@ def test_graph_rounds_give_the_eager_rounds_tokens(backend: str, k: int, lanes: 
     assert graph == eager
 
 
+@pytest.mark.parametrize("head", ["auto", "int4"])
 @pytest.mark.parametrize("lanes", [1, 8])
 def test_graph_rounds_with_the_mtp_layer_drafting_slot_one_give_the_eager_rounds_tokens(
-        lanes: int, tmp_path: Path) -> None:
+        lanes: int, head: str, tmp_path: Path) -> None:
     """A dflash2 drafter with first_draft "mtp" (random weights beside the built-in target): the MTP layer's first
-    draft and its keys, then the drafter's block, captured in the round's graph, give the eager rounds' tokens."""
+    draft and its keys, then the drafter's block, captured in the round's graph, give the eager rounds' tokens; with
+    spec.draft_head = "int4" slot 1 too is chosen among the 4-bit head's candidates."""
     from ignis.backends.dflash2.weights import save_random_drafter
     from ignis.model.config import ModelConfig
 
@@ -227,23 +229,36 @@ def test_graph_rounds_with_the_mtp_layer_drafting_slot_one_give_the_eager_rounds
 
     def check(engine: Engine, graphs: bool) -> None:
         assert engine.runner.device_round is not None and bool(engine.runner.device_round.graphs) == graphs
-        assert getattr(engine.backend, "first", None) is not None
+        first = getattr(engine.backend, "first", None)
+        assert first is not None and (first.head is not None) == (head == "int4")
 
-    graph, eager = _graph_and_eager_tokens(model, "dflash2", 7, lanes, check)
+    graph, eager = _graph_and_eager_tokens(model, "dflash2", 7, lanes, check, spec={"draft_head": head})
     assert graph == eager
 
 
-def _graph_and_eager_tokens(path: Path, backend: str, k: int, lanes: int,
-                            check: Callable[[Engine, bool], None]) -> list[dict[str, list[int]]]:
-    """Greedy tokens of 8 held-out prompts from an engine over `path` with CUDA graphs, then from one without; `check`
-    sees each engine and whether it captured, before it runs."""
+@pytest.mark.parametrize("lanes", [1, 8])
+def test_graph_rounds_of_mtp_through_the_4bit_head_give_the_eager_rounds_tokens(lanes: int) -> None:
+    """The mtp backend with spec.draft_head = "int4": each draft's 4-bit logits, top-k and rescoring by the 16-bit
+    rows, captured in the round's graph, give the eager rounds' tokens."""
+    def check(engine: Engine, graphs: bool) -> None:
+        assert engine.runner.device_round is not None and bool(engine.runner.device_round.graphs) == graphs
+        assert getattr(engine.backend, "head", None) is not None
+
+    graph, eager = _graph_and_eager_tokens(BUILTIN, "mtp", 3, lanes, check, spec={"draft_head": "int4"})
+    assert graph == eager
+
+
+def _graph_and_eager_tokens(path: Path, backend: str, k: int, lanes: int, check: Callable[[Engine, bool], None],
+                            spec: dict[str, str] | None = None) -> list[dict[str, list[int]]]:
+    """Greedy tokens of 8 held-out prompts from an engine over `path` (spec: its spec keys) with CUDA graphs, then
+    from one without; `check` sees each engine and whether it captured, before it runs."""
     from engines import run
 
     ps = _heldout(8)
     params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
     outs = []
     for graphs in (True, False):
-        engine = make_engine(path, backend, draft_tokens=k, profile="h200", lanes=lanes, context=1024,
+        engine = make_engine(path, backend, draft_tokens=k, profile="h200", spec=spec, lanes=lanes, context=1024,
                              cuda_graphs=graphs)
         check(engine, graphs)
         outs.append({rid: d.token_ids for rid, d in run(engine, ps, params).items()})
@@ -420,18 +435,20 @@ def test_a_long_piece_in_flas_chunked_form_leaves_the_recurrent_kernels_state(ro
     assert float((lc - lr).norm() / lr.norm()) < 2e-2
 
 
-@pytest.mark.parametrize("drafter", ["default", "int4", "int4-greedy", "mtp"])
+@pytest.mark.parametrize("drafter", ["default", "int4", "int4-greedy", "mtp", "mtp-int4"])
 def test_seeded_sampling_on_the_gpu_is_the_same_alone_and_beside_others(drafter: str) -> None:
     """Alone the round runs one lane (7 draft rows), beside others four (28): with the 4-bit drafter (projections and
     head) the head then takes its two paths, 4-bit logits scored again below 16 rows and the 16-bit head above; the
     4-bit copy of "int4-greedy" drafts no sampled round, alone or not; mtp draws its sampled drafts from its own softmax
-    over the vocabulary."""
+    over the vocabulary, or over the 4-bit head's candidates."""
     from engines import run
     from ignis.config import load_config
 
     def engine() -> Engine:
         spec = {"spec.draft_head": "int4", "spec.draft_weights": drafter} if drafter.startswith("int4") else {}
-        backend = {"spec.backend": "mtp", "spec.draft_tokens": 3} if drafter == "mtp" else {
+        if drafter == "mtp-int4":
+            spec = {"spec.draft_head": "int4"}
+        backend = {"spec.backend": "mtp", "spec.draft_tokens": 3} if drafter.startswith("mtp") else {
             "spec.backend": "dflash2", "spec.draft_tokens": 7}
         return Engine(load_config(profile="h200", overrides={
             "model.path": str(BUILTIN), **backend, "engine.lanes": 4, "engine.context": 1024, "log.level": "warning",

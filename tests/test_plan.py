@@ -138,6 +138,19 @@ def test_a_4bit_proposal_head_is_planned_as_a_copy_of_a_16bit_head_only(q27b: di
     assert drafter(headed, "int4") == drafter(headed, "full")
 
 
+def test_the_plan_counts_mtps_4bit_copy_of_a_27b_head(q27b: dict[str, Path]) -> None:
+    """The mtp backend with spec.draft_head = "int4" holds the same 4-bit copy of a bf16 head as a dflash2 drafter."""
+    def drafter(head: str) -> int:
+        cfg = load_config(profile="h200", overrides={"spec.backend": "mtp", "spec.draft_tokens": 3,
+                                                     "spec.draft_head": head})
+        return {i.name: i for i in memory_plan(cfg, q27b["bf16"]).items}["drafter"].nbytes
+
+    held = 4 if uses_mma(torch.device("cuda"), torch.bfloat16) else 3
+    v, h = QWEN35_27B["vocab_size"], QWEN35_27B["hidden_size"]
+    assert drafter("full") == 0
+    assert drafter("int4") == v * h // 2 + v * (h // 128) * held
+
+
 def test_the_planned_weights_are_what_the_loader_holds(tmp_path: Path) -> None:
     """Counted from config.json alone, the weights item equals the bytes of the model loaded from the converted
     checkpoint (packed projections, kept embeddings, norms, gates and MTP layer; with --head, the head packed)."""

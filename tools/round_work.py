@@ -17,7 +17,7 @@ from ignis.backends.base import BackendContext, Choice, Committed, Proposal, Spe
 from ignis.backends.dflash2.backend import DFlash2
 from ignis.backends.dflash2.config import DrafterConfig, drafter_config_json
 from ignis.backends.dflash2.weights import SHORTLIST, random_drafter, spread_layer_ids
-from ignis.backends.mtp import Mtp
+from ignis.backends.mtp import load as load_mtp
 from ignis.config import load_config
 from ignis.engine.request import Request
 from ignis.engine.sampling import make_generator
@@ -78,7 +78,8 @@ class Case:
 
 
 # every kind of round, once: each runs at every lane count --lanes asks for
-CASES = [Case("decode", "off", 0), Case("verify", "verify", 7), Case("mtp", "mtp", 7), Case("dflash2", "dflash2", 7),
+CASES = [Case("decode", "off", 0), Case("verify", "verify", 7), Case("mtp", "mtp", 7),
+         Case("mtp-h4", "mtp-head4", 7), Case("dflash2", "dflash2", 7),
          Case("dflash2-sl", "dflash2-shortlist", 7), Case("dflash2-sl-fp8", "dflash2-shortlist-fp8", 7),
          Case("dflash2-sl-int4", "dflash2-shortlist-int4", 7), Case("dflash2-h4", "dflash2-head4", 7),
          Case("dflash2-h4-int4", "dflash2-head4-int4", 7), Case("dflash2-h4-fp8", "dflash2-head4-fp8", 7),
@@ -124,7 +125,9 @@ def build_backend(kind: str, k: int, model: HybridModel, path: Path, lanes: int,
     if kind in ("off", "verify"):
         return FreeDrafts(k)
     head, weights, first = "full", "model", ""
-    if kind in ("dflash2-auto", "dflash2-first"):  # what the engine's defaults resolve to for this model and device
+    if kind.startswith("mtp"):  # mtp-head4: its drafts through the target's head in 4 bits, spec.draft_head = "int4"
+        kind, head = "mtp", "int4" if kind == "mtp-head4" else "full"
+    elif kind in ("dflash2-auto", "dflash2-first"):  # what the engine's defaults resolve to for this model and device
         # dflash2-first: the random drafter in the first-draft form (the target's MTP layer drafts slot 1, ADR 0017)
         first = "mtp" if kind == "dflash2-first" else ""
         kind, head, weights = "dflash2", "auto", "auto"
@@ -137,7 +140,7 @@ def build_backend(kind: str, k: int, model: HybridModel, path: Path, lanes: int,
                  "spec.draft_weights": weights, "log.level": "warning"}
     ctx = BackendContext(model, load_config(overrides=overrides), path, lanes, context, device, dtype)
     if kind == "mtp":
-        return Mtp(ctx)
+        return load_mtp(ctx)
     drafter = None
     if not (path / "drafter" / "config.json").is_file():
         if head == "shortlist":

@@ -10,8 +10,9 @@ positions anchor..anchor+k, runs through the drafter against that context; the r
 proposal head (the target's output head, the 4-bit shortlist head, or the target's head in 4 bits: .packed_head) and
 the selector (DFlash2) or argmax (v1).
 A drafter trained with slot 1 given (dflash_config.first_draft "mtp", docs/adr/0017) drafts behind the target's MTP
-layer: the MTP layer (ignis.backends.mtp, observing the same rows) drafts slot 1, the block is [anchor, that draft,
-MASK x (k-1)], and its rows 2..k go through the head and the selector, whose walk starts from the MTP draft.
+layer: the MTP layer (ignis.backends.mtp, observing the same rows) drafts slot 1, through the 4-bit head where the
+block's head is that one; the block is [anchor, that draft, MASK x (k-1)], and its rows 2..k go through the head and
+the selector, whose walk starts from the MTP draft.
 Neither step reads a device value on the host: lane lengths and positions of committed rows are known from
 `Observation` fields that are plain ints. The device form (`propose_lanes`, `observe_lanes`) does the same from
 device tensors, sending each lane's rejected verify rows to the context's scratch lane.
@@ -28,7 +29,7 @@ from ignis.backends.dflash2.config import DrafterConfig
 from ignis.backends.dflash2.context import ContextCache
 from ignis.backends.dflash2 import greedy_copy, ring
 from ignis.backends.dflash2.model import DrafterModel
-from ignis.backends.dflash2.packed_head import PackedHead, resolve, target_head
+from ignis.backends.dflash2.packed_head import for_spec
 from ignis.backends.dflash2.selector import pick, select
 from ignis.backends.dflash2.shortlist import ShortlistHead
 from ignis.backends.dflash2.weights import SHORTLIST, load_drafter
@@ -79,22 +80,18 @@ class DFlash2:
                 if model is not None:
                     model.fuse()
             self.model.rope.precompute(ctx.context + cfg.block_size + 1, ctx.device, ctx.dtype)  # the copy's too
-        self.draft_head = resolve(spec.draft_head, ctx.model, ctx.device)  # "auto" made "full" or "int4"
+        # "auto" made "full" or "int4"; the 4-bit head where it is "int4"
+        self.draft_head, self.packed_head = for_spec(spec.draft_head, ctx.model, ctx.device)
         # the engine's reported config says which "auto" became
         self.settled_spec = {"draft_head": self.draft_head, "draft_weights": self.draft_weights}
         self.shortlist: ShortlistHead | None = None
         if self.draft_head == "shortlist":
             self.shortlist = ShortlistHead(path / SHORTLIST, hidden=target.hidden_size, vocab=self.vocab,
                                            device=ctx.device, dtype=ctx.dtype)
-        self.packed_head: PackedHead | None = None
-        if self.draft_head == "int4":
-            try:
-                self.packed_head = PackedHead(target_head(ctx.model), exact=ctx.model.exact)
-            except ValueError as e:
-                raise ConfigError("spec.draft_head", f"int4 does not fit the target's output head: {e}") from e
         self.cache = ContextCache(cfg, lanes=ctx.lanes, context=ctx.context, device=ctx.device, dtype=ctx.dtype)
-        # slot 1's drafter where the drafter was trained with that slot given (first_draft "mtp"): the target's MTP layer
-        self.first: Mtp | None = Mtp(ctx) if cfg.first_draft == "mtp" else None
+        # slot 1's drafter where the drafter was trained with that slot given (first_draft "mtp"): the target's MTP
+        # layer, its logits from the 4-bit head where the block's are (the shortlist holds too few tokens for it)
+        self.first: Mtp | None = Mtp(ctx, head=self.packed_head) if cfg.first_draft == "mtp" else None
         # The device round's attention and context writes read and write the rings in place (Triton kernels) on
         # CUDA outside the exact mode; tests switch it on for CPU tensors under Triton's interpreter.
         self.ring = (ctx.device.type == "cuda" and not ctx.model.exact and triton_installed()

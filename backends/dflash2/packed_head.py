@@ -11,11 +11,12 @@ the drafter's projections) only narrow the vocabulary to RESCORE times the candi
 of the target's own 16-bit head then give the logits the selector sees (`candidates`), so its candidates and their
 values are the full head's wherever the 4-bit logits keep the true top ones among their wider set. On the built-in
 pair the 4-bit logits alone cost 1-2% of the greedy tokens a round. A round reads the 4-bit head (a quarter of the
-16-bit head's bytes) and RESCORE x top-k rows of the 16-bit one. On a GPU that runs the mma kernel the 4-bit copy is
-held in its order only: half a byte a weight plus 4 bytes a row and group. Where the target's head is 4-bit already
-it is used as it is, and its logits are the target's own. Outside exact mode a call of more than PACKED_ROWS rows
-(three lanes' drafts or more) reads the 16-bit head instead, where the 4-bit product is the slower read. Drafts only
-propose: the output stays the target's.
+16-bit head's bytes) and RESCORE x top-k rows of the 16-bit one. On a GPU that runs the mma kernel the 4-bit copy
+is held in its order only: half a byte a weight plus 4 bytes a row and group. Where the target's head is 4-bit
+already it is used as it is, and its logits are the target's own. Outside exact mode a call of more than PACKED_ROWS
+rows (three lanes' drafts or more) reads the 16-bit head instead, where the 4-bit product is the slower read. The
+`mtp` backend's drafts, and slot 1 of a dflash2 drafter trained behind the MTP layer, read it too (`for_spec`, and
+ignis.backends.mtp). Drafts only propose: the output stays the target's.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from torch import nn
 
 from ignis.backends.dflash2.model import INT4_GROUPS
 from ignis.backends.dflash2.selector import fused_on, topk
+from ignis.errors import ConfigError
 from ignis.model.ops import Weight, linear
 from ignis.quant.format import quantize
 from ignis.quant.linear import MmaCodes, PackedWeight, QuantLinear, uses_mma
@@ -72,6 +74,22 @@ def resolve(choice: str, model: nn.Module, device: torch.device) -> str:
     mma = isinstance(head, torch.Tensor) and uses_mma(device, head.dtype)
     return "int4" if auto_int4(head.shape[0], head.shape[1], size, mma=mma, exact=exact, quantized=quantized) \
         else "full"
+
+
+def for_spec(choice: str, model: nn.Module, device: torch.device, *,
+             allowed: tuple[str, ...] = ("auto", "full", "shortlist", "int4")) -> tuple[str, PackedHead | None]:
+    """spec.draft_head = `choice` resolved (`resolve`), and the 4-bit head it makes: (the settled choice, the head
+    where it is "int4", else None). ConfigError where a backend does not take the choice (`allowed`) or the 4-bit
+    format does not fit the target's head."""
+    if choice not in allowed:
+        raise ConfigError("spec.draft_head", f"got {choice!r}; this backend takes {', '.join(map(repr, allowed))}")
+    settled = resolve(choice, model, device)
+    if settled != "int4":
+        return settled, None
+    try:
+        return settled, PackedHead(target_head(model), exact=bool(getattr(model, "exact", False)))
+    except ValueError as e:
+        raise ConfigError("spec.draft_head", f"int4 does not fit the target's output head: {e}") from e
 
 
 def held_bytes(vocab: int, hidden: int, mma: bool, dtype_size: int) -> int:

@@ -250,12 +250,15 @@ def _drafter_bytes(config: IgnisConfig, path: Path, model: ModelConfig, device: 
     """Memory the dflash2 backend will take after the context is fitted: the drafter's weights on disk (no fewer than
     it holds once loaded, whatever spec.draft_weights converts them to), its proposal head's own copy, where
     spec.draft_head makes one, and its layers' 4-bit copy, where spec.draft_weights makes one
-    (ignis.plan.proposal_head_bytes: at the 27B shape a 4-bit copy of the head is 0.6 GiB, of the layers 0.8)."""
-    if config.spec.backend != "dflash2":
-        return 0
+    (ignis.plan.proposal_head_bytes: at the 27B shape a 4-bit copy of the head is 0.6 GiB, of the layers 0.8). The
+    mtp backend's: its 4-bit copy of the head, where spec.draft_head makes one."""
     from ignis.backends.dflash2.weights import SHORTLIST
     from ignis.plan import proposal_head_bytes
 
+    if config.spec.backend == "mtp":
+        return proposal_head_bytes(config, path, model, dtype, device.type == "cuda")
+    if config.spec.backend != "dflash2":
+        return 0
     weights = config.spec.drafter_dir(path).glob("*.safetensors")
     files = sum(f.stat().st_size for f in weights if f.name != SHORTLIST)  # the shortlist is a head: counted there
     return files + proposal_head_bytes(config, path, model, dtype, device.type == "cuda")
