@@ -187,14 +187,15 @@ def test_mtp_draws_a_sampling_lanes_drafts_from_its_shaped_softmax(ckpt: Path, m
     seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
     choose = Mtp._choose
 
-    def spy(logits: torch.Tensor, choice: Choice, slot: int, drafts: list[torch.Tensor],
+    def spy(self: Mtp, hidden: torch.Tensor, choice: Choice, slot: int, drafts: list[torch.Tensor],
             qs: list[torch.Tensor]) -> None:
-        choose(logits, choice, slot, drafts, qs)
+        choose(self, hidden, choice, slot, drafts, qs)
         if choice.uniforms is not None:
-            ranked = topk(logits, CANDIDATES)[1]  # [n, CANDIDATES]: the layer's best tokens, best first
+            # [n, CANDIDATES]: the layer's best tokens, best first
+            ranked = topk(self.model.logits(hidden), CANDIDATES)[1]
             seen.append((choice.temperatures > 0, drafts[-1], qs[-1], choice.uniforms[:, slot], ranked))
 
-    monkeypatch.setattr(Mtp, "_choose", staticmethod(spy))
+    monkeypatch.setattr(Mtp, "_choose", spy)
     ps = prompts(2, VOCAB, seed=12, lo=5, hi=20)
     params = [SamplingParams(max_tokens=8, temperature=0.8, top_k=7, top_p=0.9, seed=3, ignore_eos=True),
               SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)]
