@@ -38,6 +38,7 @@ from ignis.kernels.launch import triton_installed
 
 if TYPE_CHECKING:
     from ignis.config import IgnisConfig
+    from ignis.model.decode import DecodeStep
     from ignis.model.model import HybridModel
     from ignis.model.pool import KVPool
 
@@ -191,6 +192,9 @@ class Committed:
     hidden: torch.Tensor  # [B, C, H] model dtype, device: final-normed hidden states
     taps: torch.Tensor | None  # [B, C, len(tap_layers) * H] model dtype, device
     accepted: torch.Tensor  # [B] int64, device: rows 0..accepted are kept
+    # the forward's own DecodeStep over these rows (lanes, positions, span): a backend's layer attending at the same
+    # positions reads its RoPE tables and key mask rather than building them again; None: build them
+    step: DecodeStep | None = None
 
 
 class SpecBackend(Protocol):

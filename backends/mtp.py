@@ -18,10 +18,13 @@ head's bytes a draft, where the head is most of one.
 
 The device form runs the layer over all C verify rows of every lane (a rejected row's keys sit past the lane's
 committed positions, where the next observe or propose overwrites them before any query can see them) and keeps
-the output at each lane's last kept row.
+the output at each lane's last kept row. It reads the verify's RoPE tables and key mask (`Committed.step`), the same
+positions', rather than building them again.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -163,7 +166,9 @@ class Mtp:
 
     def observe_lanes(self, rows: Committed, span: int) -> None:
         b, c = rows.tokens.shape
-        dstep = self.model.decode_step(rows.lanes, rows.positions, span=span, record=False)
+        # the verify's step over the same rows where the round gives it (the layer keeps no recurrent record)
+        dstep = self.model.decode_step(rows.lanes, rows.positions, span=span, record=False) if rows.step is None \
+            else dataclasses.replace(rows.step, record=False)
         out = self.mtp.decode(self.model.embed(rows.following.reshape(-1)), rows.hidden.reshape(b * c, -1), dstep,
                               self.kv)
         kept = out.view(b, c, -1).gather(1, rows.accepted[:, None, None].expand(b, 1, out.shape[-1]))[:, 0]

@@ -2,7 +2,8 @@
 1 of a dflash2 drafter trained behind the MTP layer. Greedy output equals `off` token for token; a draft is the best
 of the head's candidates, valued by the 16-bit rows; a seeded request's sampled tokens do not depend on the lanes
 beside it; the backend reports what "auto" settled on and counts the head it holds; the config refuses mtp with the
-dflash2 drafter's shortlist head (tests/test_plan.py: the plan counts mtp's 4-bit copy of a 27B's head)."""
+dflash2 drafter's shortlist head (tests/test_plan.py: the plan counts mtp's 4-bit copy of a 27B's head). In the
+device round the layer's pass over the verify rows reads the verify's own RoPE tables and key mask."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from engines import prompts, run
-from ignis.backends.base import Choice
+from ignis.backends.base import Choice, Committed
 from ignis.backends.dflash2.backend import DFlash2
 from ignis.backends.dflash2.weights import save_random_drafter
 from ignis.backends.mtp import Mtp
@@ -141,4 +142,32 @@ def test_mtp_settles_auto_counts_its_head_and_refuses_the_shortlist(ckpt: Path) 
     assert packed.backend.nbytes() == auto.backend.nbytes() + packed.backend.head.nbytes()
     with pytest.raises(ConfigError, match="spec.draft_head"):
         load_config(overrides={"spec.backend": "mtp", "spec.draft_head": "shortlist"})
+
+
+@pytest.mark.parametrize("backend", ["mtp", "dflash2"])
+def test_the_layers_pass_over_the_verify_rows_reuses_the_verify_step(ckpt: Path, drafter: Path, work, reference,
+                                                                     backend: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device round builds one DecodeStep (the verify's) when the MTP layer drafts one token: its observe reads the
+    step the round hands it in `Committed`, and greedy output stays equal to off."""
+    ps, params = work
+    extra = {"spec.drafter": str(drafter), "spec.draft_tokens": 7} if backend == "dflash2" else {"spec.draft_tokens": 1}
+    engine = _engine(ckpt, backend, 2, **{"model.exact": "off", **extra})
+    assert engine.runner.device_round is not None
+    layer = engine.backend.first if isinstance(engine.backend, DFlash2) else engine.backend
+    assert isinstance(layer, Mtp)
+    built, handed = [], []
+    decode_step, observe = engine.model.decode_step, layer.observe_lanes
+    monkeypatch.setattr(engine.model, "decode_step", lambda *a, **kw: built.append(1) or decode_step(*a, **kw))
+
+    def spy(rows: Committed, span: int) -> None:
+        handed.append(rows.step is not None)
+        observe(rows, span)
+
+    monkeypatch.setattr(layer, "observe_lanes", spy)
+    out = run(engine, ps, params)
+    for rid, ref in reference.items():
+        assert out[rid].token_ids == ref, f"request {rid} diverged from off"
+    assert handed and all(handed)
+    assert len(built) == len(handed)  # one step a forward: the verify's (or the prefill piece's), not a second
 

@@ -185,7 +185,7 @@ class DevicePrefill:
         following = torch.cat([tokens[:, 1:], after[:, None]], dim=1)
         self.backend.observe_lanes(
             Committed(lanes, positions, tokens, following, hidden.view(1, c, -1),
-                      taps.view(1, c, -1) if taps is not None else None, self.kept[c]),
+                      taps.view(1, c, -1) if taps is not None else None, self.kept[c], step),
             span,
         )
         self.out.copy_(first)

@@ -372,7 +372,7 @@ class DeviceRound:
         following = torch.cat([drafts, token[:, None]], dim=1).scatter(1, accepted[:, None], token[:, None])
         backend.observe_lanes(
             Committed(lanes, positions, tokens, following, hidden.view(b, self.cols, -1),
-                      taps.view(b, self.cols, -1) if taps is not None else None, accepted),
+                      taps.view(b, self.cols, -1) if taps is not None else None, accepted, step),
             span,
         )
         buf.out[:, 0] = accepted
