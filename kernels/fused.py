@@ -1,8 +1,9 @@
 """Fused kernels of the decode round's layers: each replaces a run of small torch ops with one launch.
 
-Owns: `add_rms_norm`, `conv`, `gated_norm`, `swiglu`, `qk_rope_write`, `grouped_conv` (numba-cuda kernels on CUDA
-tensors, launched on torch's current stream so a CUDA graph captures them; `add_rms_norm` and `swiglu` run the Triton
-kernels of ignis.kernels.norm_triton and ignis.kernels.swiglu_triton where Triton is installed) and their torch
+Owns: `add_rms_norm`, `rms_norm_pair`, `conv`, `gated_norm`, `swiglu`, `qk_rope_write`, `grouped_conv` (numba-cuda
+kernels on CUDA tensors, launched on torch's current stream so a CUDA graph captures them; `add_rms_norm`,
+`rms_norm_pair` and `swiglu` run the Triton kernels of ignis.kernels.norm_triton and ignis.kernels.swiglu_triton where
+Triton is installed; `rms_norm_pair` has no numba form and takes the reference without Triton) and their torch
 references (what runs on the CPU, and what the kernels are tested against). Does not own: the layers that call them
 (ignis.model, the dflash2 drafter) or the kernel sources (ignis.kernels.fused_kernel, norm_triton, swiglu_triton). docs/adr/0006-fused-layer-kernels.md has the
 why and the numbers.
@@ -42,6 +43,12 @@ def add_rms_norm_reference(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     resid = x if d is None else x + d
     return resid, F.rms_norm(resid.float(), (x.shape[-1],), scale, eps).to(x.dtype)
+
+
+def rms_norm_pair_reference(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                            eps: float) -> torch.Tensor:
+    halves = (add_rms_norm_reference(x, None, scale, eps)[1] for x, scale in ((a, scale_a), (b, scale_b)))
+    return torch.cat(list(halves), dim=-1)
 
 
 def conv_reference(
@@ -146,6 +153,18 @@ def add_rms_norm(
     launch(k, (x.shape[0],), NORM_THREADS, (x, x if d is None else d, scale, resid, normed, float(eps), d is not None),
             x.device)
     return resid, normed
+
+
+def rms_norm_pair(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                  eps: float) -> torch.Tensor:
+    """cat([rms_norm(a) * scale_a, rms_norm(b) * scale_b], -1) [T, 2n] in the model dtype, for a and b [T, n] and
+    float32 scales [n]: the MTP layer's two input norms and their concatenation, one launch where Triton runs (the
+    kernel of ignis.kernels.norm_triton), the reference elsewhere."""
+    if not a.is_cuda or not triton_installed():
+        return rms_norm_pair_reference(a, b, scale_a, scale_b, eps)
+    from ignis.kernels import norm_triton
+
+    return norm_triton.rms_norm_pair(a.contiguous(), b.contiguous(), scale_a, scale_b, eps)
 
 
 def conv(

@@ -1,4 +1,5 @@
-"""The residual add and RMSNorm of the decode round in Triton: `add_rms_norm`, a program a row.
+"""The residual add and RMSNorm of the decode round in Triton: `add_rms_norm`, a program a row; and `rms_norm_pair`,
+two rows' norms written side by side (the MTP layer's input), a program a row and side.
 
 Owns: the kernel and its launch on torch's current stream (Triton launches there), allocating only the outputs, so a
 CUDA graph captures it; and `Conv`, the dflash2 drafter's side-1 grouped conv of d that the kernel can apply
@@ -133,6 +134,42 @@ def add_rms_norm(
                             ROUND_FIRST=round_first, BLOCK=triton.next_power_of_2(n), num_warps=warps(n), **early,
                             **extra)
     return resid, normed
+
+
+@triton.jit
+def _rms_norm_pair(
+    a_ptr, b_ptr, scale_a_ptr, scale_b_ptr, out_ptr,  # a, b [T, n] model dtype; scales [n] float32; out [T, 2n]
+    n, eps, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    side = tl.program_id(1)  # 0: a into out's first half, 1: b into its second
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    if side == 0:
+        v = tl.load(a_ptr + row * n + offs, mask=mask, other=0.0).to(tl.float32)
+        scale = tl.load(scale_a_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    else:
+        v = tl.load(b_ptr + row * n + offs, mask=mask, other=0.0).to(tl.float32)
+        scale = tl.load(scale_b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / n + eps)
+    tl.store(out_ptr + row * 2 * n + side * n + offs, (v * inv * scale).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm_pair(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                  eps: float) -> torch.Tensor:
+    """cat([rms_norm(a) * scale_a, rms_norm(b) * scale_b], -1) [T, 2n] in a's dtype, one launch: a and b [T, n]
+    contiguous, of one dtype; the scales [n] float32. Each half's arithmetic is `add_rms_norm`'s without the add."""
+    t, n = a.shape
+    if (n > MAX_WIDTH or b.shape != a.shape or b.dtype != a.dtype or not a.is_contiguous() or not b.is_contiguous()
+            or any(s.shape != (n,) or s.dtype != torch.float32 for s in (scale_a, scale_b))):
+        raise ValueError(f"rms_norm_pair takes contiguous a and b [T, n <= {MAX_WIDTH}] of one dtype and float32 "
+                         f"scales [n]; got a {tuple(a.shape)} {a.dtype}, b {tuple(b.shape)} {b.dtype}, scales "
+                         f"{tuple(scale_a.shape)} {scale_a.dtype} and {tuple(scale_b.shape)} {scale_b.dtype}")
+    out = torch.empty((t, 2 * n), dtype=a.dtype, device=a.device)
+    if t:
+        _rms_norm_pair[(t, 2)](a, b, scale_a, scale_b, out, n, float(eps), BLOCK=triton.next_power_of_2(n),
+                               num_warps=warps(n))
+    return out
 
 
 @dataclass(frozen=True)

@@ -163,6 +163,24 @@ def test_add_rms_norm_both_kernels_at_the_27b_width(t: int, triton: bool, monkey
     assert torch.equal(last[0], normed[-1])
 
 
+@pytest.mark.parametrize("t", [1, 8, 64])
+def test_the_mtp_layers_norm_pair_at_the_27b_width(t: int) -> None:
+    """fused.rms_norm_pair (the MTP layer's two input norms side by side, one Triton launch) against the reference, bf16
+    rows of 5,120; a row's result does not depend on the call's other rows."""
+    from ignis.kernels import fused
+    from tests.test_kernels_fused import close
+
+    g = torch.Generator(device="cuda").manual_seed(t)
+    a = (torch.randn(t, 5120, device="cuda", generator=g) * 3).bfloat16()
+    b = torch.randn(t, 5120, device="cuda", generator=g).bfloat16()
+    sa, sb = (torch.rand(5120, device="cuda", generator=g) + 0.5 for _ in range(2))
+    with torch.inference_mode():
+        got = fused.rms_norm_pair(a, b, sa, sb, 1e-6)
+        last = fused.rms_norm_pair(a[-1:], b[-1:], sa, sb, 1e-6)
+    close(got, fused.rms_norm_pair_reference(a, b, sa, sb, 1e-6), "pair")
+    assert torch.equal(last[0], got[-1])
+
+
 # The Triton paged attention (ignis.kernels.attention_triton) at the 27B attention shape: 24 query heads on 4 KV heads
 # of 256, bf16, pages of 64 in shuffled order behind a garbage-filled null page.
 def _paged_attention_inputs(b: int, c: int, span: int) -> dict[str, object]:

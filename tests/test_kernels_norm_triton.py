@@ -137,6 +137,29 @@ def test_cpu_tensors_keep_the_reference() -> None:
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+@pytest.mark.parametrize("t,n", [(1, 384), (5, 100), (8, 64)])
+def test_the_pair_is_both_norms_side_by_side(t: int, n: int) -> None:
+    """rms_norm_pair: the MTP layer's two input norms and their concatenation in one launch, each half the reference
+    norm of its rows with its own scale, a row's result its own whatever rows share the call."""
+    a, b, scale_a = rows(t, n, seed=n + t)
+    scale_b = torch.rand(n, generator=torch.Generator().manual_seed(t)) + 0.5
+    got = norm_triton.rms_norm_pair(a, b, scale_a, scale_b, 1e-6)
+    want = fused.rms_norm_pair_reference(a, b, scale_a, scale_b, 1e-6)
+    assert got.shape == (t, 2 * n)
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)
+    _, alone_a = norm_triton.add_rms_norm(a, None, scale_a, 1e-6)
+    _, alone_b = norm_triton.add_rms_norm(b, None, scale_b, 1e-6)
+    assert torch.equal(got, torch.cat([alone_a, alone_b], dim=-1))  # add_rms_norm's arithmetic, bit for bit
+    last = norm_triton.rms_norm_pair(a[-1:].contiguous(), b[-1:].contiguous(), scale_a, scale_b, 1e-6)
+    assert torch.equal(last[0], got[-1])
+    assert norm_triton.rms_norm_pair(a[:0], b[:0], scale_a, scale_b, 1e-6).shape == (0, 2 * n)
+    with pytest.raises(ValueError, match="of one dtype"):
+        norm_triton.rms_norm_pair(a, b.double(), scale_a, scale_b, 1e-6)
+    with pytest.raises(ValueError, match="float32"):
+        norm_triton.rms_norm_pair(a, b, scale_a, scale_b.double(), 1e-6)
+    assert torch.equal(fused.rms_norm_pair(a, b, scale_a, scale_b, 1e-6), want)  # the CPU keeps the reference
+
+
 COMPILE = r"""
 import triton
 from ignis.kernels.norm_triton import _add_rms_norm, warps
@@ -166,8 +189,16 @@ for pdl in (False, True):
     kernel = build(_add_rms_norm, types, consts, ("n", "dyn_stride"), warps(5120), 3)
     assert ("griddepcontrol.wait" in kernel.asm["ptx"]) == pdl and spills(kernel) == 0, pdl
     print("ok conv", pdl)
+# the MTP layer's two input norms side by side (27B hidden size, bf16)
+from ignis.kernels.norm_triton import _rms_norm_pair
+types = {"a_ptr": "*bf16", "b_ptr": "*bf16", "scale_a_ptr": "*fp32", "scale_b_ptr": "*fp32", "out_ptr": "*bf16",
+         "eps": "fp32"}
+kernel = build(_rms_norm_pair, types, {"BLOCK": 8192}, ("n",), warps(5120), 3)
+ptx = kernel.asm["ptx"]
+assert "ld.global.v4" in ptx and "st.global.v4" in ptx and spills(kernel) == 0
+print("ok pair")
 """
 
 
 def test_kernel_compiles_for_sm90_with_vector_accesses() -> None:
-    assert run_child(COMPILE).count("ok") == 14
+    assert run_child(COMPILE).count("ok") == 15

@@ -242,8 +242,7 @@ class MTPHead(nn.Module):
         kv: AttnState,  # the layer's own K/V (pages and block table; AttnState.contiguous for a per-lane cache)
     ) -> torch.Tensor:
         """-> [T, H]: mtp.norm(layer(fc(cat[norm_e(embeds), norm_h(hidden)]))); the embedding comes first."""
-        u = torch.cat([self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)], dim=-1)
-        x = linear(u, self.fc.weight, self.exact)
+        x = linear(self.inputs(embeds, hidden), self.fc.weight, self.exact)
         step = Step.build(tuple(segments), positions, self.rope, x.dtype, self.exact)
         x = self.layers[0](x, step, kv)
         return self.norm(x)
@@ -257,6 +256,13 @@ class MTPHead(nn.Module):
         kv: AttnState,  # the layer's own K/V (pages and block table)
     ) -> torch.Tensor:
         """`forward` for B lanes x C columns at device positions (static shapes, capturable)."""
-        u = torch.cat([self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)], dim=-1)
-        x, d = cast(DecoderLayer, self.layers[0]).decode(F.linear(u, self.fc.weight), None, step, kv)
+        x, d = cast(DecoderLayer, self.layers[0]).decode(F.linear(self.inputs(embeds, hidden), self.fc.weight), None,
+                                                         step, kv)
         return add_norm(x, d, self.norm)[1]
+
+    def inputs(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """[T, 2H]: cat[norm_e(embeds), norm_h(hidden)], one launch on CUDA once the norms are fused."""
+        e, h = self.pre_fc_norm_embedding, self.pre_fc_norm_hidden
+        if e.scale is None or h.scale is None:
+            return torch.cat([e(embeds), h(hidden)], dim=-1)
+        return fused.rms_norm_pair(embeds, hidden, e.scale, h.scale, e.eps)
