@@ -219,7 +219,7 @@ class DFlash2:
         model = self.greedy_model if self.reads_copy(choice.greedy_round, lane_ix.shape[0], k) else self.model
         hidden = self.hidden(lane_ix, anchors, positions, k, span, model, given)
         if given is not None:
-            hidden, anchors = hidden[:, 1:].contiguous(), given
+            anchors = given
         candidates = None
         if self.shortlist is not None:
             logits, columns = self.shortlist.logits(hidden), self.shortlist.token_ids
@@ -241,10 +241,10 @@ class DFlash2:
 
     def hidden(self, lane_ix: torch.Tensor, anchors: torch.Tensor, positions: torch.Tensor, k: int,
                span: int, model: DrafterModel | None = None, given: torch.Tensor | None = None) -> torch.Tensor:
-        """The drafter's final-normed rows after each lane's anchor, [n, k, H]. lane_ix, anchors, positions: [n]
-        int64, device; span: a host bound on the rows any of these lanes has committed; model: the drafter's form
-        that runs the block (the drafter as it is by default, or its greedy copy); given: slot 1's tokens [n] in
-        place of its mask (a first_draft drafter's block)."""
+        """The drafter's final-normed rows after each lane's anchor, [n, k, H], or with `given` after slot 1, [n, k - 1,
+        H]. lane_ix, anchors, positions: [n] int64, device; span: a host bound on the rows any of these lanes has
+        committed; model: the drafter's form that runs the block (the drafter as it is by default, or its greedy copy);
+        given: slot 1's tokens [n] in place of its mask (a first_draft drafter's block)."""
         model = model if model is not None else self.model
         n = lane_ix.shape[0]
         q_pos = positions[:, None] + self.offsets[: k + 1]  # [n, k+1]
@@ -253,12 +253,14 @@ class DFlash2:
         x = self.target.embed(ids)
         if self.cfg.input_embedding_scale != 1.0:
             x = x * self.cfg.input_embedding_scale
+        # The anchor row proposes nothing, nor does a given slot 1. Contiguous, so the output head is one plain 2-D
+        # product: on the strided view cuBLAS picked a kernel that read the 2.5 GB head once per 8 rows at 8 lanes
+        # (4.7 ms, 27B shape, H200). One copy for both cuts.
+        skip = len(lead)
         if self.ring:
-            return ring.block(model, x, q_pos, self.cache.rings(), lane_ix, span)[:, 1:].contiguous()
+            return ring.block(model, x, q_pos, self.cache.rings(), lane_ix, span)[:, skip:].contiguous()
         kv, masks = self.cache.gather(lane_ix, q_pos, span)
-        # The anchor row proposes nothing. Contiguous, so the output head is one plain 2-D product: on the strided
-        # view cuBLAS picked a kernel that read the 2.5 GB head once per 8 rows at 8 lanes (4.7 ms, 27B shape, H200).
-        return model.block(x, q_pos, kv, masks)[:, 1:].contiguous()
+        return model.block(x, q_pos, kv, masks)[:, skip:].contiguous()
 
 
 def _slots(choice: Choice, start: int, stop: int) -> Choice:
