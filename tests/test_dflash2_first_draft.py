@@ -14,47 +14,16 @@ import pytest
 import torch
 
 from engines import prompts, run
+from first_draft_work import VOCAB, ckpt, drafter, reference, spec_engine, work  # noqa: F401 (fixtures)
 from ignis.backends.dflash2.backend import DFlash2
 from ignis.backends.dflash2.config import DrafterConfig
 from ignis.backends.dflash2.weights import save_random_drafter
 from ignis.config import load_config
-from ignis.engine.core import Engine
 from ignis.engine.defaults import pooled_layers
 from ignis.errors import ArtifactError
 from ignis.model.config import ModelConfig
 from ignis.params import SamplingParams
 from tiny import tiny_checkpoint
-
-VOCAB = 512
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_checkpoint(tmp_path_factory.mktemp("ckpt"), seed=3, mtp=True, vocab_size=VOCAB)
-
-
-@pytest.fixture(scope="module")
-def drafter(ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_random_drafter(tmp_path_factory.mktemp("drafter"), ModelConfig.from_dir(ckpt), seed=7, num_layers=2,
-                               taps=3, first_draft="mtp")
-
-
-@pytest.fixture(scope="module")
-def work() -> tuple[list[list[int]], list[SamplingParams]]:
-    ps = prompts(12, VOCAB, seed=2, lo=2, hi=32)
-    return ps, [SamplingParams(max_tokens=4 + (3 * i) % 12, temperature=0.0, ignore_eos=True) for i in range(len(ps))]
-
-
-def _engine(ckpt: Path, backend: str, lanes: int, **extra: Any) -> Engine:
-    overrides = {"model.path": str(ckpt), "spec.backend": backend, "engine.lanes": lanes, "log.level": "warning",
-                 **extra}
-    return Engine(load_config(profile="cpu", overrides=overrides))
-
-
-@pytest.fixture(scope="module")
-def reference(ckpt: Path, work) -> dict[str, list[int]]:
-    ps, params = work
-    return {k: v.token_ids for k, v in run(_engine(ckpt, "off", 4), ps, params).items()}
 
 
 @pytest.mark.parametrize("model", [{}, {"model.exact": "off"}], ids=["exact", "fused"])
@@ -64,7 +33,7 @@ def test_greedy_output_equals_off_with_the_mtp_layer_drafting_slot_one(ckpt: Pat
                                                                        lanes: int, k: int,
                                                                        model: dict[str, str]) -> None:
     ps, params = work
-    engine = _engine(ckpt, "dflash2", lanes, **{"spec.drafter": str(drafter), "spec.draft_tokens": k, **model})
+    engine = spec_engine(ckpt, "dflash2", lanes, **{"spec.drafter": str(drafter), "spec.draft_tokens": k, **model})
     assert isinstance(engine.backend, DFlash2) and engine.backend.first is not None
     out = run(engine, ps, params)
     for rid, ref in reference.items():
@@ -75,7 +44,7 @@ def test_greedy_output_equals_off_with_the_mtp_layer_drafting_slot_one(ckpt: Pat
 
 def test_slot_one_is_the_mtp_layers_draft_and_the_block_sees_it(ckpt: Path, drafter: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    engine = _engine(ckpt, "dflash2", 2, **{"spec.drafter": str(drafter), "spec.draft_tokens": 7})
+    engine = spec_engine(ckpt, "dflash2", 2, **{"spec.drafter": str(drafter), "spec.draft_tokens": 7})
     backend = engine.backend
     assert isinstance(backend, DFlash2) and backend.first is not None
     seen: list[torch.Tensor | None] = []
@@ -102,7 +71,7 @@ def test_sampled_output_is_reproducible_and_keeps_drafts(ckpt: Path, drafter: Pa
               for i in range(len(ps))]
     outs = []
     for lanes in (1, 3):
-        engine = _engine(ckpt, "dflash2", lanes, **{"spec.drafter": str(drafter), "spec.draft_tokens": 7})
+        engine = spec_engine(ckpt, "dflash2", lanes, **{"spec.drafter": str(drafter), "spec.draft_tokens": 7})
         outs.append({k: v.token_ids for k, v in run(engine, ps, params).items()})
         assert engine.stats().drafted > 0
     assert outs[0] == outs[1]  # a seeded request's tokens do not depend on the lanes beside it
@@ -116,7 +85,7 @@ def test_the_pool_and_the_plan_count_the_mtp_layers_keys(ckpt: Path, drafter: Pa
     plain = save_random_drafter(tmp_path / "plain", ModelConfig.from_dir(ckpt), seed=7, num_layers=2, taps=3)
     assert pooled_layers(spec(backend="dflash2", drafter=str(plain)), ckpt) == 0
     assert pooled_layers(spec(backend="mtp"), ckpt) == 1
-    engine = _engine(ckpt, "dflash2", 2, **{"spec.drafter": str(drafter), "spec.draft_tokens": 7})
+    engine = spec_engine(ckpt, "dflash2", 2, **{"spec.drafter": str(drafter), "spec.draft_tokens": 7})
     assert isinstance(engine.backend, DFlash2) and engine.backend.first is not None and engine.backend.first.pooled
 
 
