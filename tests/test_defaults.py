@@ -167,6 +167,20 @@ def test_the_drafter_reserved_before_the_pool_counts_its_proposal_heads_own_copy
     assert _drafter_bytes(off, BUILTIN, builtin(), torch.device("cpu"), torch.float32) == 0
 
 
+@pytest.mark.parametrize("head", ["full", "int4"])
+def test_mtps_4bit_head_is_reserved_before_the_pool(head: str) -> None:
+    """The mtp backend holds no weights of its own, but its 4-bit copy of the head (spec.draft_head = "int4") comes
+    out of the memory the K/V pool is fitted to, as the dflash2 drafter's does."""
+    from ignis.backends.dflash2.packed_head import held_bytes
+    from ignis.engine.defaults import _drafter_bytes
+
+    cfg = load_config(profile="cpu", overrides={"spec.backend": "mtp", "spec.draft_tokens": 3,
+                                                "spec.draft_head": head})
+    reserved = _drafter_bytes(cfg, BUILTIN, builtin(), torch.device("cpu"), torch.float32)
+    model = builtin()
+    assert reserved == (held_bytes(model.vocab_size, model.hidden_size, False, 4) if head == "int4" else 0)
+
+
 def test_auto_draft_weights_hold_the_greedy_copy_only_where_the_pool_loses_nothing(memory: dict[str, int],
                                                                                  tmp_path: Path) -> None:
     """dflash2's spec.draft_weights = "auto" at the 27B shape on a GPU: the 4-bit copy of the drafter's layers where
