@@ -90,7 +90,7 @@ class DFlash2:
                                            device=ctx.device, dtype=ctx.dtype)
         self.cache = ContextCache(cfg, lanes=ctx.lanes, context=ctx.context, device=ctx.device, dtype=ctx.dtype)
         # slot 1's drafter where the drafter was trained with that slot given (first_draft "mtp"): the target's MTP
-        # layer, its logits from the 4-bit head where the block's are (the shortlist holds too few tokens for it)
+        # layer, its logits from the 4-bit head where the block's are (a shortlist would leave tokens out: not there)
         self.first: Mtp | None = Mtp(ctx, head=self.packed_head) if cfg.first_draft == "mtp" else None
         # The device round's attention and context writes read and write the rings in place (Triton kernels) on
         # CUDA outside the exact mode; tests switch it on for CPU tensors under Triton's interpreter.
