@@ -193,7 +193,7 @@ class Committed:
     taps: torch.Tensor | None  # [B, C, len(tap_layers) * H] model dtype, device
     accepted: torch.Tensor  # [B] int64, device: rows 0..accepted are kept
     # the forward's own DecodeStep over these rows (lanes, positions, span): a backend's layer attending at the same
-    # positions reads its RoPE tables and key mask rather than building them again; None: build them
+    # positions reads its RoPE tables rather than gathering them again; None: build them
     step: DecodeStep | None = None
 
 

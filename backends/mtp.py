@@ -18,8 +18,8 @@ head's bytes a draft, where the head is most of one.
 
 The device form runs the layer over all C verify rows of every lane (a rejected row's keys sit past the lane's
 committed positions, where the next observe or propose overwrites them before any query can see them) and keeps
-the output at each lane's last kept row. It reads the verify's RoPE tables and key mask (`Committed.step`), the same
-positions', rather than building them again.
+the output at each lane's last kept row. It reads the verify's RoPE tables (`Committed.step`), the same positions',
+rather than gathering them again.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Owns: `attend` and the choice of how it runs (`use`, `route`): two numba-cuda launches on CUDA tensors, on torch's
 current stream so a CUDA graph captures them (the splits' partial softmax-weighted sums, then their merge times
 sigmoid(gate)), or the same two steps as Triton kernels on tensor cores (ignis.kernels.attention_triton), or the
-torch reference `attend_reference` (what runs on the CPU, and what the kernels are tested against); the split plan
-(`splits`). Does not own: the projections, q/k norms and the K/V write before it (ignis.kernels.fused.qk_rope_write)
+torch reference `attend_reference` (what runs on the CPU, and what the kernels are tested against) with its mask
+(`visibility`: only the reference builds one); the split plan (`splits`). Does not own: the projections, q/k norms and the K/V write before it (ignis.kernels.fused.qk_rope_write)
 or the layer (ignis.model.attention). docs/adr/0006-fused-layer-kernels.md and 0009-triton-paged-attention.md have
 the why and the numbers.
 
@@ -53,6 +53,14 @@ def gather_span(kc: torch.Tensor, table: torch.Tensor, lanes: torch.Tensor, span
     b, page = lanes.shape[0], kc.shape[1]
     pages = table.index_select(0, lanes)[:, : -(-span // page)]  # [B, n] int64
     return kc.index_select(0, pages.reshape(-1)).view(b, -1, *kc.shape[2:])[:, :span]
+
+
+def visibility(positions: torch.Tensor, span: int, rows: int) -> torch.Tensor:
+    """[B, 1, rows, span] bool: query row g * C + c (query head g of a KV head, column c of positions [B, C]) sees key
+    slots 0..positions[b, c] of the span: the reference's mask. The kernels read positions instead."""
+    b, c = positions.shape
+    seen = torch.arange(span, device=positions.device)[None, None, :] <= positions[:, :, None]  # [B, C, span]
+    return seen[:, None, None].expand(b, 1, rows // c, c, span).reshape(b, 1, rows, span)
 
 
 def attend_reference(
@@ -135,7 +143,7 @@ def attend(
     table: torch.Tensor,  # [L, width] int64: the page of each lane's slots i*page..(i+1)*page-1
     lanes: torch.Tensor,  # [B] int64
     positions: torch.Tensor,  # [B, C] int64: column c sees key slots 0..positions[b, c]
-    mask: torch.Tensor,  # [B, 1, R, span] bool: the same visibility, for the reference
+    span: int,  # key slots each lane's row may read (the round's bound on positions)
     scale: float,
     qkv: torch.Tensor,  # [T, ...]: the projection the gates are read from (as gate_heads_reference reads them)
     nh: int,
@@ -143,18 +151,18 @@ def attend(
     """softmax(q k^T * scale) v over each lane's visible slots, times sigmoid(gate): [T, nh * hd] model dtype."""
     path = route(q)
     if path == "reference":
-        return attend_reference(q, kc, vc, table, lanes, mask, scale, qkv, nh)
+        return attend_reference(q, kc, vc, table, lanes, visibility(positions, span, q.shape[2]), scale, qkv, nh)
     if path == "triton":
         from ignis.kernels import attention_triton
 
-        return attention_triton.attend(q, kc, vc, table, lanes, positions, mask, scale, qkv, nh)
+        return attention_triton.attend(q, kc, vc, table, lanes, positions, span, scale, qkv, nh)
     from ignis.kernels.attention_kernel import THREADS
 
     if not (q.is_cuda and q.dtype in (torch.bfloat16, torch.float32) and q.shape[-1] <= THREADS):
         raise ValueError(f"the numba attention kernel takes CUDA bf16/fp32 queries of head width <= {THREADS}")
 
     b, nkv, rows, hd = q.shape
-    ns, per = splits(mask.shape[-1], b, nkv)
+    ns, per = splits(span, b, nkv)
     ks = _compiled(q.dtype, rows, hd)
     opart = torch.empty((b, nkv, ns, rows, hd), dtype=torch.float32, device=q.device)
     mpart = torch.empty((b, nkv, ns, rows), dtype=torch.float32, device=q.device)

@@ -150,7 +150,7 @@ def attend(
     table: torch.Tensor,  # [L, width] int64: the page of each lane's slots i*page..(i+1)*page-1
     lanes: torch.Tensor,  # [B] int64
     positions: torch.Tensor,  # [B, C] int64: column c sees key slots 0..positions[b, c]
-    mask: torch.Tensor,  # [B, 1, R, span] bool: only its span is read (the slots the round may see)
+    span: int,  # key slots each lane's row may read (the round's bound on positions)
     scale: float,
     qkv: torch.Tensor,  # [T, ...] model dtype: the projection the gates are read from
     nh: int,
@@ -167,7 +167,7 @@ def attend(
     if kc.stride() != vc.stride() or {q.stride(-1), kc.stride(-1), qkv.stride(-1)} != {1}:
         raise ValueError("q, the K and V pages (of equal strides) and qkv need contiguous last dims")
     b, nkv, rows, hd = q.shape
-    span, cols, group = mask.shape[-1], positions.shape[1], nh // nkv
+    cols, group = positions.shape[1], nh // nkv
     if rows != group * cols:
         raise ValueError(f"{rows} query rows a KV head are not {group} query heads x {cols} columns")
     tile = tile or tiles(rows, hd, q.dtype)

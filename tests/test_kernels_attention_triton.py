@@ -19,11 +19,11 @@ from collections.abc import Iterator
 import pytest
 import torch
 from ignis.kernels import attention
-from ignis.kernels.attention import attend, attend_reference, route, splits, use
+from ignis.kernels.attention import attend, attend_reference, route, splits, use, visibility
 from ignis.kernels.attention_triton import Tiles
 
 from tests.sm90 import run_child
-from tests.test_kernels_fused import paged, visible
+from tests.test_kernels_fused import paged
 
 if torch.cuda.is_available():
     pytest.skip("the interpreter takes CPU tensors: tests/test_kernels_gpu.py runs these", allow_module_level=True)
@@ -53,7 +53,7 @@ def inputs(page: int, positions: list[list[int]], seed: int) -> dict[str, object
     (kc, vc), table = paged([k, v], page, g, {0: held})
     return {
         "q": torch.randn(b, NKV, GROUP * c, HD, generator=g), "kc": kc, "vc": vc, "table": table, "lanes": lanes,
-        "positions": pos, "mask": visible(pos, GROUP, SLOTS), "scale": HD**-0.5,
+        "positions": pos, "mask": visibility(pos, SLOTS, GROUP * c), "span": SLOTS, "scale": HD**-0.5,
         "qkv": torch.randn(b * c, (2 * nh + 2 * NKV) * HD, generator=g) * 2, "nh": nh,
     }
 
@@ -63,7 +63,7 @@ def check(x: dict, per_split: int | None = None, tile: Tiles | None = None) -> N
 
     args = (x["q"], x["kc"], x["vc"], x["table"], x["lanes"])
     want = attend_reference(*args, x["mask"], x["scale"], x["qkv"], x["nh"])
-    got = attention_triton.attend(*args, x["positions"], x["mask"], x["scale"], x["qkv"], x["nh"],
+    got = attention_triton.attend(*args, x["positions"], x["span"], x["scale"], x["qkv"], x["nh"],
                                   per_split=per_split, tile=tile)
     assert got.dtype == want.dtype and got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -91,8 +91,8 @@ def test_triton_attention_equals_the_reference(page: int, positions: list[list[i
 
 def test_attend_takes_the_chosen_path() -> None:
     x = inputs(16, [[33 + i for i in range(8)], [91 + i for i in range(8)]], seed=1)
-    args = (x["q"], x["kc"], x["vc"], x["table"], x["lanes"], x["positions"], x["mask"], x["scale"], x["qkv"], x["nh"])
-    want = attend_reference(*args[:5], *args[6:])
+    args = (x["q"], x["kc"], x["vc"], x["table"], x["lanes"], x["positions"], x["span"], x["scale"], x["qkv"], x["nh"])
+    want = attend_reference(*args[:5], x["mask"], *args[7:])
     assert route(x["q"]) == "reference"  # auto, on the CPU
     assert torch.equal(attend(*args), want)
     use("triton")  # forced: the interpreter runs it on CPU tensors
@@ -110,7 +110,7 @@ def test_triton_attention_refuses_what_it_cannot_take() -> None:
     from ignis.kernels import attention_triton
 
     x = inputs(16, [[40], [99], [7]], seed=2)
-    rest = (x["kc"], x["vc"], x["table"], x["lanes"], x["positions"], x["mask"], x["scale"], x["qkv"], x["nh"])
+    rest = (x["kc"], x["vc"], x["table"], x["lanes"], x["positions"], x["span"], x["scale"], x["qkv"], x["nh"])
     with pytest.raises(ValueError, match="rows a KV head"):
         attention_triton.attend(torch.zeros(3, NKV, 72, HD), *rest)  # 12 columns x 6 heads: two row blocks
     with pytest.raises(ValueError, match="power-of-two"):

@@ -15,7 +15,7 @@ import simulator
 import torch
 import torch.nn.functional as F
 from ignis.kernels import fused
-from ignis.kernels.attention import attend_reference, splits
+from ignis.kernels.attention import attend_reference, splits, visibility
 
 
 def paged(caches: list[torch.Tensor], page: int, g: torch.Generator, held: dict[int, int] | None = None,
@@ -98,7 +98,7 @@ def references(x: dict, eps: float = 1e-6, group: int = 3) -> dict[str, torch.Te
                                               x["table"], x["lanes"], x["positions"], x["nh"], x["nkv"])
     out["kc"], out["vc"] = kc, vc
     lanes_kc = x["akc_lanes"]  # [lanes, span, nkv, hd]: the same keys as a per-lane cache
-    mask = visible(x["apos"], x["nh"] // x["nkv"], lanes_kc.shape[1])
+    mask = visibility(x["apos"], lanes_kc.shape[1], x["o"].shape[2])
     out["attn"] = attend_reference(x["o"], x["akc"], x["avc"], x["atable"], x["lanes"], mask,
                                    x["o"].shape[-1] ** -0.5, x["qkv"], x["nh"])
     identity = torch.arange(lanes_kc.shape[0], device=lanes_kc.device)[:, None]  # one page of `span` slots a lane
@@ -107,13 +107,6 @@ def references(x: dict, eps: float = 1e-6, group: int = 3) -> dict[str, torch.Te
     out["gconv"] = fused.grouped_conv_reference(x["cx"], x["cbase"], x["cdyn"], group)
     out["gconv3"] = fused.grouped_conv_reference(x["cx"][:, :3], x["cbase"], x["cdyn"][:, :3], group)  # rows < taps
     return out
-
-
-def visible(positions: torch.Tensor, group: int, span: int) -> torch.Tensor:
-    """[B, 1, group * C, span] bool: row g * C + c sees slot s iff s <= positions[b, c] (DecodeStep's mask)."""
-    b, c = positions.shape
-    seen = torch.arange(span, device=positions.device)[None, None, :] <= positions[:, :, None]
-    return seen[:, None, None].expand(b, 1, group, c, span).reshape(b, 1, group * c, span)
 
 
 def close(got: torch.Tensor, want: torch.Tensor, what: str, bits: float = 0.97) -> None:

@@ -82,10 +82,8 @@ def _fused_kernels(x: dict, eps: float = 1e-6) -> dict[str, torch.Tensor]:
                                     x["lanes"], x["positions"], x["nh"], x["nkv"])
     out["kc"], out["vc"] = kc, vc
     from ignis.kernels.attention import attend
-    from tests.test_kernels_fused import visible
 
-    seen = visible(x["apos"], x["nh"] // x["nkv"], 2000)
-    out["attn"] = attend(x["o"], x["akc"], x["avc"], x["atable"], x["lanes"], x["apos"], seen,
+    out["attn"] = attend(x["o"], x["akc"], x["avc"], x["atable"], x["lanes"], x["apos"], 2000,
                          x["o"].shape[-1] ** -0.5, x["qkv"], x["nh"])
     out["attn_lanes"] = out["attn"]  # the same output, against the reference over a per-lane cache
     out["gconv"] = fused.grouped_conv(x["cx"], x["cbase"], x["cdyn"], 16)
@@ -198,10 +196,8 @@ def _paged_attention_inputs(b: int, c: int, span: int) -> dict[str, object]:
     kc[0], vc[0] = kc[0] * 100, vc[0] * 100
     first = torch.randint(span // 2, span - c + 1, (b, 1), device="cuda", generator=g)  # ends anywhere in a page
     positions = first + torch.arange(c, device="cuda")
-    from tests.test_kernels_fused import visible
-
     return {"q": r(b, nkv, nh // nkv * c, hd), "kc": kc, "vc": vc, "table": table, "lanes": lanes,
-            "positions": positions, "mask": visible(positions, nh // nkv, span), "scale": hd**-0.5,
+            "positions": positions, "span": span, "scale": hd**-0.5,
             "qkv": r(b * c, (2 * nh + 2 * nkv) * hd, s=2.0), "nh": nh}
 
 
@@ -210,7 +206,7 @@ def _paged_attention(x: dict, path: str) -> torch.Tensor:
 
     attention.use(path)  # type: ignore[arg-type]
     try:
-        return attention.attend(x["q"], x["kc"], x["vc"], x["table"], x["lanes"], x["positions"], x["mask"],
+        return attention.attend(x["q"], x["kc"], x["vc"], x["table"], x["lanes"], x["positions"], x["span"],
                                 x["scale"], x["qkv"], x["nh"])
     finally:
         attention.use("auto")

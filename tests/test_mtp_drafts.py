@@ -3,7 +3,7 @@
 of the head's candidates, valued by the 16-bit rows; a seeded request's sampled tokens do not depend on the lanes
 beside it; the backend reports what "auto" settled on and counts the head it holds; the config refuses mtp with the
 dflash2 drafter's shortlist head (tests/test_plan.py: the plan counts mtp's 4-bit copy of a 27B's head). In the
-device round the layer's pass over the verify rows reads the verify's own RoPE tables and key mask."""
+device round the layer's pass over the verify rows reads the verify's own RoPE tables."""
 
 from __future__ import annotations
 

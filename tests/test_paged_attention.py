@@ -92,7 +92,6 @@ def test_static_decode_through_pages_equals_the_per_lane_cache(page: int) -> Non
     layer, rope, config = model()
     lanes, paged = caches(config, page, seed=page + 10)
     g = torch.Generator().manual_seed(2)
-    group = config.num_attention_heads // config.num_key_value_heads
     filled = torch.randn(LANES, SLOTS - 16, config.num_key_value_heads, config.head_dim, generator=g)
     for lane in range(LANES):  # every position before a round's: the same keys in both caches
         for cache in (lanes, paged):
@@ -101,7 +100,7 @@ def test_static_decode_through_pages_equals_the_per_lane_cache(page: int) -> Non
         order = torch.tensor([2, 0, 1, LANES])  # lanes out of order, and a padding row
         positions = torch.tensor([*[min(a, SLOTS - 16) for a in starts], 0])[:, None] + torch.arange(cols)
         span = 128 if int(positions.max()) < 128 else SLOTS
-        step = DecodeStep.build(order, positions, rope, torch.float32, span=span, group=group, record=cols > 1)
+        step = DecodeStep.build(order, positions, rope, torch.float32, span=span, record=cols > 1)
         x = torch.randn(4 * cols, config.hidden_size, generator=g)
         with torch.no_grad():
             want, got = layer.decode(x, step, lanes), layer.decode(x, step, paged)

@@ -74,11 +74,10 @@ def inputs(case: Case, seed: int = 0) -> dict[str, Any]:
     vc = torch.randn(1 + b * n, PAGE, NKV, HD, device="cuda", generator=g).bfloat16()
     lanes = torch.arange(b, device="cuda")
     positions = (case.span - c + torch.arange(c, device="cuda")).expand(b, c).contiguous()
-    step = DecodeStep.build(lanes, positions, Rope(64, 1e7), torch.bfloat16, span=case.span, group=NH // NKV,
-                            record=c > 1)
+    step = DecodeStep.build(lanes, positions, Rope(64, 1e7), torch.bfloat16, span=case.span, record=c > 1)
     q = torch.randn(b, NKV, case.rows, HD, device="cuda", generator=g).bfloat16()
     qkv = torch.randn(b * c, (2 * NH + 2 * NKV) * HD, device="cuda", generator=g).bfloat16()
-    return {"q": q, "kc": kc, "vc": vc, "table": table, "lanes": lanes, "positions": positions, "mask": step.mask,
+    return {"q": q, "kc": kc, "vc": vc, "table": table, "lanes": lanes, "positions": positions, "span": step.span,
             "scale": HD**-0.5, "qkv": qkv, "nh": NH}
 
 
@@ -86,7 +85,7 @@ def call(x: dict[str, Any], path: str, **triton_args: Any) -> Callable[[], torch
     """One attention call down `path` (triton_args: the Triton kernel's per_split and tile, for the sweep)."""
     from ignis.kernels import attention, attention_triton
 
-    args = (x["q"], x["kc"], x["vc"], x["table"], x["lanes"], x["positions"], x["mask"], x["scale"], x["qkv"], x["nh"])
+    args = (x["q"], x["kc"], x["vc"], x["table"], x["lanes"], x["positions"], x["span"], x["scale"], x["qkv"], x["nh"])
     if triton_args:
         return lambda: attention_triton.attend(*args, **triton_args)
 

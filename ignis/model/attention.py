@@ -92,7 +92,7 @@ class GatedAttention(nn.Module):
         # query heads of one KV head attend together as group*C rows, with no copy of K/V per query head.
         qh = fused.qk_rope_write(qkv, _scale(self.q_norm), _scale(self.k_norm), self.q_norm.eps, step.cos, step.sin,
                                  cache.k, cache.v, cache.table, step.lanes, step.positions, nh, nkv)
-        o = attention.attend(qh, cache.k, cache.v, cache.table, step.lanes, step.positions, step.mask, self.scale, qkv,
+        o = attention.attend(qh, cache.k, cache.v, cache.table, step.lanes, step.positions, step.span, self.scale, qkv,
                              nh)
         return linear(o, self.o_proj.weight, False)  # o: the gated heads [B*C, nh * hd]
 

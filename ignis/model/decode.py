@@ -1,6 +1,6 @@
 """What a static decode/verify forward needs: B lanes x C columns at device positions, one shape per bucket.
 
-Owns: `DecodeStep` (lane ids, positions, RoPE tables and the key mask of one decode or verify forward). Does not own
+Owns: `DecodeStep` (lane ids, positions, RoPE tables and the key span of one decode or verify forward). Does not own
 the layer math (ignis.model.attention / .gdn `decode` methods) or which lanes run (ignis.engine).
 
 Unlike `Step` (packed segments described on the host), nothing here depends on a host value but the shapes: B, C and
@@ -25,7 +25,7 @@ class DecodeStep:
     positions: torch.Tensor  # [B, C] int64, device: absolute position of every column
     cos: torch.Tensor  # [B*C, rotary_dim] model dtype, device
     sin: torch.Tensor  # [B*C, rotary_dim] model dtype, device
-    mask: torch.Tensor  # [B, 1, group*C, span] bool, device: key slot visible to query (heads of a KV group x cols)
+    span: int  # key slots each lane's rows may read: column c of lane b sees slots 0..positions[b, c] of them
     record: bool  # C > 1 (verify): GDN layers keep the state after every column and leave the lane's state alone
 
     @property
@@ -36,10 +36,6 @@ class DecodeStep:
     def cols(self) -> int:
         return self.positions.shape[1]
 
-    @property
-    def span(self) -> int:
-        return self.mask.shape[-1]
-
     @staticmethod
     def build(
         lanes: torch.Tensor,  # [B] int64, device
@@ -48,13 +44,9 @@ class DecodeStep:
         dtype: torch.dtype,
         *,
         span: int,
-        group: int,
         record: bool,
     ) -> DecodeStep:
-        """`group`: query heads per KV head of the attention layers; `span`: key slots each lane reads."""
-        b, c = positions.shape
+        """`span`: key slots each lane reads. No mask is built: the attention kernels read positions, and only the
+        reference makes one (ignis.kernels.attention.visibility)."""
         cos, sin = rope.tables(positions.reshape(-1), dtype)
-        slots = torch.arange(span, device=positions.device)
-        visible = slots[None, None, :] <= positions[:, :, None]  # [B, C, span]
-        mask = visible[:, None, None].expand(b, 1, group, c, span).reshape(b, 1, group * c, span)
-        return DecodeStep(lanes, positions, cos, sin, mask, record)
+        return DecodeStep(lanes, positions, cos, sin, span, record)

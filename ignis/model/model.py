@@ -196,10 +196,8 @@ class HybridModel(nn.Module):
     def decode_step(
         self, lanes: torch.Tensor, positions: torch.Tensor, *, span: int, record: bool
     ) -> DecodeStep:
-        """The `DecodeStep` of this model's attention shape for lanes [B] at positions [B, C]."""
-        c = self.config
-        return DecodeStep.build(lanes, positions, self.rope, self.embed_tokens.weight.dtype, span=span,
-                                group=c.num_attention_heads // c.num_key_value_heads, record=record)
+        """The `DecodeStep` of this model for lanes [B] at positions [B, C]."""
+        return DecodeStep.build(lanes, positions, self.rope, self.embed_tokens.weight.dtype, span=span, record=record)
 
     @torch.no_grad()
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
