@@ -55,6 +55,20 @@ def test_rope_rotates_only_the_rotary_dims() -> None:
     torch.testing.assert_close(pairs(y[1]), pairs(x[1]))
 
 
+def test_precomputed_rope_tables_are_the_computed_ones_in_one_gather() -> None:
+    rope = ops.Rope(rotary_dim=8, theta=10000.0)
+    positions = torch.tensor([0, 5, 63, 5, 17])
+    want = rope.tables(positions, torch.bfloat16)
+    rope.precompute(64, torch.device("cpu"), torch.bfloat16)
+    got = rope.tables(positions, torch.bfloat16)
+    assert all(torch.equal(g, w) and g.is_contiguous() for g, w in zip(got, want, strict=True))
+    cos, sin = rope.precomputed(torch.bfloat16, torch.device("cpu"))  # type: ignore[misc]
+    assert cos.shape == sin.shape == (64, 8) and cos.is_contiguous() and torch.equal(sin[5], want[1][1])
+    assert rope.precomputed(torch.float32, torch.device("cpu")) is None  # another dtype: computed, not looked up
+    assert torch.equal(rope.tables(positions, torch.float32)[0], ops.Rope(8, 10000.0).tables(positions,
+                                                                                             torch.float32)[0])
+
+
 def test_products_for_leaves_the_cpu_and_few_rows_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     # The CPU build of torch has no cuBLASLt to prefer: any attempt to set it would raise here.
     calls: list[object] = []

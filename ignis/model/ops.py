@@ -250,27 +250,28 @@ class Rope:
         steps = torch.arange(0, rotary_dim, 2, dtype=torch.float32, device="cpu") / rotary_dim
         self._inv_freq = 1.0 / (theta**steps)  # [rotary_dim / 2] float32, cpu
         self._on: dict[torch.device, torch.Tensor] = {}
-        self._table: tuple[torch.Tensor, torch.Tensor] | None = None  # (cos, sin) [n, rotary_dim] once precomputed
+        self._table: torch.Tensor | None = None  # [2, n, rotary_dim]: cos then sin of each position, once precomputed
 
     def precompute(self, n: int, device: torch.device, dtype: torch.dtype) -> None:
-        """Tabulate positions 0..n-1 once: `tables` then looks rows up (two launches instead of seven). The caller
+        """Tabulate positions 0..n-1 once: `tables` then looks rows up (one launch instead of seven). The caller
         promises that no position asked for afterwards reaches n (a lookup cannot check without a device read)."""
         self._table = None
-        self._table = self.tables(torch.arange(n, device=device), dtype)
+        self._table = torch.stack(self.tables(torch.arange(n, device=device), dtype))
 
     def precomputed(self, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The (cos, sin) [n, rotary_dim] tables `precompute` made, if it made them in this dtype on this device: a
         kernel can read a position's row itself instead of a gathered copy."""
         table = self._table
-        if table is not None and table[0].dtype == dtype and table[0].device == device:
-            return table
+        if table is not None and table.dtype == dtype and table.device == device:
+            return table[0], table[1]
         return None
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T] int64 -> (cos, sin) [T, rotary_dim] in dtype, computed in fp32 like HF."""
-        table = self.precomputed(dtype, positions.device)
-        if table is not None:
-            return table[0].index_select(0, positions), table[1].index_select(0, positions)
+        table = self._table
+        if table is not None and table.dtype == dtype and table.device == positions.device:
+            both = table.index_select(1, positions)  # [2, T, rotary_dim]: both rows of every position, one gather
+            return both[0], both[1]
         inv = self._on.get(positions.device)
         if inv is None:
             inv = self._on[positions.device] = self._inv_freq.to(positions.device)
