@@ -375,9 +375,7 @@ class DeviceRound:
                       taps.view(b, self.cols, -1) if taps is not None else None, accepted, step),
             span,
         )
-        buf.out[:, 0] = accepted
-        buf.out[:, 1 : k + 1] = drafts
-        buf.out[:, k + 1] = token
+        torch.cat([accepted[:, None], drafts, token[:, None]], dim=1, out=buf.out)  # one launch, not three
 
     def keys(self) -> list[tuple[int, int, int]]:
         """Every (bucket, span, sampling) a round can take, the largest bucket first (its memory is then reused)."""
