@@ -340,7 +340,7 @@ class DeviceRound:
             drafts, q = proposal.tokens, proposal.q
         else:
             drafts, q = anchors[:, None][:, :0], None
-        tokens = torch.cat([anchors[:, None], drafts], dim=1)  # [B, C]
+        tokens = torch.cat([anchors[:, None], drafts], dim=1) if k else anchors[:, None]  # [B, C]
         positions = start[:, None] + self.offsets  # [B, C]
         # 2. verify
         step = model.decode_step(lanes, positions, span=span, record=k > 0)
