@@ -4,9 +4,9 @@ Owns: `attend` and the choice of how it runs (`use`, `route`): two numba-cuda la
 current stream so a CUDA graph captures them (the splits' partial softmax-weighted sums, then their merge times
 sigmoid(gate)), or the same two steps as Triton kernels on tensor cores (ignis.kernels.attention_triton), or the
 torch reference `attend_reference` (what runs on the CPU, and what the kernels are tested against) with its mask
-(`visibility`: only the reference builds one); the split plan (`splits`). Does not own: the projections, q/k norms and the K/V write before it (ignis.kernels.fused.qk_rope_write)
-or the layer (ignis.model.attention). docs/adr/0006-fused-layer-kernels.md and 0009-triton-paged-attention.md have
-the why and the numbers.
+(`visibility`: only the reference builds one); the split plan (`splits`). Does not own: the projections, q/k norms
+and the K/V write before it (ignis.kernels.fused.qk_rope_write) or the layer (ignis.model.attention).
+docs/adr/0006-fused-layer-kernels.md and 0009-triton-paged-attention.md have the why and the numbers.
 
 Why not SDPA on the GPU: a decode or verify round has few query rows per KV head (query heads of the group x
 columns), and the library kernels spread work over (lane, KV head) only, a handful of blocks on 132 SMs, after a
