@@ -3,7 +3,8 @@
 For the Qwen3.5-27B shape (random bf16 weights built on the GPU, no checkpoint on disk; 27b-int4, the same packed to 4
 bits as `ignis quantize --head` packs them) and the built-in model, and for each case (plain decode; the target's verify
 round with free drafts; mtp and dflash2 at 7 drafts, drafter included, proposing through the target's own head,
-spec.draft_head = "full"; mtp-h4, mtp's drafts through the target's whole head in 4 bits, spec.draft_head = "int4"; dflash2-sl, dflash2 proposing through its 4-bit shortlist head, spec.draft_head = "shortlist":
+spec.draft_head = "full"; mtp-h4, mtp's drafts through the target's whole head in 4 bits, spec.draft_head = "int4";
+dflash2-sl, dflash2 proposing through its 4-bit shortlist head, spec.draft_head = "shortlist":
 the built-in drafter's own, a random one of SHORTLIST_TOKENS rows for the 27B; dflash2-sl-fp8 and dflash2-sl-int4, the
 same with the drafter's projections in fp8 or 4-bit, spec.draft_weights; dflash2-h4 and dflash2-h4-int4, proposing
 through the target's whole head in 4 bits, spec.draft_head = "int4", with the drafter's projections as they are, in
