@@ -43,7 +43,7 @@ def test_slot_one_through_the_4bit_head_keeps_greedy_output(ckpt: Path, drafter:
                                                              model: dict[str, str]) -> None:
     ps, params = work
     engine = spec_engine(ckpt, "dflash2", lanes, **{"spec.drafter": str(drafter), "spec.draft_tokens": 7,
-                                                "spec.draft_head": "int4", **model})
+                                                    "spec.draft_head": "int4", **model})
     backend = engine.backend
     assert isinstance(backend, DFlash2) and backend.first is not None and backend.packed_head is not None
     assert backend.first.head is backend.packed_head  # one 4-bit head, counted once
