@@ -422,8 +422,7 @@ def _drafter(cfg: IgnisConfig, model_dir: Path, target: ModelConfig, dtype: torc
         return Item("drafter", weights + copy + context.nbytes() + head,
                     f"dflash2, {params / 1e9:.2f} B parameters{form} + its context K/V ({dcfg.num_layers} layers)")
     if cfg.spec.backend == "mtp":
-        head, chosen = _proposal_head(cfg, model_dir, target, dtype, cuda, quantized=quantized,
-                                      head_packed=head_packed)
+        head, _ = _proposal_head(cfg, model_dir, target, dtype, cuda, quantized=quantized, head_packed=head_packed)
         form = ", the output head in 4 bits" if head else ""
         return Item("drafter", head, f"mtp{form}: its layer's K/V is in the pool (weights are the target's)")
     return Item("drafter", 0, f"spec.backend = {cfg.spec.backend!r}")

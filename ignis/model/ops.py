@@ -261,15 +261,18 @@ class Rope:
     def precomputed(self, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The (cos, sin) [n, rotary_dim] tables `precompute` made, if it made them in this dtype on this device: a
         kernel can read a position's row itself instead of a gathered copy."""
+        table = self._held(dtype, device)
+        return None if table is None else (table[0], table[1])
+
+    def _held(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+        """The stacked [2, n, rotary_dim] table `precompute` made, if in this dtype on this device."""
         table = self._table
-        if table is not None and table.dtype == dtype and table.device == device:
-            return table[0], table[1]
-        return None
+        return table if table is not None and table.dtype == dtype and table.device == device else None
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T] int64 -> (cos, sin) [T, rotary_dim] in dtype, computed in fp32 like HF."""
-        table = self._table
-        if table is not None and table.dtype == dtype and table.device == positions.device:
+        table = self._held(dtype, positions.device)
+        if table is not None:
             both = table.index_select(1, positions)  # [2, T, rotary_dim]: both rows of every position, one gather
             return both[0], both[1]
         inv = self._on.get(positions.device)
