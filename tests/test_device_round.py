@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -80,14 +81,19 @@ class Partial:
                 self.rows[lane, end : end + len(cont)] = torch.tensor(cont)
 
 
-def test_every_acceptance_count_commits_exactly_the_kept_columns(ckpt: Path, work, reference,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    ps, params = work
+def install_partial(monkeypatch: pytest.MonkeyPatch, ps: list[list[int]], reference: dict[str, list[int]]) -> None:
+    """`Partial` installed as the backend "partial", knowing each prompt's reference continuation."""
     truth = {tuple(p): reference[str(i)] for i, p in enumerate(ps)}
     loaders = dict(registry.installed())
     loaders["partial"] = lambda ctx: Partial(ctx, truth)
     monkeypatch.setattr(registry, "installed", lambda: loaders)
     monkeypatch.setattr(config, "installed_backends", lambda: tuple(sorted(loaders)))
+
+
+def test_every_acceptance_count_commits_exactly_the_kept_columns(ckpt: Path, work, reference,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    ps, params = work
+    install_partial(monkeypatch, ps, reference)
     engine = make_engine(ckpt, "partial", draft_tokens=5, model=FAST, lanes=3)
     out = run(engine, ps, params)
     for rid, ref in reference.items():
@@ -95,6 +101,34 @@ def test_every_acceptance_count_commits_exactly_the_kept_columns(ckpt: Path, wor
     s = engine.stats()
     assert all(n > 0 for n in s.position_accepted), s.position_accepted  # every count up to K was accepted
     assert s.accepted < s.drafted
+
+
+def test_the_settling_kernel_keeps_every_output_of_the_round(ckpt: Path, work, reference,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The round's acceptance settled by ignis.kernels.settle_triton (in Triton's interpreter here; CUDA rounds take
+    it): greedy output equal to off's at every acceptance count, and a mix of greedy and seeded sampled lanes the
+    same tokens as with the torch ops."""
+    from ignis.engine import device_round
+    from ignis.kernels import settle_triton
+
+    ps, params = work
+    sampled = prompts(4, VOCAB, seed=11, lo=5, hi=40)
+    mixed = [SamplingParams(max_tokens=20, temperature=0.0 if i % 2 else 0.9, top_k=0 if i < 2 else 50, seed=i,
+                            ignore_eos=True) for i in range(4)]
+    with_torch = run(make_engine(ckpt, "mtp", draft_tokens=3, model=FAST, lanes=4), sampled, mixed)
+    install_partial(monkeypatch, ps, reference)
+    calls = []
+
+    def kernel(*args: Any) -> Any:
+        calls.append(args[0].shape)
+        return settle_triton.settle(*args)
+
+    monkeypatch.setattr(device_round, "settle", kernel)
+    out = run(make_engine(ckpt, "partial", draft_tokens=5, model=FAST, lanes=3), ps, params)
+    assert all(out[rid].token_ids == ref for rid, ref in reference.items())
+    with_kernel = run(make_engine(ckpt, "mtp", draft_tokens=3, model=FAST, lanes=4), sampled, mixed)
+    assert {rid: d.token_ids for rid, d in with_kernel.items()} == {rid: d.token_ids for rid, d in with_torch.items()}
+    assert calls and {k for _, k in calls} == {5, 3}
 
 
 def test_the_device_round_runs_where_exact_mode_is_off(ckpt: Path) -> None:

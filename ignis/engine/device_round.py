@@ -42,9 +42,9 @@ from ignis.engine.device_sampling import (
     STREAM_BONUS,
     STREAM_DRAFT,
     accept_block,
-    accept_greedy,
     accept_sampled,
     shape_candidates,
+    settle,
     shape_probs,
     uniforms,
 )
@@ -350,7 +350,7 @@ class DeviceRound:
             buf.logits = torch.empty(shape, dtype=torch.float32, device=hidden.device)
         logits = model.logits(hidden, out=buf.logits)
         # 3. accept
-        accepted, token = accept_greedy(drafts, logits.argmax(dim=-1), buf.allowed)
+        argmax, sampled = logits.argmax(dim=-1), None
         if sampling:
             c = self.cols
             temp, top_k, top_p, min_p = (t.repeat_interleave(c) for t in (buf.temperature, buf.top_k, buf.top_p,
@@ -364,18 +364,17 @@ class DeviceRound:
                 p = shape_probs(logits.reshape(b * c, -1), temp, top_k, top_p, min_p).view(b, c, -1)
             a_s, t_s = self.accept_sampled(drafts, p, q, uniforms(buf.seeds, start, STREAM_ACCEPT, k),
                                            uniforms(buf.seeds, start, STREAM_BONUS, 1)[:, 0], buf.allowed, cols)
-            greedy = buf.greedy.bool()
-            accepted, token = torch.where(greedy, accepted, a_s), torch.where(greedy, token, t_s)
+            sampled = (a_s, t_s, buf.greedy)
+        # the greedy prefix, the sampled lanes' results, the rows' following tokens and buf.out: one launch on CUDA
+        accepted, _, following = settle(drafts, argmax, buf.allowed, buf.out, sampled)
         # 4. commit
         if k:
             self.cache.commit_lanes(lanes, accepted)
-        following = torch.cat([drafts, token[:, None]], dim=1).scatter(1, accepted[:, None], token[:, None])
         backend.observe_lanes(
             Committed(lanes, positions, tokens, following, hidden.view(b, self.cols, -1),
                       taps.view(b, self.cols, -1) if taps is not None else None, accepted, step),
             span,
         )
-        torch.cat([accepted[:, None], drafts, token[:, None]], dim=1, out=buf.out)  # one launch, not three
 
     def keys(self) -> list[tuple[int, int, int]]:
         """Every (bucket, span, sampling) a round can take, the largest bucket first (its memory is then reused)."""

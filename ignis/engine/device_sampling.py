@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ignis.kernels.launch import triton_installed
 from ignis.kernels.topk import MAX_K, topk
 
 STREAM_ACCEPT = 0  # u_i of draft slot i in rejection sampling
@@ -163,6 +164,43 @@ def accept_greedy(
     match = (drafts == argmax[:, :k]) & (slots[None, :] < allowed[:, None])
     accepted = match.long().cumprod(dim=1).sum(dim=1)
     return accepted, argmax.gather(1, accepted[:, None])[:, 0]
+
+
+def settle_reference(
+    drafts: torch.Tensor,  # [B, K] int64
+    argmax: torch.Tensor,  # [B, K+1] int64
+    allowed: torch.Tensor,  # [B] int64
+    read_back: torch.Tensor,  # [B, K+2] int64 out: accepted, the drafts, the token
+    sampled: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,  # [B] each: accepted, token, greedy
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`settle` in torch ops: the rules, and its result on the CPU."""
+    accepted, token = accept_greedy(drafts, argmax, allowed)
+    if sampled is not None:
+        a_s, t_s, greedy = sampled
+        keep = greedy.bool()
+        accepted, token = torch.where(keep, accepted, a_s), torch.where(keep, token, t_s)
+    following = torch.cat([drafts, token[:, None]], dim=1).scatter(1, accepted[:, None], token[:, None])
+    torch.cat([accepted[:, None], drafts, token[:, None]], dim=1, out=read_back)
+    return accepted, token, following
+
+
+def settle(
+    drafts: torch.Tensor,  # [B, K] int64
+    argmax: torch.Tensor,  # [B, K+1] int64: the model's choice at every column
+    allowed: torch.Tensor,  # [B] int64: drafts this lane may keep (0..K)
+    read_back: torch.Tensor,  # [B, K+2] int64 out, contiguous
+    sampled: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,  # where lanes sample: accept_sampled's
+    # (accepted [B], token [B]) and greedy [B] int64 (1: the lane keeps the greedy result)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(accepted [B], token [B], following [B, K+1]) of a round, with `read_back` written: the greedy longest prefix,
+    the sampled lanes' own results where they sample, the token after each row (its draft, then the token at the
+    first row not kept) and the row the host reads back. One launch on CUDA where Triton runs
+    (ignis.kernels.settle_triton); the torch ops elsewhere."""
+    if drafts.is_cuda and triton_installed():
+        from ignis.kernels.settle_triton import settle as settle_triton
+
+        return settle_triton(drafts, argmax, allowed, read_back, sampled)
+    return settle_reference(drafts, argmax, allowed, read_back, sampled)
 
 
 def accept_sampled(
