@@ -133,7 +133,7 @@ class Mtp:
             if step:
                 at = (positions + (step - 1))[:, None]  # [B, 1]
                 dstep = self.model.decode_step(lanes, at, span=span, record=False)
-                hidden = self.mtp.decode(self.model.embed(drafts[-1]), hidden, dstep, self.kv)
+                hidden = self.mtp.decode(drafts[-1], self.model.embed_tokens.weight, hidden, dstep, self.kv)
             self._choose(hidden, choice, step, drafts, qs)
         return Proposal(tokens=torch.stack(drafts, dim=1), q=torch.stack(qs, dim=1) if qs else None)
 
@@ -169,8 +169,8 @@ class Mtp:
         # the verify's step over the same rows where the round gives it (the layer keeps no recurrent record)
         dstep = self.model.decode_step(rows.lanes, rows.positions, span=span, record=False) if rows.step is None \
             else dataclasses.replace(rows.step, record=False)
-        out = self.mtp.decode(self.model.embed(rows.following.reshape(-1)), rows.hidden.reshape(b * c, -1), dstep,
-                              self.kv)
+        out = self.mtp.decode(rows.following.reshape(-1), self.model.embed_tokens.weight,
+                              rows.hidden.reshape(b * c, -1), dstep, self.kv)
         kept = out.view(b, c, -1).gather(1, rows.accepted[:, None, None].expand(b, 1, out.shape[-1]))[:, 0]
         self.last.index_copy_(0, rows.lanes, kept)
 

@@ -156,15 +156,17 @@ def add_rms_norm(
 
 
 def rms_norm_pair(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-                  eps: float) -> torch.Tensor:
+                  eps: float, ids: torch.Tensor | None = None) -> torch.Tensor:
     """cat([rms_norm(a) * scale_a, rms_norm(b) * scale_b], -1) [T, 2n] in the model dtype, for a and b [T, n] and
     float32 scales [n]: the MTP layer's two input norms and their concatenation, one launch where Triton runs (the
-    kernel of ignis.kernels.norm_triton), the reference elsewhere."""
+    kernel of ignis.kernels.norm_triton), the reference elsewhere. With `ids` [T] int64, a is the embedding table
+    [V, n] and its rows ids are normed (F.embedding's gather, joined to the launch)."""
     if not a.is_cuda or not triton_installed():
-        return rms_norm_pair_reference(a, b, scale_a, scale_b, eps)
+        return rms_norm_pair_reference(a if ids is None else F.embedding(ids, a), b, scale_a, scale_b, eps)
     from ignis.kernels import norm_triton
 
-    return norm_triton.rms_norm_pair(a.contiguous(), b.contiguous(), scale_a, scale_b, eps)
+    return norm_triton.rms_norm_pair(a.contiguous(), b.contiguous(), scale_a, scale_b, eps,
+                                     None if ids is None else ids.contiguous())
 
 
 def conv(

@@ -140,13 +140,15 @@ def add_rms_norm(
 def _rms_norm_pair(
     a_ptr, b_ptr, scale_a_ptr, scale_b_ptr, out_ptr,  # a, b [T, n] model dtype; scales [n] float32; out [T, 2n]
     n, eps, BLOCK: tl.constexpr,
+    ids_ptr=None, IDS: tl.constexpr = False,  # IDS: a is a table [V, n] and row t's a its row ids[t] (int64 [T])
 ):
     row = tl.program_id(0).to(tl.int64)
     side = tl.program_id(1)  # 0: a into out's first half, 1: b into its second
     offs = tl.arange(0, BLOCK)
     mask = offs < n
     if side == 0:
-        v = tl.load(a_ptr + row * n + offs, mask=mask, other=0.0).to(tl.float32)
+        a_row = tl.load(ids_ptr + row) if IDS else row
+        v = tl.load(a_ptr + a_row * n + offs, mask=mask, other=0.0).to(tl.float32)
         scale = tl.load(scale_a_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     else:
         v = tl.load(b_ptr + row * n + offs, mask=mask, other=0.0).to(tl.float32)
@@ -156,19 +158,24 @@ def _rms_norm_pair(
 
 
 def rms_norm_pair(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-                  eps: float) -> torch.Tensor:
+                  eps: float, ids: torch.Tensor | None = None) -> torch.Tensor:
     """cat([rms_norm(a) * scale_a, rms_norm(b) * scale_b], -1) [T, 2n] in a's dtype, one launch: a and b [T, n]
-    contiguous, of one dtype; the scales [n] float32. Each half's arithmetic is `add_rms_norm`'s without the add."""
-    t, n = a.shape
-    if (n > MAX_WIDTH or b.shape != a.shape or b.dtype != a.dtype or not a.is_contiguous() or not b.is_contiguous()
+    contiguous, of one dtype; the scales [n] float32. Each half's arithmetic is `add_rms_norm`'s without the add.
+    With `ids` (int64 [T], contiguous), a is a table [V, n] and row t's first half is its row ids[t] normed: the
+    embedding's gather joined to the launch."""
+    t, n = b.shape
+    if (n > MAX_WIDTH or (a.shape != b.shape if ids is None else a.shape[1:] != (n,)) or b.dtype != a.dtype
+            or not a.is_contiguous() or not b.is_contiguous()
+            or (ids is not None and (ids.shape != (t,) or ids.dtype != torch.int64 or not ids.is_contiguous()))
             or any(s.shape != (n,) or s.dtype != torch.float32 for s in (scale_a, scale_b))):
-        raise ValueError(f"rms_norm_pair takes contiguous a and b [T, n <= {MAX_WIDTH}] of one dtype and float32 "
-                         f"scales [n]; got a {tuple(a.shape)} {a.dtype}, b {tuple(b.shape)} {b.dtype}, scales "
-                         f"{tuple(scale_a.shape)} {scale_a.dtype} and {tuple(scale_b.shape)} {scale_b.dtype}")
+        raise ValueError(f"rms_norm_pair takes contiguous a and b [T, n <= {MAX_WIDTH}] of one dtype (with ids, int64 "
+                         f"[T], a table [V, n]) and float32 scales [n]; got a {tuple(a.shape)} {a.dtype}, b "
+                         f"{tuple(b.shape)} {b.dtype}, ids {None if ids is None else (tuple(ids.shape), ids.dtype)}, "
+                         f"scales {tuple(scale_a.shape)} {scale_a.dtype} and {tuple(scale_b.shape)} {scale_b.dtype}")
     out = torch.empty((t, 2 * n), dtype=a.dtype, device=a.device)
     if t:
         _rms_norm_pair[(t, 2)](a, b, scale_a, scale_b, out, n, float(eps), BLOCK=triton.next_power_of_2(n),
-                               num_warps=warps(n))
+                               ids_ptr=ids, IDS=ids is not None, num_warps=warps(n))
     return out
 
 

@@ -164,7 +164,8 @@ def test_add_rms_norm_both_kernels_at_the_27b_width(t: int, triton: bool, monkey
 @pytest.mark.parametrize("t", [1, 8, 64])
 def test_the_mtp_layers_norm_pair_at_the_27b_width(t: int) -> None:
     """fused.rms_norm_pair (the MTP layer's two input norms side by side, one Triton launch) against the reference, bf16
-    rows of 5,120; a row's result does not depend on the call's other rows."""
+    rows of 5,120; a row's result does not depend on the call's other rows; the first half read from rows of a table
+    (the embedding's lookup in the launch) equals the pair of the gathered rows."""
     from ignis.kernels import fused
     from tests.test_kernels_fused import close
 
@@ -177,6 +178,12 @@ def test_the_mtp_layers_norm_pair_at_the_27b_width(t: int) -> None:
         last = fused.rms_norm_pair(a[-1:], b[-1:], sa, sb, 1e-6)
     close(got, fused.rms_norm_pair_reference(a, b, sa, sb, 1e-6), "pair")
     assert torch.equal(last[0], got[-1])
+    table = (torch.randn(1000, 5120, device="cuda", generator=g) * 3).bfloat16()
+    ids = torch.randint(0, 1000, (t,), device="cuda", generator=g)
+    with torch.inference_mode():
+        looked_up = fused.rms_norm_pair(table, b, sa, sb, 1e-6, ids=ids)
+        gathered = fused.rms_norm_pair(table[ids], b, sa, sb, 1e-6)
+    assert torch.equal(looked_up, gathered)
 
 
 # The Triton paged attention (ignis.kernels.attention_triton) at the 27B attention shape: 24 query heads on 4 KV heads

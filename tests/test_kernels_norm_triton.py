@@ -160,6 +160,24 @@ def test_the_pair_is_both_norms_side_by_side(t: int, n: int) -> None:
     assert torch.equal(fused.rms_norm_pair(a, b, scale_a, scale_b, 1e-6), want)  # the CPU keeps the reference
 
 
+def test_the_pairs_first_half_may_be_rows_of_a_table() -> None:
+    """With ids, rms_norm_pair reads row ids[t] of a table for its first half (the MTP layer's embedding lookup in
+    the norms' launch): bit for bit the pair of the gathered rows, repeated and unordered ids included."""
+    table, b, scale_a = rows(11, 100, seed=3)
+    b = b[:6].contiguous()
+    scale_b = torch.rand(100, generator=torch.Generator().manual_seed(4)) + 0.5
+    ids = torch.tensor([7, 0, 7, 10, 3, 3])
+    got = norm_triton.rms_norm_pair(table, b, scale_a, scale_b, 1e-6, ids=ids)
+    assert torch.equal(got, norm_triton.rms_norm_pair(table[ids].contiguous(), b, scale_a, scale_b, 1e-6))
+    want = fused.rms_norm_pair_reference(table[ids], b, scale_a, scale_b, 1e-6)
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)
+    assert torch.equal(fused.rms_norm_pair(table, b, scale_a, scale_b, 1e-6, ids=ids), want)  # the CPU: reference
+    with pytest.raises(ValueError, match="ids"):
+        norm_triton.rms_norm_pair(table, b, scale_a, scale_b, 1e-6, ids=ids[:5])
+    with pytest.raises(ValueError, match="ids"):
+        norm_triton.rms_norm_pair(table, b, scale_a, scale_b, 1e-6, ids=ids.int())
+
+
 COMPILE = r"""
 import triton
 from ignis.kernels.norm_triton import _add_rms_norm, warps
@@ -193,12 +211,13 @@ for pdl in (False, True):
 from ignis.kernels.norm_triton import _rms_norm_pair
 types = {"a_ptr": "*bf16", "b_ptr": "*bf16", "scale_a_ptr": "*fp32", "scale_b_ptr": "*fp32", "out_ptr": "*bf16",
          "eps": "fp32"}
-kernel = build(_rms_norm_pair, types, {"BLOCK": 8192}, ("n",), warps(5120), 3)
-ptx = kernel.asm["ptx"]
-assert "ld.global.v4" in ptx and "st.global.v4" in ptx and spills(kernel) == 0
-print("ok pair")
+for ids in (False, True):
+    kernel = build(_rms_norm_pair, types | {"ids_ptr": "*i64"}, {"BLOCK": 8192, "IDS": ids}, ("n",), warps(5120), 3)
+    ptx = kernel.asm["ptx"]
+    assert "ld.global.v4" in ptx and "st.global.v4" in ptx and spills(kernel) == 0
+    print("ok pair", ids)
 """
 
 
 def test_kernel_compiles_for_sm90_with_vector_accesses() -> None:
-    assert run_child(COMPILE).count("ok") == 15
+    assert run_child(COMPILE).count("ok") == 16

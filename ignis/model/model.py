@@ -248,19 +248,22 @@ class MTPHead(nn.Module):
     @torch.no_grad()
     def decode(
         self,
-        embeds: torch.Tensor,  # [B*C, H] model dtype
+        tokens: torch.Tensor,  # [B*C] int64: the token after each row's token
+        embedding: torch.Tensor,  # [V, H] model dtype: the model's embedding table (the layer shares it)
         hidden: torch.Tensor,  # [B*C, H] model dtype
         step: DecodeStep,  # over the MTP layer's own K/V slots
         kv: AttnState,  # the layer's own K/V (pages and block table)
     ) -> torch.Tensor:
-        """`forward` for B lanes x C columns at device positions (static shapes, capturable)."""
-        x, d = cast(DecoderLayer, self.layers[0]).decode(F.linear(self.inputs(embeds, hidden), self.fc.weight), None,
-                                                         step, kv)
+        """`forward` for B lanes x C columns at device positions (static shapes, capturable), the tokens' embedding
+        looked up in the norms' launch once they are fused."""
+        x, d = cast(DecoderLayer, self.layers[0]).decode(
+            F.linear(self.inputs(embedding, hidden, tokens), self.fc.weight), None, step, kv)
         return add_norm(x, d, self.norm)[1]
 
-    def inputs(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """[T, 2H]: cat[norm_e(embeds), norm_h(hidden)], one launch on CUDA once the norms are fused."""
+    def inputs(self, embeds: torch.Tensor, hidden: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """[T, 2H]: cat[norm_e(embeds), norm_h(hidden)], one launch on CUDA once the norms are fused; with `tokens`
+        [T], embeds is the embedding table [V, H] and its rows `tokens` are taken (in that launch too)."""
         e, h = self.pre_fc_norm_embedding, self.pre_fc_norm_hidden
         if e.scale is None or h.scale is None:
-            return torch.cat([e(embeds), h(hidden)], dim=-1)
-        return fused.rms_norm_pair(embeds, hidden, e.scale, h.scale, e.eps)
+            return torch.cat([e(embeds if tokens is None else F.embedding(tokens, embeds)), h(hidden)], dim=-1)
+        return fused.rms_norm_pair(embeds, hidden, e.scale, h.scale, e.eps, ids=tokens)
