@@ -1,6 +1,7 @@
-"""GPTQ and AWQ checkpoints load into ignis's int4 layout: the same codes, scales and zero points written in each
-published layout (packed here the way AutoGPTQ and AutoAWQ pack them) give a model equal to the ignis-int4 one, and
-layouts that do not fit are refused with the field named."""
+"""GPTQ, AWQ and compressed-tensors checkpoints load into ignis's int4 layout: the same codes, scales and zero points
+written in each published layout (packed here the way AutoGPTQ and AutoAWQ pack them, and by compressed-tensors' own
+compressor and config writer) give a model equal to the ignis-int4 one, and layouts that do not fit are refused with
+the field named."""
 
 from __future__ import annotations
 
@@ -52,15 +53,47 @@ def _awq(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> dict
             "scales": scales.t().contiguous()}
 
 
-def _relayout(src: Path, dst: Path, quant: dict[str, object], layout: str) -> None:
-    """Copy the ignis-int4 checkpoint `src` to `dst` with every packed linear rewritten in a published layout."""
+def _compressed(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
+                symmetric: bool) -> dict[str, torch.Tensor]:
+    """compressed-tensors' pack-quantized tensors of a linear, made by its own compressor from the weight the codes
+    stand for, (q - z) * s (exact in fp32), its scales and its signed zero points (z - 8)."""
+    from compressed_tensors.compressors import PackedQuantizationCompressor
+
+    weight = (codes.float() - zeros.float().repeat_interleave(group, 1)) * scales.float().repeat_interleave(group, 1)
+    state = {"weight": weight, "weight_scale": scales, "weight_zero_point": (zeros.to(torch.int16) - 8).to(torch.int8)}
+    return dict(PackedQuantizationCompressor.compress(state, _scheme(group, symmetric)))
+
+
+def _scheme(group: int, symmetric: bool):  # type: ignore[no-untyped-def]
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    return QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(num_bits=4, type="int", symmetric=symmetric,
+                                                                           strategy="group", group_size=group))
+
+
+def _compressed_config(dst: Path, group: int, symmetric: bool) -> None:
+    """compressed-tensors' own writer puts its quantization_config into dst/config.json, as llm-compressor saves."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import QuantizationConfig
+
+    config = QuantizationConfig(config_groups={"group_0": _scheme(group, symmetric)}, format="pack-quantized",
+                                quantization_status="compressed", ignore=["lm_head"])
+    ModelCompressor(quantization_config=config).update_config(str(dst))
+
+
+def _relayout(src: Path, dst: Path, quant: dict[str, object] | None, layout: str, group: int = 64) -> None:
+    """Copy the ignis-int4 checkpoint `src` to `dst` with every packed linear rewritten in a published layout (for
+    compressed-tensors, "ct" or "ct-sym", its quantization_config as that library writes it)."""
     shutil.copytree(src, dst)
     config = json.loads((src / "config.json").read_text())
     config["quantization_config"] = quant
+    if quant is None:
+        del config["quantization_config"]
     (dst / "config.json").write_text(json.dumps(config))
+    if layout.startswith("ct"):
+        _compressed_config(dst, group, symmetric=layout == "ct-sym")
     with safe_open(str(src / "model.safetensors"), "pt") as f:
         tensors = {n: f.get_tensor(n) for n in f.keys()}  # noqa: SIM118
-    group = int(quant["group_size"])  # type: ignore[call-overload]
     out: dict[str, torch.Tensor] = {}
     for name, t in tensors.items():
         if name.endswith((".scales", ".qzeros")):
@@ -70,7 +103,10 @@ def _relayout(src: Path, dst: Path, quant: dict[str, object], layout: str) -> No
             continue
         stem = name.removesuffix(".qweight")
         codes, scales, zeros = unpack(t), tensors[f"{stem}.scales"], tensors[f"{stem}.qzeros"]
-        packed = _awq(codes, scales, zeros) if layout == "awq" else _gptq(codes, scales, zeros, group, layout == "v2")
+        if layout.startswith("ct"):
+            packed = _compressed(codes, scales, zeros, group, symmetric=layout == "ct-sym")
+        else:
+            packed = _awq(codes, scales, zeros) if layout == "awq" else _gptq(codes, scales, zeros, group, layout == "v2")
         out |= {f"{stem}.{k}": v for k, v in packed.items()}
     (dst / "model.safetensors").unlink()
     (dst / "model.safetensors.index.json").unlink(missing_ok=True)
@@ -83,6 +119,18 @@ def int4(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = tiny_checkpoint(root / "src", seed=7, mtp=True)
     assert main(["quantize", str(src), str(root / "int4"), "--group", "64"]) == 0
     return root / "int4"
+
+
+@pytest.fixture(scope="module")
+def int4_symmetric(int4: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same checkpoint with every zero point the middle code, 8: what a symmetric scheme stores without them."""
+    dst = tmp_path_factory.mktemp("symmetric") / "int4"
+    shutil.copytree(int4, dst)
+    with safe_open(str(int4 / "model.safetensors"), "pt") as f:
+        tensors = {n: f.get_tensor(n) for n in f.keys()}  # noqa: SIM118
+    save_file({n: torch.full_like(t, 8) if n.endswith(".qzeros") else t for n, t in tensors.items()},
+              str(dst / "model.safetensors"))
+    return dst
 
 
 def _logits(model: HybridModel) -> torch.Tensor:
@@ -107,6 +155,77 @@ def test_a_published_layout_loads_to_the_same_model(int4: Path, tmp_path: Path, 
             for buf in ("qweight", "scales", "qzeros"):
                 assert torch.equal(getattr(a, buf), getattr(b, buf)), f"{name}.{buf}"
     assert torch.equal(_logits(ours), _logits(theirs))
+
+
+@pytest.mark.parametrize("symmetric", [False, True], ids=["asymmetric", "symmetric"])
+def test_a_compressed_tensors_checkpoint_loads_to_the_same_model(int4: Path, int4_symmetric: Path, tmp_path: Path,
+                                                                 symmetric: bool) -> None:
+    """llm-compressor's W4A16 output (pack-quantized, groups of 64; symmetric schemes store no zero points): packed by
+    compressed-tensors' own compressor, its config written by its own writer."""
+    src = int4_symmetric if symmetric else int4
+    layout = "ct-sym" if symmetric else "ct"
+    _relayout(src, tmp_path / layout, None, layout)
+    with safe_open(str(tmp_path / layout / "model.safetensors"), "pt") as f:
+        names = list(f.keys())
+    assert any(n.endswith(".weight_packed") for n in names) and not any(n.endswith(".qweight") for n in names)
+    assert any(n.endswith(".weight_zero_point") for n in names) != symmetric
+    ours = load_model(src, device="cpu", dtype=torch.float32, exact=True)
+    theirs = load_model(tmp_path / layout, device="cpu", dtype=torch.float32, exact=True)
+    packed = 0
+    for (name, a), (_, b) in zip(ours.named_modules(), theirs.named_modules(), strict=True):
+        if isinstance(a, QuantLinear):
+            assert isinstance(b, QuantLinear), name
+            packed += 1
+            for buf in ("qweight", "scales", "qzeros"):
+                assert torch.equal(getattr(a, buf), getattr(b, buf)), f"{name}.{buf}"
+    assert packed and torch.equal(_logits(ours), _logits(theirs))
+    from ignis.config import load_config
+    from ignis.plan import memory_plan
+
+    plan = memory_plan(load_config(profile="cpu"), tmp_path / layout)  # the plan counts what the load holds
+    assert {i.name: i.nbytes for i in plan.items}["weights"] == sum(t.nbytes for t in theirs.state_dict().values())
+
+
+def test_compressed_tensors_schemes_that_do_not_fit_are_refused_naming_the_field(int4: Path, tmp_path: Path) -> None:
+    _relayout(int4, tmp_path / "ct", None, "ct")
+    path = tmp_path / "ct" / "config.json"
+    config = json.loads(path.read_text())
+    good = config["quantization_config"]
+    weights = good["config_groups"]["group_0"]["weights"]
+    for field, change in (
+        ("format", {"format": "naive-quantized"}),
+        ("quantization_status", {"quantization_status": "frozen"}),
+        ("transform_config", {"transform_config": {"config_groups": {"u": {"type": "hadamard"}}}}),
+        ("weights.num_bits", {"config_groups": {"group_0": {**good["config_groups"]["group_0"],
+                                                            "weights": {**weights, "num_bits": 8}}}}),
+        ("weights.strategy", {"config_groups": {"group_0": {**good["config_groups"]["group_0"],
+                                                            "weights": {**weights, "strategy": "channel"}}}}),
+        ("weights.actorder", {"config_groups": {"group_0": {**good["config_groups"]["group_0"],
+                                                            "weights": {**weights, "actorder": "group"}}}}),
+        ("input_activations", {"config_groups": {"group_0": {**good["config_groups"]["group_0"],
+                                                             "input_activations": {"num_bits": 8, "type": "int"}}}}),
+        ("mix schemes", {"config_groups": {**good["config_groups"], "group_1": {
+            **good["config_groups"]["group_0"], "weights": {**weights, "group_size": 128}}}}),
+    ):
+        config["quantization_config"] = good | change
+        path.write_text(json.dumps(config))
+        with pytest.raises(ArtifactError, match=field):
+            load_model(tmp_path / "ct", device="cpu", dtype=torch.float32, exact=True)
+
+
+def test_a_compressed_tensors_head_is_packed_unless_ignored() -> None:
+    from ignis.quant.format import QuantConfig
+
+    scheme = {"format": None, "targets": ["Linear"], "weights": {"type": "int", "num_bits": 4, "strategy": "group",
+                                                                 "group_size": 128, "symmetric": True}}
+    base = {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+            "config_groups": {"group_0": scheme}}
+    for ignore, head in ((["lm_head"], False), (["re:.*lm_head"], False), ([], True), (["re:.*in_proj_b$"], True)):
+        q = QuantConfig.of({"quantization_config": base | {"ignore": ignore}}, Path("config.json"))
+        assert q is not None and q.published is not None and q.head is head and q.published.symmetric, ignore
+    q = QuantConfig.of({"quantization_config": {**base, "config_groups": {"W4A16_ASYM": ["Linear"]},
+                                                "ignore": ["lm_head"]}}, Path("config.json"))
+    assert q is not None and q.group_size == 128 and q.published is not None and not q.published.symmetric
 
 
 def test_layouts_that_do_not_fit_are_refused_naming_the_field(int4: Path, tmp_path: Path) -> None:

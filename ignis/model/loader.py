@@ -29,7 +29,7 @@ from ignis.model.random import random_model
 from ignis.quant.format import METHOD, QuantConfig
 from ignis.quant.fp8 import to_fp8
 from ignis.quant.linear import QuantLinear, to_mma, uses_mma
-from ignis.quant.published import Published, repack, stored_names
+from ignis.quant.published import Published, codes_name, repack, stored_names
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -65,7 +65,8 @@ def load_model(path: str | Path, *, device: str | torch.device, dtype: torch.dty
     with torch.device("meta"):
         model = HybridModel(config, mtp=mtp, exact=exact)
         if quant is not None:
-            _pack_linears(model, files, quant.group_size)
+            _pack_linears(model, files, quant.group_size, codes_name(quant.published.method) if quant.published
+                          else "qweight")
     wanted = model.state_dict()
     handles: dict[Path, object] = {}
     loaded: dict[str, torch.Tensor] = {}
@@ -115,20 +116,21 @@ def _finish(model: HybridModel, *, fp8: bool, exact: bool) -> HybridModel:
 
 def _repacked(model: HybridModel, files: dict[str, tuple[Path, str]], handles: dict[Path, object], pub: Published,
               device: str | torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Every QuantLinear's qweight, scales and qzeros, read in a published layout (GPTQ, AWQ) and repacked into ignis's
-    (ignis.quant.published)."""
+    """Every QuantLinear's qweight, scales and qzeros, read in a published layout (GPTQ, AWQ, compressed-tensors) and
+    repacked into ignis's (ignis.quant.published)."""
     out: dict[str, torch.Tensor] = {}
+    required, optional = stored_names(pub)
     for path, module in model.named_modules():
         if not isinstance(module, QuantLinear):
             continue
         stored: dict[str, torch.Tensor] = {}
-        for suffix in stored_names(pub.method):
+        for suffix in required + optional:
             name = f"{path}.{suffix}"
             if name not in files:
-                if suffix == "g_idx":
+                if suffix in optional:
                     continue
                 raise ArtifactError(f"{name} is missing from the checkpoint ({pub.method}: a packed linear stores "
-                                    f"{', '.join(stored_names(pub.method))})")
+                                    f"{', '.join(required)})")
             file, key = files[name]
             if file not in handles:
                 handles[file] = safe_open(str(file), framework="pt", device="cpu")
@@ -136,17 +138,18 @@ def _repacked(model: HybridModel, files: dict[str, tuple[Path, str]], handles: d
         try:
             qweight, scales, qzeros = repack(pub, stored, module.out_features, module.in_features)
         except ValueError as e:
-            raise ArtifactError(f"{files[path + '.qweight'][0].name}: {path}: {e}") from e
+            raise ArtifactError(f"{files[f'{path}.{required[0]}'][0].name}: {path}: {e}") from e
         out[f"{path}.qweight"] = qweight.to(device)
         out[f"{path}.scales"] = scales.to(device=device, dtype=dtype)  # scales take the model dtype, as for ignis-int4
         out[f"{path}.qzeros"] = qzeros.to(device)
     return out
 
 
-def _pack_linears(model: HybridModel, files: dict[str, tuple[Path, str]], group: int) -> None:
-    """Put a QuantLinear (on the meta device) in place of every linear the checkpoint stores packed."""
-    for name in [n for n in files if n.endswith(".qweight")]:
-        path = name.removesuffix(".qweight")
+def _pack_linears(model: HybridModel, files: dict[str, tuple[Path, str]], group: int, codes: str) -> None:
+    """Put a QuantLinear (on the meta device) in place of every linear the checkpoint stores packed: each whose codes
+    (the tensor named by the suffix `codes`) it holds."""
+    for name in [n for n in files if n.endswith(f".{codes}")]:
+        path = name.removesuffix(f".{codes}")
         try:
             dense = model.get_submodule(path)
         except AttributeError:

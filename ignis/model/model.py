@@ -257,7 +257,7 @@ class MTPHead(nn.Module):
         """`forward` for B lanes x C columns at device positions (static shapes, capturable), the tokens' embedding
         looked up in the norms' launch once they are fused."""
         x, d = cast(DecoderLayer, self.layers[0]).decode(
-            F.linear(self.inputs(embedding, hidden, tokens), self.fc.weight), None, step, kv)
+            linear(self.inputs(embedding, hidden, tokens), self.fc.weight, False), None, step, kv)
         return add_norm(x, d, self.norm)[1]
 
     def inputs(self, embeds: torch.Tensor, hidden: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:

@@ -46,7 +46,7 @@ PROJECTIONS = frozenset({
 @dataclass(frozen=True)
 class QuantConfig:
     """The `quantization_config` of a converted checkpoint's config.json, or of a published layout that ignis repacks
-    at load (`published`: GPTQ or AWQ, ignis.quant.published)."""
+    at load (`published`: GPTQ, AWQ or compressed-tensors, ignis.quant.published)."""
 
     bits: int = BITS
     group_size: int = 128
@@ -79,11 +79,11 @@ class QuantConfig:
                 pub = published_config(q)
             except ValueError as e:
                 raise ArtifactError(f"{where}: quantization_config: {e}") from e
-            return QuantConfig(group_size=pub.group_size, published=pub, head=bool(q.get("lm_head", False)))
+            return QuantConfig(group_size=pub.group_size, published=pub, head=pub.head)
         if not isinstance(q, dict) or q.get("quant_method") != METHOD:
             method = q.get("quant_method") if isinstance(q, dict) else q
             raise ArtifactError(f"{where}: quantization_config.quant_method is {method!r}; ignis reads {METHOD!r} "
-                                f"checkpoints (made by `ignis quantize`), 4-bit GPTQ and AWQ ones "
+                                f"checkpoints (made by `ignis quantize`), 4-bit GPTQ, AWQ and compressed-tensors ones "
                                 f"(docs/quantization.md) and unquantized ones")
         try:
             return QuantConfig(bits=int(q.get("bits", 0)), group_size=int(q.get("group_size", 0)),
