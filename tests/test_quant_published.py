@@ -81,11 +81,12 @@ def _compressed_config(dst: Path, group: int, symmetric: bool) -> None:
     ModelCompressor(quantization_config=config).update_config(str(dst))
 
 
-def _relayout(src: Path, dst: Path, quant: dict[str, object] | None, layout: str, group: int = 64) -> None:
+def _relayout(src: Path, dst: Path, quant: dict[str, object] | None, layout: str) -> None:
     """Copy the ignis-int4 checkpoint `src` to `dst` with every packed linear rewritten in a published layout (for
     compressed-tensors, "ct" or "ct-sym", its quantization_config as that library writes it)."""
     shutil.copytree(src, dst)
     config = json.loads((src / "config.json").read_text())
+    group = int(config["quantization_config"]["group_size"])
     config["quantization_config"] = quant
     if quant is None:
         del config["quantization_config"]
@@ -105,8 +106,10 @@ def _relayout(src: Path, dst: Path, quant: dict[str, object] | None, layout: str
         codes, scales, zeros = unpack(t), tensors[f"{stem}.scales"], tensors[f"{stem}.qzeros"]
         if layout.startswith("ct"):
             packed = _compressed(codes, scales, zeros, group, symmetric=layout == "ct-sym")
+        elif layout == "awq":
+            packed = _awq(codes, scales, zeros)
         else:
-            packed = _awq(codes, scales, zeros) if layout == "awq" else _gptq(codes, scales, zeros, group, layout == "v2")
+            packed = _gptq(codes, scales, zeros, group, layout == "v2")
         out |= {f"{stem}.{k}": v for k, v in packed.items()}
     (dst / "model.safetensors").unlink()
     (dst / "model.safetensors.index.json").unlink(missing_ok=True)
@@ -184,6 +187,33 @@ def test_a_compressed_tensors_checkpoint_loads_to_the_same_model(int4: Path, int
 
     plan = memory_plan(load_config(profile="cpu"), tmp_path / layout)  # the plan counts what the load holds
     assert {i.name: i.nbytes for i in plan.items}["weights"] == sum(t.nbytes for t in theirs.state_dict().values())
+
+
+def test_a_checkpoint_that_packs_the_mtp_layer_drafts_through_it(int4: Path, tmp_path: Path) -> None:
+    """A published checkpoint may pack the MTP layer's linears too (`ignis quantize` keeps them): they load packed,
+    and mtp's drafts on the device round (the layer's `decode`) leave greedy output equal to off's."""
+    from engines import make_engine, prompts, run
+
+    from ignis.params import SamplingParams
+    from ignis.quant.format import quantize
+
+    src = tmp_path / "mtp-packed"
+    shutil.copytree(int4, src)
+    with safe_open(str(int4 / "model.safetensors"), "pt") as f:
+        tensors = {n: f.get_tensor(n) for n in f.keys()}  # noqa: SIM118
+    for name in [n for n in tensors if n.startswith("mtp.") and n.endswith("_proj.weight") or n == "mtp.fc.weight"]:
+        stem = name.removesuffix(".weight")
+        qweight, scales, qzeros = quantize(tensors.pop(name), 64)
+        tensors |= {f"{stem}.qweight": qweight, f"{stem}.scales": scales, f"{stem}.qzeros": qzeros}
+    save_file(tensors, str(src / "model.safetensors"))
+    _relayout(src, tmp_path / "ct", None, "ct")
+    model = load_model(tmp_path / "ct", device="cpu", dtype=torch.float32, exact=False)
+    assert model.mtp is not None and isinstance(model.mtp.fc, QuantLinear)
+    ps = prompts(3, 512, seed=4, lo=3, hi=20)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    outs = {backend: run(make_engine(tmp_path / "ct", backend, k, model={"exact": "off"}, lanes=3), ps, params)
+            for backend, k in (("off", 0), ("mtp", 3))}
+    assert {i: d.token_ids for i, d in outs["mtp"].items()} == {i: d.token_ids for i, d in outs["off"].items()}
 
 
 def test_compressed_tensors_schemes_that_do_not_fit_are_refused_naming_the_field(int4: Path, tmp_path: Path) -> None:
