@@ -28,6 +28,7 @@ from ignis.model.model import HybridModel
 from ignis.model.random import random_model
 from ignis.quant.format import METHOD, QuantConfig
 from ignis.quant.fp8 import to_fp8
+from ignis.quant.fp8_checkpoint import STORED_FP8, Fp8Checkpoint, dequantize, scale_names
 from ignis.quant.linear import QuantLinear, to_mma, uses_mma
 from ignis.quant.published import Published, codes_name, repack, stored_names
 
@@ -60,6 +61,7 @@ def load_model(path: str | Path, *, device: str | torch.device, dtype: torch.dty
         raise ArtifactError(f"{root}: fp8 weights are made from a checkpoint in its own precision; this one is "
                             f"{quant.bits}-bit ({quant.published.method if quant.published else METHOD}): load it "
                             f"with model.weights = 'int4' or 'auto'")
+    fp8_stored = Fp8Checkpoint.from_dir(root) if quant is None else None
     files = _tensor_files(root)
     mtp = any(name.startswith("mtp.") for name in files)
     with torch.device("meta"):
@@ -84,7 +86,8 @@ def load_model(path: str | Path, *, device: str | torch.device, dtype: torch.dty
             if file not in handles:
                 handles[file] = safe_open(str(file), framework="pt", device="cpu")
             handle = handles[file]
-            found = tuple(handle.get_slice(stored).get_shape())  # type: ignore[attr-defined]
+            view = handle.get_slice(stored)  # type: ignore[attr-defined]
+            found = tuple(view.get_shape())
             if found != tuple(meta.shape):
                 raise ArtifactError(
                     f"{file.name}: tensor {stored} has shape {found}, expected {tuple(meta.shape)} for this config.json"
@@ -92,7 +95,10 @@ def load_model(path: str | Path, *, device: str | torch.device, dtype: torch.dty
             target = torch.float32 if name.rsplit(".", 1)[-1] in FP32_PARAMS else dtype
             if not meta.dtype.is_floating_point:  # packed codes and zero points
                 target = meta.dtype
-            loaded[name] = handle.get_tensor(stored).to(device=device, dtype=target)  # type: ignore[attr-defined]
+            tensor = handle.get_tensor(stored)  # type: ignore[attr-defined]
+            if view.get_dtype() in STORED_FP8:
+                tensor = _fp8_weight(name, tensor, files, handles, fp8_stored, target)
+            loaded[name] = tensor.to(device=device, dtype=target)
             if progress is not None:
                 progress(i + 1, len(wanted))
     finally:
@@ -112,6 +118,23 @@ def _finish(model: HybridModel, *, fp8: bool, exact: bool) -> HybridModel:
             to_mma(model, weight.dtype)  # 4-bit weights in the mma kernel's order, before they are fused
         model.fuse()
     return model
+
+
+def _fp8_weight(name: str, codes: torch.Tensor, files: dict[str, tuple[Path, str]], handles: dict[Path, object],
+               fp8: Fp8Checkpoint | None, dtype: torch.dtype) -> torch.Tensor:
+    """An FP8 checkpoint's weight `name` (its e4m3 codes) in `dtype`, through the scale stored beside it."""
+    stem = name.removesuffix(".weight")
+    scale = next((n for n in scale_names(stem) if n in files), None)
+    if scale is None or codes.ndim != 2:
+        raise ArtifactError(f"{files[name][1]} is stored in FP8 but has no {' or '.join(scale_names(stem))} to "
+                            f"scale it by")
+    file, key = files[scale]
+    if file not in handles:
+        handles[file] = safe_open(str(file), framework="pt", device="cpu")
+    try:
+        return dequantize(codes, handles[file].get_tensor(key), fp8.block if fp8 else None, dtype)  # type: ignore
+    except ValueError as e:
+        raise ArtifactError(f"{file.name}: {key}: {e}") from e
 
 
 def _repacked(model: HybridModel, files: dict[str, tuple[Path, str]], handles: dict[Path, object], pub: Published,

@@ -3,7 +3,9 @@
 Owns: reading SRC's shards (single file or sharded with an index) one after another, quantizing the tensors that
 `quantized_name` picks and copying the rest unchanged, writing DST's shards under the same names with a new index,
 config.json with its `quantization_config`, the other top-level files (tokenizer, generation config, ...) and a
-`drafter/` directory as they are, and the progress line. Does not own: the format (ignis.quant.format).
+`drafter/` directory as they are, and the progress line. An FP8 checkpoint (ignis.quant.fp8_checkpoint) is read
+through its scales: its FP8 weights are quantized from their values, or written in the checkpoint's dtype where the
+format keeps a tensor's precision, and its scales are not written. Does not own: the format (ignis.quant.format).
 
 Memory: one source tensor and its packed form at a time, plus the shard being written (safetensors writes a file
 from a dict of tensors, so a DST shard, at most the size of its SRC shard, is held until it is written).
@@ -27,6 +29,7 @@ from ignis.errors import ArtifactError
 from ignis.model.config import ModelConfig
 from ignis.model.loader import our_name
 from ignis.quant.format import QuantConfig, quantize, quantized_name
+from ignis.quant.fp8_checkpoint import SCALE_NAMES, Fp8Checkpoint, dequantize, scale_names
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -50,12 +53,20 @@ def convert(src: str | Path, dst: str | Path, *, group: int = 128, bits: int = 4
     # A tied head (the embedding read as the output head) becomes its own packed copy of the embedding, which keeps
     # its precision for the lookups: the converted checkpoint unties them.
     untie = head and model_config.tie_word_embeddings
+    fp8 = None
     if "quantization_config" in config:
-        raise ArtifactError(f"{config_path}: already quantized ({config['quantization_config'].get('quant_method')}); "
-                            f"convert the checkpoint in its own precision")
+        try:
+            fp8 = Fp8Checkpoint.of(config["quantization_config"])
+        except ValueError as e:
+            raise ArtifactError(f"{config_path}: quantization_config: {e}") from e
+        if fp8 is None:
+            raise ArtifactError(f"{config_path}: already quantized "
+                                f"({config['quantization_config'].get('quant_method')}); convert the checkpoint in "
+                                f"its own precision or an FP8 one")
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise ArtifactError(f"{target}: exists and is not an empty directory; choose a new one")
     shards = _shards(source)
+    scales = _Fp8Scales(shards, fp8, _dtype(config)) if fp8 is not None else None
     total = sum(p.stat().st_size for p in shards)
     target.mkdir(parents=True, exist_ok=True)
     weight_map: dict[str, str] = {}
@@ -68,6 +79,10 @@ def convert(src: str | Path, dst: str | Path, *, group: int = 128, bits: int = 4
             for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
                 tensor = f.get_tensor(name)
                 read += tensor.nbytes
+                if scales is not None:
+                    if scales.consumed(name):
+                        continue
+                    tensor = scales.weight(name, tensor)
                 if quantized_name(name, tuple(tensor.shape), group, head):
                     out.update(_packed(name.removesuffix(".weight"), tensor, group))
                 else:
@@ -103,6 +118,45 @@ def convert(src: str | Path, dst: str | Path, *, group: int = 128, bits: int = 4
     if (source / "drafter").is_dir():
         shutil.copytree(source / "drafter", target / "drafter")
     return quant
+
+
+class _Fp8Scales:
+    """An FP8 source's weights in its dtype, their scales read from whichever shard holds them."""
+
+    SIDE = (*SCALE_NAMES, "input_scale", "activation_scale")  # tensors of an FP8 linear that the output does not keep
+
+    def __init__(self, shards: list[Path], fp8: Fp8Checkpoint, dtype: torch.dtype) -> None:
+        self.fp8, self.dtype = fp8, dtype
+        self.where: dict[str, Path] = {}
+        for shard in shards:
+            with safe_open(str(shard), framework="pt", device="cpu") as f:
+                self.where |= {name: shard for name in f.keys()}  # noqa: SIM118
+
+    def consumed(self, name: str) -> bool:
+        return name.rsplit(".", 1)[-1] in self.SIDE and f"{name.rsplit('.', 1)[0]}.weight" in self.where
+
+    def weight(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.dtype != torch.float8_e4m3fn:
+            return tensor
+        stem = name.removesuffix(".weight")
+        scale = next((n for n in scale_names(stem) if n in self.where), None)
+        if scale is None:
+            raise ArtifactError(f"{name} is stored in FP8 but has no {' or '.join(scale_names(stem))} to scale it by")
+        with safe_open(str(self.where[scale]), framework="pt", device="cpu") as f:
+            try:
+                return dequantize(tensor, f.get_tensor(scale), self.fp8.block, self.dtype)
+            except ValueError as e:
+                raise ArtifactError(f"{scale}: {e}") from e
+
+
+def _dtype(config: dict) -> torch.dtype:
+    """The dtype a checkpoint's config.json states (`dtype` or `torch_dtype`, at the top or in text_config);
+    bfloat16 where it states none."""
+    for c in (config, config.get("text_config") or {}):
+        name = c.get("dtype") or c.get("torch_dtype")
+        if isinstance(name, str) and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+    return torch.bfloat16
 
 
 def _packed(stem: str, weight: torch.Tensor, group: int) -> dict[str, torch.Tensor]:

@@ -67,12 +67,20 @@ class QuantConfig:
 
     @staticmethod
     def of(config: dict[str, Any], where: Path) -> QuantConfig | None:
-        """The quantization of a config.json dict; None for a checkpoint in its own precision. Raises ArtifactError
-        for a quantization ignis does not read (another method, bits or group)."""
+        """The quantization of a config.json dict; None for a checkpoint in its own precision or one whose FP8 weights
+        load in the model dtype. Raises ArtifactError for a quantization ignis does not read (another method, bits or
+        group)."""
         q = config.get("quantization_config")
         if q is None:
             return None
+        from ignis.quant.fp8_checkpoint import Fp8Checkpoint
         from ignis.quant.published import METHODS, published_config
+
+        try:
+            if Fp8Checkpoint.of(q) is not None:
+                return None  # FP8 weights load in the model dtype (ignis.quant.fp8_checkpoint)
+        except ValueError as e:
+            raise ArtifactError(f"{where}: quantization_config: {e}") from e
 
         if isinstance(q, dict) and str(q.get("quant_method", "")).lower() in METHODS:
             try:
@@ -83,8 +91,8 @@ class QuantConfig:
         if not isinstance(q, dict) or q.get("quant_method") != METHOD:
             method = q.get("quant_method") if isinstance(q, dict) else q
             raise ArtifactError(f"{where}: quantization_config.quant_method is {method!r}; ignis reads {METHOD!r} "
-                                f"checkpoints (made by `ignis quantize`), 4-bit GPTQ, AWQ and compressed-tensors ones "
-                                f"(docs/quantization.md) and unquantized ones")
+                                f"checkpoints (made by `ignis quantize`), 4-bit GPTQ, AWQ and compressed-tensors ones, "
+                                f"FP8 ones (docs/quantization.md) and unquantized ones")
         try:
             return QuantConfig(bits=int(q.get("bits", 0)), group_size=int(q.get("group_size", 0)),
                                head=bool(q.get("head", False)))
