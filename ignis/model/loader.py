@@ -97,7 +97,7 @@ def load_model(path: str | Path, *, device: str | torch.device, dtype: torch.dty
                 target = meta.dtype
             tensor = handle.get_tensor(stored)  # type: ignore[attr-defined]
             if view.get_dtype() in STORED_FP8:
-                tensor = _fp8_weight(name, tensor, files, handles, fp8_stored, target)
+                tensor = _fp8_weight(name, tensor.to(device), files, handles, fp8_stored, target)
             loaded[name] = tensor.to(device=device, dtype=target)
             if progress is not None:
                 progress(i + 1, len(wanted))
@@ -122,7 +122,8 @@ def _finish(model: HybridModel, *, fp8: bool, exact: bool) -> HybridModel:
 
 def _fp8_weight(name: str, codes: torch.Tensor, files: dict[str, tuple[Path, str]], handles: dict[Path, object],
                fp8: Fp8Checkpoint | None, dtype: torch.dtype) -> torch.Tensor:
-    """An FP8 checkpoint's weight `name` (its e4m3 codes) in `dtype`, through the scale stored beside it."""
+    """An FP8 checkpoint's weight `name` (its e4m3 codes, on the device it loads to, where the fp32 product is
+    fastest) in `dtype`, through the scale stored beside it."""
     stem = name.removesuffix(".weight")
     scale = next((n for n in scale_names(stem) if n in files), None)
     if scale is None or codes.ndim != 2:
@@ -132,7 +133,8 @@ def _fp8_weight(name: str, codes: torch.Tensor, files: dict[str, tuple[Path, str
     if file not in handles:
         handles[file] = safe_open(str(file), framework="pt", device="cpu")
     try:
-        return dequantize(codes, handles[file].get_tensor(key), fp8.block if fp8 else None, dtype)  # type: ignore
+        scale_values = handles[file].get_tensor(key).to(codes.device)  # type: ignore[attr-defined]
+        return dequantize(codes, scale_values, fp8.block if fp8 else None, dtype)
     except ValueError as e:
         raise ArtifactError(f"{file.name}: {key}: {e}") from e
 
