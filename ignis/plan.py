@@ -38,6 +38,7 @@ from ignis.model.config import ModelConfig
 from ignis.model.model import HybridModel
 from ignis.quant.format import QuantConfig, quantized_name
 from ignis.quant.fp8 import FP8, Fp8Linear, Fp8Weight, fp8_eligible
+from ignis.quant.fp8_checkpoint import Fp8Checkpoint
 from ignis.kernels import int4_mma
 from ignis.quant.linear import QuantLinear, uses_mma
 
@@ -187,8 +188,10 @@ def _plan(cfg: IgnisConfig, model_dir: Path, *, fitted: bool) -> MemoryPlan:
     head = ", output head too" if quant is not None and quant.head else ""
     fmt = (f"int4 (group {quant.group_size}{head})" if quant is not None else "fp8 e4m3 (made at load)" if fp8
            else str(dtype).removeprefix("torch."))
+    source = (", read from an FP8 checkpoint" if quant is None and Fp8Checkpoint.of(raw.get("quantization_config"))
+              else "")
     items = [
-        Item("weights", weights, f"target, {fmt}" + (" with its MTP layer" if mtp else "")),
+        Item("weights", weights, f"target, {fmt}{source}" + (" with its MTP layer" if mtp else "")),
         Item("recurrent states", recurrent, f"{sum(1 for t in config.layer_types if t != 'full_attention')} Gated "
                                             f"DeltaNet layers x {ec.lanes + 1} lanes, fp32, with the verify record"),
         _drafter(cfg, model_dir, config, dtype, cuda, quantized=quant is not None,

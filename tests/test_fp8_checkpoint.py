@@ -121,7 +121,9 @@ def test_fp8_weights_from_an_fp8_checkpoint_and_the_plan(checkpoints: tuple[Path
     assert torch.equal(_logits(model), _logits(plain))
     held = load_model(fp8, device="cpu", dtype=torch.float32, exact=True)
     plan = memory_plan(load_config(profile="cpu"), fp8)
-    assert {i.name: i.nbytes for i in plan.items}["weights"] == sum(t.nbytes for t in held.state_dict().values())
+    weights = next(i for i in plan.items if i.name == "weights")
+    assert weights.nbytes == sum(t.nbytes for t in held.state_dict().values())
+    assert "read from an FP8 checkpoint" in weights.how and plan.weights == "float32"
 
 
 def test_ignis_quantize_reads_an_fp8_checkpoint_through_its_scales(checkpoints: tuple[Path, Path],
