@@ -1,6 +1,6 @@
 """The fused-layer kernels (the residual add with the norm, SwiGLU, q/k norms with RoPE and the K/V write, the short
-conv), the paged attention and the streamed dense products on a real GPU against their references at the 27B shapes,
-under graph replay, and the MLP chain launched programmatic-dependent. The top-k kernel is in tests/test_topk_gpu.py,
+conv), the paged attention, the streamed dense products and the round's settle on a real GPU against their references
+at the 27B shapes, under graph replay, and the MLP chain launched programmatic-dependent. The top-k kernel is in tests/test_topk_gpu.py,
 the Gated DeltaNet's in tests/test_gdn_gpu.py, the quantized products in tests/test_quant_gpu.py. Needs CUDA; CI has
 none."""
 
@@ -184,6 +184,32 @@ def test_the_mtp_layers_norm_pair_at_the_27b_width(t: int) -> None:
         looked_up = fused.rms_norm_pair(table, b, sa, sb, 1e-6, ids=ids)
         gathered = fused.rms_norm_pair(table[ids], b, sa, sb, 1e-6)
     assert torch.equal(looked_up, gathered)
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+@pytest.mark.parametrize("k", [0, 3, 7])
+def test_the_round_settles_in_one_launch_as_the_torch_ops_do(k: int, sampled: bool) -> None:
+    """ignis.kernels.settle_triton against device_sampling.settle_reference on CUDA tensors, 8 lanes keeping none to
+    all of their drafts, eagerly and replayed from a CUDA graph (which `device_sampling.settle` is in every round)."""
+    from ignis.engine import device_sampling
+    from ignis.kernels import settle_triton
+    from tests.settle_rounds import round_of
+
+    cpu = round_of(8, k, seed=k * 2 + sampled, sampled=sampled)
+    drafts, argmax, allowed, *rest = (t.cuda() for t in cpu)
+    extra = tuple(rest) if sampled else None
+    want_back = torch.empty(8, k + 2, dtype=torch.int64, device="cuda")
+    want = device_sampling.settle_reference(drafts, argmax, allowed, want_back, extra)
+    back = torch.full((8, k + 2), -1, dtype=torch.int64, device="cuda")
+    with torch.inference_mode():
+        settle_triton.settle(drafts, argmax, allowed, back, extra)  # compile before capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            got = device_sampling.settle(drafts, argmax, allowed, back, extra)
+        back.fill_(-1)
+        graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True)) and torch.equal(back, want_back)
 
 
 # The Triton paged attention (ignis.kernels.attention_triton) at the 27B attention shape: 24 query heads on 4 KV heads

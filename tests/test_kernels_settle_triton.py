@@ -4,8 +4,8 @@
 Without a GPU the kernel runs in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET) on CPU tensors, over
 rounds of 0 to 8 drafts in which lanes keep none, some or all of their drafts, are capped by `allowed`, and sample or
 not; integers only, so every output equals the reference's. It also compiles for sm_90 here, in a child interpreter
-without TRITON_INTERPRET. On a GPU the device round takes it (tests/test_engine_gpu.py compares graph rounds with
-eager ones and with `off`).
+without TRITON_INTERPRET. On a GPU: tests/test_kernels_gpu.py (the kernel on CUDA tensors, replayed from a graph)
+and tests/test_engine_gpu.py (the device round, whose graph rounds are compared with eager ones and with `off`).
 """
 
 from __future__ import annotations
@@ -16,29 +16,11 @@ from ignis.engine import device_sampling
 from ignis.engine.device_sampling import settle_reference
 from ignis.kernels import settle_triton
 
+from tests.settle_rounds import round_of
 from tests.sm90 import run_child
 
 if torch.cuda.is_available():
     pytest.skip("the interpreter takes CPU tensors: the GPU round runs the kernel", allow_module_level=True)
-
-
-def round_of(b: int, k: int, seed: int, sampled: bool) -> tuple[torch.Tensor, ...]:
-    """drafts, argmax and allowed of a round of b lanes and k drafts in which each lane's drafts agree with the argmax
-    up to a random point, and, when `sampled`, sampled results and a greedy flag a lane."""
-    g = torch.Generator().manual_seed(seed)
-    argmax = torch.randint(0, 50, (b, k + 1), generator=g)
-    drafts = torch.randint(0, 50, (b, k), generator=g)
-    agree = torch.randint(0, k + 1, (b,), generator=g)
-    for lane in range(b):
-        drafts[lane, : agree[lane]] = argmax[lane, : agree[lane]]
-    allowed = torch.randint(0, k + 1, (b,), generator=g)
-    allowed[0] = k  # a lane that may keep all of them
-    if not sampled:
-        return drafts, argmax, allowed
-    a_s = torch.stack([torch.randint(0, int(a) + 1, (1,), generator=g)[0] for a in allowed])
-    t_s = torch.randint(100, 150, (b,), generator=g)
-    greedy = torch.randint(0, 2, (b,), generator=g)
-    return drafts, argmax, allowed, a_s, t_s, greedy
 
 
 @pytest.mark.parametrize("k", [0, 1, 3, 7, 8])
