@@ -142,6 +142,35 @@ def test_ignis_quantize_reads_an_fp8_checkpoint_through_its_scales(checkpoints: 
     assert configs[0]["quantization_config"] == configs[1]["quantization_config"]
 
 
+def test_a_sharded_fp8_checkpoint_finds_each_scale_in_whichever_shard_holds_it(checkpoints: tuple[Path, Path],
+                                                                               tmp_path: Path) -> None:
+    """Weights and their scales split over two shards, every scale in the other shard from its weight: the load and
+    `ignis quantize` read them as from one file."""
+    from ignis.cli import main
+
+    fp8, _ = checkpoints
+    dst = tmp_path / "sharded"
+    shutil.copytree(fp8, dst)
+    tensors = _tensors(fp8)
+    (dst / "model.safetensors").unlink()
+    weights = sorted(n for n in tensors if not n.endswith("_scale_inv"))
+    first = set(weights[::2]) | {f"{n}_scale_inv" for n in weights[1::2] if f"{n}_scale_inv" in tensors}
+    shards = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": set(tensors) - first}
+    for shard, names in shards.items():
+        save_file({n: tensors[n] for n in names}, str(dst / shard), metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {n: shard for shard, names in shards.items() for n in names}}
+    (dst / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert any(index["weight_map"][n] != index["weight_map"][f"{n}_scale_inv"] for n in weights
+               if f"{n}_scale_inv" in tensors)
+    one = load_model(fp8, device="cpu", dtype=torch.float32, exact=True).state_dict()
+    two = load_model(dst, device="cpu", dtype=torch.float32, exact=True).state_dict()
+    assert one.keys() == two.keys() and all(torch.equal(one[n], two[n]) for n in one)
+    assert main(["quantize", str(fp8), str(tmp_path / "q1"), "--group", "64"]) == 0
+    assert main(["quantize", str(dst), str(tmp_path / "q2"), "--group", "64"]) == 0
+    got, want = _tensors_of(tmp_path / "q2"), _tensors_of(tmp_path / "q1")
+    assert got.keys() == want.keys() and all(torch.equal(got[n], want[n]) for n in want)
+
+
 def _tensors_of(root: Path) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for shard in root.glob("*.safetensors"):
