@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -28,7 +29,7 @@ from ignis.model.model import HybridModel
 from ignis.model.random import random_model
 from ignis.quant.format import METHOD, QuantConfig
 from ignis.quant.fp8 import to_fp8
-from ignis.quant.fp8_checkpoint import STORED_FP8, Fp8Checkpoint, dequantize, scale_names
+from ignis.quant.fp8_checkpoint import STORED_FP8, Fp8Checkpoint, dequantize, scale_name
 from ignis.quant.linear import QuantLinear, to_mma, uses_mma
 from ignis.quant.published import Published, codes_name, repack, stored_names
 
@@ -83,9 +84,7 @@ def load_model(path: str | Path, *, device: str | torch.device, dtype: torch.dty
                     f"{root}: tensor {name} is missing from the checkpoint (expected shape {tuple(meta.shape)})"
                 )
             file, stored = files[name]
-            if file not in handles:
-                handles[file] = safe_open(str(file), framework="pt", device="cpu")
-            handle = handles[file]
+            handle = _open(handles, file)
             view = handle.get_slice(stored)  # type: ignore[attr-defined]
             found = tuple(view.get_shape())
             if found != tuple(meta.shape):
@@ -124,19 +123,22 @@ def _fp8_weight(name: str, codes: torch.Tensor, files: dict[str, tuple[Path, str
                fp8: Fp8Checkpoint | None, dtype: torch.dtype) -> torch.Tensor:
     """An FP8 checkpoint's weight `name` (its e4m3 codes, on the device it loads to, where the fp32 product is
     fastest) in `dtype`, through the scale stored beside it."""
-    stem = name.removesuffix(".weight")
-    scale = next((n for n in scale_names(stem) if n in files), None)
-    if scale is None or codes.ndim != 2:
-        raise ArtifactError(f"{files[name][1]} is stored in FP8 but has no {' or '.join(scale_names(stem))} to "
-                            f"scale it by")
-    file, key = files[scale]
-    if file not in handles:
-        handles[file] = safe_open(str(file), framework="pt", device="cpu")
     try:
-        scale_values = handles[file].get_tensor(key).to(codes.device)  # type: ignore[attr-defined]
-        return dequantize(codes, scale_values, fp8.block if fp8 else None, dtype)
+        file, key = files[scale_name(name, files)]
+    except ValueError as e:
+        raise ArtifactError(f"{files[name][0].name}: {e}") from e
+    try:
+        scale = _open(handles, file).get_tensor(key).to(codes.device)  # type: ignore[attr-defined]
+        return dequantize(codes, scale, fp8.block if fp8 else None, dtype)
     except ValueError as e:
         raise ArtifactError(f"{file.name}: {key}: {e}") from e
+
+
+def _open(handles: dict[Path, object], file: Path) -> Any:
+    """The safetensors handle of `file`, opened once for a load."""
+    if file not in handles:
+        handles[file] = safe_open(str(file), framework="pt", device="cpu")
+    return handles[file]
 
 
 def _repacked(model: HybridModel, files: dict[str, tuple[Path, str]], handles: dict[Path, object], pub: Published,
@@ -157,9 +159,7 @@ def _repacked(model: HybridModel, files: dict[str, tuple[Path, str]], handles: d
                 raise ArtifactError(f"{name} is missing from the checkpoint ({pub.method}: a packed linear stores "
                                     f"{', '.join(required)})")
             file, key = files[name]
-            if file not in handles:
-                handles[file] = safe_open(str(file), framework="pt", device="cpu")
-            stored[suffix] = handles[file].get_tensor(key)  # type: ignore[attr-defined]
+            stored[suffix] = _open(handles, file).get_tensor(key)
         try:
             qweight, scales, qzeros = repack(pub, stored, module.out_features, module.in_features)
         except ValueError as e:

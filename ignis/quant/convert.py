@@ -29,7 +29,7 @@ from ignis.errors import ArtifactError
 from ignis.model.config import ModelConfig
 from ignis.model.loader import our_name
 from ignis.quant.format import QuantConfig, quantize, quantized_name
-from ignis.quant.fp8_checkpoint import SCALE_NAMES, Fp8Checkpoint, dequantize, scale_names
+from ignis.quant.fp8_checkpoint import SCALE_NAMES, Fp8Checkpoint, dequantize, scale_name
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -127,10 +127,8 @@ class _Fp8Scales:
 
     def __init__(self, shards: list[Path], fp8: Fp8Checkpoint, dtype: torch.dtype) -> None:
         self.fp8, self.dtype = fp8, dtype
-        self.where: dict[str, Path] = {}
-        for shard in shards:
-            with safe_open(str(shard), framework="pt", device="cpu") as f:
-                self.where |= {name: shard for name in f.keys()}  # noqa: SIM118
+        self.handles = {shard: safe_open(str(shard), framework="pt", device="cpu") for shard in shards}
+        self.where = {name: shard for shard, f in self.handles.items() for name in f.keys()}  # noqa: SIM118
 
     def consumed(self, name: str) -> bool:
         return name.rsplit(".", 1)[-1] in self.SIDE and f"{name.rsplit('.', 1)[0]}.weight" in self.where
@@ -138,15 +136,14 @@ class _Fp8Scales:
     def weight(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         if tensor.dtype != torch.float8_e4m3fn:
             return tensor
-        stem = name.removesuffix(".weight")
-        scale = next((n for n in scale_names(stem) if n in self.where), None)
-        if scale is None:
-            raise ArtifactError(f"{name} is stored in FP8 but has no {' or '.join(scale_names(stem))} to scale it by")
-        with safe_open(str(self.where[scale]), framework="pt", device="cpu") as f:
-            try:
-                return dequantize(tensor, f.get_tensor(scale), self.fp8.block, self.dtype)
-            except ValueError as e:
-                raise ArtifactError(f"{scale}: {e}") from e
+        try:
+            scale = scale_name(name, self.where)
+        except ValueError as e:
+            raise ArtifactError(str(e)) from e
+        try:
+            return dequantize(tensor, self.handles[self.where[scale]].get_tensor(scale), self.fp8.block, self.dtype)
+        except ValueError as e:
+            raise ArtifactError(f"{scale}: {e}") from e
 
 
 def _dtype(config: dict) -> torch.dtype:

@@ -2,7 +2,7 @@
 `weight_block_size`), vLLM's per-tensor or per-channel fp8, and compressed-tensors' `float-quantized` FP8 weights.
 
 Owns: recognising them from `quantization_config` (`Fp8Checkpoint.of`, which refuses the variants it cannot read,
-naming the field), the stored scale of a weight (`scale_names`) and the dequantization (`dequantize`). Does not own:
+naming the field), the stored scale of a weight (`scale_name`) and the dequantization (`dequantize`). Does not own:
 reading files (ignis.model.loader, ignis.quant.convert) or ignis's own FP8 weights (ignis.quant.fp8, which
 `model.weights = "fp8"` makes from what this module reads).
 
@@ -21,6 +21,7 @@ into 4 bits.
 from __future__ import annotations
 
 import json
+from collections.abc import Container
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,9 +104,15 @@ def _compressed_fp8(q: dict[str, Any]) -> Fp8Checkpoint:
     return Fp8Checkpoint(None if block is None else (int(block[0]), int(block[1])))
 
 
-def scale_names(stem: str) -> tuple[str, ...]:
-    """The names a stored weight `stem.weight`'s scale may have, in the order looked for."""
-    return tuple(f"{stem}.{name}" for name in SCALE_NAMES)
+def scale_name(weight: str, held: Container[str]) -> str:
+    """The name of the stored FP8 weight `weight`'s scale among the names `held` (`P.weight_scale_inv`, else
+    `P.weight_scale`); ValueError where it has none."""
+    stem = weight.removesuffix(".weight")
+    names = [f"{stem}.{name}" for name in SCALE_NAMES]
+    found = next((n for n in names if n in held), None)
+    if found is None:
+        raise ValueError(f"{weight} is stored in FP8 but has no {' or '.join(names)} to scale it by")
+    return found
 
 
 def dequantize(codes: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None,
