@@ -180,6 +180,9 @@ def _plan(cfg: IgnisConfig, model_dir: Path, *, fitted: bool) -> MemoryPlan:
     weights = sum(_stored_bytes(name, t, size) for name, t in model.state_dict().items())
     if quant is not None and cuda and uses_mma(torch.device("cuda"), dtype):
         weights += _repack_growth(model, quant.group_size)
+    if quant is not None and quant.published is not None and quant.published.act_order:
+        # each act-order linear's held column order, int32 (ignis.quant.published.act_order)
+        weights += sum(4 * m.in_features for m in model.modules() if isinstance(m, QuantLinear))
     largest = max((m.out_features * m.in_features for m in model.modules() if isinstance(m, QuantLinear)), default=0)
 
     ec, k = cfg.engine, cfg.spec.draft_tokens

@@ -147,6 +147,40 @@ def test_packed_linear_runs_the_mma_kernel_on_repacked_weights() -> None:
     torch.testing.assert_close(packed_linear(big, joined), torch.nn.functional.linear(big, joined.dequantize()))
 
 
+def test_an_act_order_weight_gathers_x_then_runs_the_mma_kernel_also_in_a_graph() -> None:
+    """A repacked act-order linear (ignis.quant.linear.Permuted): its product is the mma kernel's on x's columns in the
+    held order, bit for bit, eagerly and replayed from a CUDA graph, and x @ W^T for W in the checkpoint's order."""
+    from ignis.quant.linear import Permuted, QuantLinear, fuse_packed, packed_linear
+
+    parts = []
+    order = torch.randperm(5120, generator=torch.Generator().manual_seed(0)).to(torch.int32).cuda()
+    for nout in (1024, 512):
+        q = QuantLinear(5120, nout, 128).cuda()
+        q.qweight, q.scales, q.qzeros = _int4_weight(nout, 5120, 128, seed=nout)
+        q.order = order
+        parts.append(q)
+    assert all(q.repack(torch.bfloat16) for q in parts)
+    joined = fuse_packed(tuple(parts))
+    assert isinstance(joined, Permuted)
+    dense = joined.dequantize()
+    for rows in (1, 8, 33):
+        x = torch.randn(rows, 5120, device="cuda").bfloat16()
+        out = packed_linear(x, joined)
+        assert torch.equal(out, int4_mma(x.index_select(-1, order), joined.weight))
+        ref = x.float() @ dense.float().t()
+        assert float((out.float() - ref).norm() / ref.norm()) < 1e-2
+    static = torch.randn(8, 5120, device="cuda").bfloat16()
+    packed_linear(static, joined)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = packed_linear(static, joined)
+    for seed in range(3):
+        static.copy_(torch.randn(8, 5120, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
+        graph.replay()
+        assert torch.equal(captured, int4_mma(static.index_select(-1, order), joined.weight))
+
+
 def test_the_quantized_builtin_loads_repacked_and_keeps_its_greedy_tokens(tmp_path: Path) -> None:
     """A converted built-in model on the GPU holds its projections in the mma kernel's order and its logits track the
     format's own kernel (Triton) within bf16's reach."""

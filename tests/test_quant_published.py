@@ -231,7 +231,7 @@ def test_compressed_tensors_schemes_that_do_not_fit_are_refused_naming_the_field
         ("weights.strategy", {"config_groups": {"group_0": {**good["config_groups"]["group_0"],
                                                             "weights": {**weights, "strategy": "channel"}}}}),
         ("weights.actorder", {"config_groups": {"group_0": {**good["config_groups"]["group_0"],
-                                                            "weights": {**weights, "actorder": "group"}}}}),
+                                                            "weights": {**weights, "actorder": "column"}}}}),
         ("input_activations", {"config_groups": {"group_0": {**good["config_groups"]["group_0"],
                                                              "input_activations": {"num_bits": 8, "type": "int"}}}}),
         ("mix schemes", {"config_groups": {**good["config_groups"], "group_1": {
@@ -262,21 +262,24 @@ def test_layouts_that_do_not_fit_are_refused_naming_the_field(int4: Path, tmp_pa
     base = {"quant_method": "gptq", "bits": 4, "group_size": 64, "desc_act": False}
     _relayout(int4, tmp_path / "g", base, "v1")
     config = json.loads((tmp_path / "g" / "config.json").read_text())
-    for change, field in (({"desc_act": True}, "desc_act"), ({"bits": 8}, "bits"), ({"group_size": 32}, "group_size"),
+    for change, field in (({"bits": 8}, "bits"), ({"group_size": 32}, "group_size"),
                           ({"checkpoint_format": "marlin"}, "checkpoint_format"),
                           ({"quant_method": "awq", "version": "gemv"}, "version")):
         config["quantization_config"] = base | change
         (tmp_path / "g" / "config.json").write_text(json.dumps(config))
         with pytest.raises(ArtifactError, match=field):
             load_model(tmp_path / "g", device="cpu", dtype=torch.float32, exact=True)
-    # an act-order g_idx is caught from the tensor even when the config does not say so
+    # a g_idx is read from the tensor even when the config does not say act-order: an assignment of whole groups is
+    # held in group order (tests/test_quant_act_order.py), one that does not fill its groups is refused
     config["quantization_config"] = base
     (tmp_path / "g" / "config.json").write_text(json.dumps(config))
     with safe_open(str(tmp_path / "g" / "model.safetensors"), "pt") as f:
         tensors = {n: f.get_tensor(n) for n in f.keys()}  # noqa: SIM118
     name = next(n for n in tensors if n.endswith(".g_idx") and int(tensors[n].max()) > 0)  # two groups at least
-    tensors[name] = tensors[name].flip(0).contiguous()
-    save_file(tensors, str(tmp_path / "g" / "model.safetensors"))
+    save_file(tensors | {name: tensors[name].flip(0).contiguous()}, str(tmp_path / "g" / "model.safetensors"))
+    model = load_model(tmp_path / "g", device="cpu", dtype=torch.float32, exact=True)
+    assert model.get_submodule(name.removeprefix("model.").removesuffix(".g_idx")).order is not None
+    save_file(tensors | {name: torch.zeros_like(tensors[name])}, str(tmp_path / "g" / "model.safetensors"))
     with pytest.raises(ArtifactError, match="g_idx"):
         load_model(tmp_path / "g", device="cpu", dtype=torch.float32, exact=True)
 

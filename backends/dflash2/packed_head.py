@@ -29,7 +29,7 @@ from ignis.backends.dflash2.selector import fused_on, topk
 from ignis.errors import ConfigError
 from ignis.model.ops import Weight, linear
 from ignis.quant.format import quantize
-from ignis.quant.linear import MmaCodes, PackedWeight, QuantLinear, uses_mma
+from ignis.quant.linear import PACKED, QuantLinear, uses_mma
 
 RESCORE = 2  # tokens the 4-bit logits keep for each candidate the selector takes; their 16-bit logits then choose
 # Most rows a call reads the 4-bit head for outside exact mode; more (drafts of three lanes or more) read the target's
@@ -108,7 +108,7 @@ class PackedHead:
         self.exact = exact
         self.module: QuantLinear | None = None
         self.dense: torch.Tensor | None = None  # [V, H] the target's 16-bit head, for `candidates`
-        if isinstance(target_head, (PackedWeight, MmaCodes)):
+        if isinstance(target_head, PACKED):
             self.weight: Weight = target_head
             return
         if not isinstance(target_head, torch.Tensor):

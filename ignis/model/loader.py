@@ -73,9 +73,10 @@ def load_model(path: str | Path, *, device: str | torch.device, dtype: torch.dty
     wanted = model.state_dict()
     handles: dict[Path, object] = {}
     loaded: dict[str, torch.Tensor] = {}
+    orders: dict[str, torch.Tensor] = {}
     try:
         if quant is not None and quant.published is not None:
-            loaded.update(_repacked(model, files, handles, quant.published, device, dtype))
+            loaded.update(_repacked(model, files, handles, quant.published, device, dtype, orders))
         for i, (name, meta) in enumerate(wanted.items()):
             if name in loaded:
                 continue
@@ -103,6 +104,8 @@ def load_model(path: str | Path, *, device: str | torch.device, dtype: torch.dty
     finally:
         handles.clear()
     model.load_state_dict(loaded, strict=True, assign=True)
+    for path, order in orders.items():  # act-order linears: not in the state dict (made from the g_idx)
+        model.get_submodule(path).order = order
     model.requires_grad_(False)
     model.eval()
     return _finish(model, fp8=fp8, exact=exact)
@@ -142,9 +145,11 @@ def _open(handles: dict[Path, object], file: Path) -> Any:
 
 
 def _repacked(model: HybridModel, files: dict[str, tuple[Path, str]], handles: dict[Path, object], pub: Published,
-              device: str | torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+              device: str | torch.device, dtype: torch.dtype, orders: dict[str, torch.Tensor],
+              ) -> dict[str, torch.Tensor]:
     """Every QuantLinear's qweight, scales and qzeros, read in a published layout (GPTQ, AWQ, compressed-tensors) and
-    repacked into ignis's (ignis.quant.published)."""
+    repacked into ignis's (ignis.quant.published); into `orders`, by module path, the held column order of each
+    act-order linear."""
     out: dict[str, torch.Tensor] = {}
     required, optional = stored_names(pub)
     for path, module in model.named_modules():
@@ -161,9 +166,11 @@ def _repacked(model: HybridModel, files: dict[str, tuple[Path, str]], handles: d
             file, key = files[name]
             stored[suffix] = _open(handles, file).get_tensor(key)
         try:
-            qweight, scales, qzeros = repack(pub, stored, module.out_features, module.in_features)
+            qweight, scales, qzeros, order = repack(pub, stored, module.out_features, module.in_features)
         except ValueError as e:
             raise ArtifactError(f"{files[f'{path}.{required[0]}'][0].name}: {path}: {e}") from e
+        if order is not None:
+            orders[path] = order.to(device)
         out[f"{path}.qweight"] = qweight.to(device)
         out[f"{path}.scales"] = scales.to(device=device, dtype=dtype)  # scales take the model dtype, as for ignis-int4
         out[f"{path}.qzeros"] = qzeros.to(device)

@@ -28,7 +28,9 @@ from ignis.kernels.launch import triton_installed
 from ignis.model.batch import Segment
 from ignis.quant.fp8 import Fp8Linear, Fp8Weight, fp8_linear, fuse_fp8
 from ignis.quant.linear import (
+    PACKED,
     PackedWeight,
+    Permuted,
     QuantLinear,
     fuse_packed,
     packed_linear,
@@ -42,13 +44,13 @@ STREAM_ROWS = 16  # the most rows of a dense product `streamed` may send to the 
 # (tools.bench_round --stream off,on); set once, before the engine captures its graphs.
 STREAMING = False
 # a projection's weight: dense, 4-bit packed (the format's order or the mma kernel's) or fp8 (ignis.quant)
-Weight: TypeAlias = torch.Tensor | PackedWeight | MmaCodes | Fp8Weight
+Weight: TypeAlias = torch.Tensor | PackedWeight | MmaCodes | Permuted | Fp8Weight
 
 
 def linear(x: torch.Tensor, weight: Weight, exact: bool) -> torch.Tensor:
     """x [..., in] @ weight[out, in]^T -> [..., out]; in exact mode each row's bits do not depend on the row count.
     Packed weights go through `packed_linear` (the 4-bit kernel's seam) and fp8 weights through `fp8_linear`."""
-    if isinstance(weight, (PackedWeight, MmaCodes)):
+    if isinstance(weight, PACKED):
         if exact:  # the dequantized weight is the same for any row count, so padding keeps rows exact as for dense
             return linear(x, weight.dequantize(), True)
         return packed_linear(x, weight)
@@ -123,7 +125,7 @@ def blas_library(name: str) -> Iterator[None]:
 
 def dense(weight: Weight, dtype: torch.dtype) -> torch.Tensor:
     """The weight as a dense [out, in] tensor of `dtype`: a packed or fp8 one dequantized (a copy), a dense one cast."""
-    if isinstance(weight, (PackedWeight, MmaCodes)):
+    if isinstance(weight, PACKED):
         return weight.dequantize().to(dtype)
     if isinstance(weight, Fp8Weight):
         return weight.dequantize(dtype)

@@ -1,6 +1,7 @@
-"""The packed 4-bit linear: `PackedWeight` (what a quantized projection's `.weight` is), `QuantLinear` (the module
-that holds it under the checkpoint's names) and `packed_linear`, the one function every product with a packed
-weight goes through, on the host round and the device round alike.
+"""The packed 4-bit linear: `PackedWeight` (what a quantized projection's `.weight` is), `Permuted` (one whose input
+columns are held in another order, an act-order checkpoint's), `QuantLinear` (the module that holds it under the
+checkpoint's names) and `packed_linear`, the one function every product with a packed weight goes through, on the
+host round and the device round alike.
 
 Owns: the product x @ W^T for a packed W, and joining packed weights by rows (`fuse_rows` for quantized models).
 Does not own: the format (ignis.quant.format) or deciding which layers are packed (ignis.model.loader).
@@ -68,6 +69,37 @@ class PackedWeight:
         return PackedWeight(self.qweight[rows], self.scales[rows], self.qzeros[rows])
 
 
+@dataclass(frozen=True)
+class Permuted:
+    """A packed weight [out, in] whose held input column j is the checkpoint's column `order[j]` (an act-order
+    checkpoint's columns sorted by group, ignis.quant.published.act_order): its product takes x's columns in that
+    order first, one gather ahead of the 4-bit kernel."""
+
+    weight: PackedWeight | MmaCodes
+    order: torch.Tensor  # int32 [in], on the weight's device
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.weight.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.weight.dtype
+
+    def dequantize(self) -> torch.Tensor:
+        """The weight [out, in] with its columns in the checkpoint's order."""
+        held = self.weight.dequantize()
+        w = torch.empty_like(held)
+        w[:, self.order.long()] = held
+        return w
+
+    def __getitem__(self, rows: slice) -> Permuted:
+        return Permuted(self.weight[rows], self.order)
+
+
+PACKED = (PackedWeight, MmaCodes, Permuted)  # the 4-bit weights `packed_linear` takes
+
+
 def auto_kernel() -> Kernel:
     """The mma kernel where cuda-python's NVRTC is installed: on the H200 at the 27B shapes it ran 1.2-2.2x the
     floor at 1 to 8 rows against the Triton kernel's 2.3-3.3x (BENCHMARKS.md); else the Triton kernel where triton is
@@ -79,11 +111,14 @@ def chosen() -> Kernel:
     return auto_kernel() if KERNEL == "auto" else KERNEL
 
 
-def packed_linear(x: torch.Tensor, weight: PackedWeight | MmaCodes) -> torch.Tensor:
+def packed_linear(x: torch.Tensor, weight: PackedWeight | MmaCodes | Permuted) -> torch.Tensor:
     """x [..., in] @ W^T -> [..., out] for a packed W: the chosen kernel (`set_kernel`) for CUDA inputs of at most
     MAX_ROWS rows (every kernel sums the exact (q - z) * x in fp32), otherwise F.linear on the weight dequantized to
     its dtype. A repacked weight (MmaCodes) runs the mma kernel whatever the choice (it has no other layout); the
-    format's codes with "mma" chosen (a shape it does not take) run the Triton kernel, or the numba one."""
+    format's codes with "mma" chosen (a shape it does not take) run the Triton kernel, or the numba one. A Permuted
+    weight gathers x's columns into its order first."""
+    if isinstance(weight, Permuted):
+        return packed_linear(x.index_select(-1, weight.order), weight.weight)
     small = x.is_cuda and x.numel() <= MAX_ROWS * x.shape[-1]
     if isinstance(weight, MmaCodes):
         if small and x.dtype == weight.dtype:
@@ -131,6 +166,7 @@ class QuantLinear(nn.Module):
     qweight: torch.Tensor
     scales: torch.Tensor
     qzeros: torch.Tensor
+    order: torch.Tensor | None
 
     def __init__(self, in_features: int, out_features: int, group: int) -> None:
         super().__init__()
@@ -138,13 +174,15 @@ class QuantLinear(nn.Module):
         self.register_buffer("qweight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
         self.register_buffer("scales", torch.zeros(out_features, in_features // group, dtype=torch.float16))
         self.register_buffer("qzeros", torch.zeros(out_features, in_features // group, dtype=torch.uint8))
+        # an act-order checkpoint's held column order (`Permuted`), set by the loader; made from the checkpoint's
+        # g_idx at load, so not part of the state dict
+        self.register_buffer("order", None, persistent=False)
         self.mma: MmaCodes | None = None  # the weight in the mma kernel's order, once repacked (its tensors: buffers)
 
     @property
-    def weight(self) -> PackedWeight | MmaCodes:
-        if self.mma is not None:
-            return self.mma
-        return PackedWeight(self.qweight, self.scales, self.qzeros)
+    def weight(self) -> PackedWeight | MmaCodes | Permuted:
+        held = self.mma if self.mma is not None else PackedWeight(self.qweight, self.scales, self.qzeros)
+        return held if self.order is None else Permuted(held, self.order)
 
     def repack(self, dtype: torch.dtype) -> bool:
         """Hold the weight in the mma kernel's order for activations of `dtype` (bf16 or fp16), freeing the format's
@@ -186,10 +224,25 @@ def uses_mma(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cuda" and dtype in int4_mma.ACTIVATIONS and chosen() == "mma"
 
 
-def fuse_packed(linears: tuple[QuantLinear, ...]) -> PackedWeight | MmaCodes | None:
+def fuse_packed(linears: tuple[QuantLinear, ...]) -> PackedWeight | MmaCodes | Permuted | None:
     """One packed weight holding the rows of `linears`, which keep their buffers as views of it (no extra memory);
-    None where some are repacked and some not. Repacked weights are whole 16-row blocks (int4_mma.fits), so their
-    blocks join end to end."""
+    None where some are repacked and some not, or where their input columns are not held in one order (act-order
+    linears quantized apart). Repacked weights are whole 16-row blocks (int4_mma.fits), so their blocks join end to
+    end."""
+    first = linears[0].order
+    for m in linears[1:]:
+        if (m.order is None) != (first is None) or (m.order is not None and first is not None
+                                                   and not torch.equal(m.order, first)):
+            return None
+    joined = _fuse_held(linears)
+    if joined is None or first is None:
+        return joined
+    for m in linears:
+        m.order = first  # one tensor for the fused rows
+    return Permuted(joined, first)
+
+
+def _fuse_held(linears: tuple[QuantLinear, ...]) -> PackedWeight | MmaCodes | None:
     mma = [m.mma for m in linears if m.mma is not None]
     if mma:
         if len(mma) != len(linears):
