@@ -14,14 +14,13 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
-from test_quant_published import _compressed_config, _gptq, _logits
+from test_quant_published import _compressed_config, _gptq, _logits, packed_linears
 from tiny import tiny_checkpoint
 
 from ignis.cli import main
 from ignis.errors import ArtifactError
 from ignis.model.loader import load_model
 from ignis.model.ops import linear
-from ignis.quant.format import unpack
 from ignis.quant.linear import Permuted, QuantLinear, fuse_packed, packed_linear
 
 GROUP = 64
@@ -72,18 +71,10 @@ def _act_order(src: Path, dst: Path, layout: str) -> dict[str, torch.Tensor]:
         written = json.loads((dst / "config.json").read_text())
         written["quantization_config"]["config_groups"]["group_0"]["weights"]["actorder"] = "group"
         (dst / "config.json").write_text(json.dumps(written))
-    tensors = _tensors(src / "model.safetensors")
-    out: dict[str, torch.Tensor] = {}
+    out, linears = packed_linears(src / "model.safetensors")
     expected: dict[str, torch.Tensor] = {}
     orders: dict[tuple[str, int], torch.Tensor] = {}
-    for name, t in tensors.items():
-        if name.endswith((".scales", ".qzeros")):
-            continue
-        if not name.endswith(".qweight"):
-            out[name] = t
-            continue
-        stem = name.removesuffix(".qweight")
-        codes, scales, zeros = unpack(t), tensors[f"{stem}.scales"], tensors[f"{stem}.qzeros"]
+    for stem, (codes, scales, zeros) in linears.items():
         order = _order_for(stem, codes.shape[1], orders)
         scattered = torch.empty_like(codes)
         scattered[:, order] = codes
@@ -111,8 +102,7 @@ def _dense(src: Path, dst: Path, weights: dict[str, torch.Tensor]) -> None:
     config = json.loads((src / "config.json").read_text())
     del config["quantization_config"]
     (dst / "config.json").write_text(json.dumps(config))
-    tensors = _tensors(src / "model.safetensors")
-    out = {n: t for n, t in tensors.items() if not n.endswith((".qweight", ".scales", ".qzeros"))}
+    out, _ = packed_linears(src / "model.safetensors")
     for path, w in weights.items():
         out[f"{path if path.startswith('mtp.') else 'model.' + path}.weight"] = w
     (dst / "model.safetensors").unlink()

@@ -152,11 +152,12 @@ def test_an_act_order_weight_gathers_x_then_runs_the_mma_kernel_also_in_a_graph(
     held order, bit for bit, eagerly and replayed from a CUDA graph, and x @ W^T for W in the checkpoint's order."""
     from ignis.quant.linear import Permuted, QuantLinear, fuse_packed, packed_linear
 
-    parts = []
+    parts, stored = [], []
     order = torch.randperm(5120, generator=torch.Generator().manual_seed(0)).to(torch.int32).cuda()
     for nout in (1024, 512):
         q = QuantLinear(5120, nout, 128).cuda()
-        q.qweight, q.scales, q.qzeros = _int4_weight(nout, 5120, 128, seed=nout)
+        stored.append(_int4_weight(nout, 5120, 128, seed=nout))
+        q.qweight, q.scales, q.qzeros = stored[-1]
         q.order = order
         parts.append(q)
     assert all(q.repack(torch.bfloat16) for q in parts)
@@ -169,16 +170,12 @@ def test_an_act_order_weight_gathers_x_then_runs_the_mma_kernel_also_in_a_graph(
         assert torch.equal(out, int4_mma(x.index_select(-1, order), joined.weight))
         ref = x.float() @ dense.float().t()
         assert float((out.float() - ref).norm() / ref.norm()) < 1e-2
-    static = torch.randn(8, 5120, device="cuda").bfloat16()
-    packed_linear(static, joined)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = packed_linear(static, joined)
-    for seed in range(3):
-        static.copy_(torch.randn(8, 5120, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
-        graph.replay()
-        assert torch.equal(captured, int4_mma(static.index_select(-1, order), joined.weight))
+
+    def check(out: torch.Tensor, x: torch.Tensor) -> None:
+        assert torch.equal(out, int4_mma(x.index_select(-1, order), joined.weight))
+
+    x, _, side = _replayed_then_side(lambda x, *_: packed_linear(x, joined), 8, *stored[0], check)
+    check(side, x)
 
 
 def test_the_quantized_builtin_loads_repacked_and_keeps_its_greedy_tokens(tmp_path: Path) -> None:

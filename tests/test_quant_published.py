@@ -81,6 +81,18 @@ def _compressed_config(dst: Path, group: int, symmetric: bool) -> None:
     ModelCompressor(quantization_config=config).update_config(str(dst))
 
 
+def packed_linears(path: Path) -> tuple[dict[str, torch.Tensor],
+                                         dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
+    """An ignis-int4 safetensors file -> (its tensors that are not a packed linear's, and for each packed linear by
+    its stored name's stem, its codes [out, in], scales and zero points)."""
+    with safe_open(str(path), "pt") as f:
+        tensors = {n: f.get_tensor(n) for n in f.keys()}  # noqa: SIM118
+    stems = [n.removesuffix(".qweight") for n in tensors if n.endswith(".qweight")]
+    linears = {s: (unpack(tensors[f"{s}.qweight"]), tensors[f"{s}.scales"], tensors[f"{s}.qzeros"]) for s in stems}
+    parts = {f"{s}.{suffix}" for s in stems for suffix in ("qweight", "scales", "qzeros")}
+    return {n: t for n, t in tensors.items() if n not in parts}, linears
+
+
 def _relayout(src: Path, dst: Path, quant: dict[str, object] | None, layout: str) -> None:
     """Copy the ignis-int4 checkpoint `src` to `dst` with every packed linear rewritten in a published layout (for
     compressed-tensors, "ct" or "ct-sym", its quantization_config as that library writes it)."""
@@ -93,17 +105,8 @@ def _relayout(src: Path, dst: Path, quant: dict[str, object] | None, layout: str
     (dst / "config.json").write_text(json.dumps(config))
     if layout.startswith("ct"):
         _compressed_config(dst, group, symmetric=layout == "ct-sym")
-    with safe_open(str(src / "model.safetensors"), "pt") as f:
-        tensors = {n: f.get_tensor(n) for n in f.keys()}  # noqa: SIM118
-    out: dict[str, torch.Tensor] = {}
-    for name, t in tensors.items():
-        if name.endswith((".scales", ".qzeros")):
-            continue
-        if not name.endswith(".qweight"):
-            out[name] = t
-            continue
-        stem = name.removesuffix(".qweight")
-        codes, scales, zeros = unpack(t), tensors[f"{stem}.scales"], tensors[f"{stem}.qzeros"]
+    out, linears = packed_linears(src / "model.safetensors")
+    for stem, (codes, scales, zeros) in linears.items():
         if layout.startswith("ct"):
             packed = _compressed(codes, scales, zeros, group, symmetric=layout == "ct-sym")
         elif layout == "awq":
