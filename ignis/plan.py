@@ -189,6 +189,8 @@ def _plan(cfg: IgnisConfig, model_dir: Path, *, fitted: bool) -> MemoryPlan:
     cache = LaneCache(config, lanes=ec.lanes, context=ec.context, max_cols=k + 1, device="meta", dtype=dtype)
     recurrent = cache.nbytes() - cache.pool.nbytes()
     head = ", output head too" if quant is not None and quant.head else ""
+    if quant is not None and quant.published is not None and quant.published.act_order:
+        head += ", act-order"
     fmt = (f"int4 (group {quant.group_size}{head})" if quant is not None else "fp8 e4m3 (made at load)" if fp8
            else str(dtype).removeprefix("torch."))
     source = (", read from an FP8 checkpoint" if quant is None and Fp8Checkpoint.of(raw.get("quantization_config"))

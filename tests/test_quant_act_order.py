@@ -171,6 +171,7 @@ def test_the_plan_counts_the_held_orders(int4: Path, tmp_path: Path) -> None:
     held += sum(m.order.nbytes for m in model.modules() if isinstance(m, QuantLinear) and m.order is not None)
     plan = memory_plan(load_config(profile="cpu"), tmp_path / "gptq")
     assert {i.name: i.nbytes for i in plan.items}["weights"] == held
+    assert "act-order" in plan.weights
 
 
 def test_a_g_idx_that_does_not_fill_its_groups_is_refused(int4: Path, tmp_path: Path) -> None:
