@@ -13,7 +13,8 @@ from ignis.model.loader import load_model
 from ignis.model.random import save_random_checkpoint
 from ignis.quant.convert import convert
 from ignis.quant.fp8 import to_fp8
-from tools.bench_quant import fuse_and_own, to_int4
+from ignis.quant.linear import Permuted
+from tools.bench_quant import act_order, fuse_and_own, to_int4
 from tools.quant_quality import prefill_logits
 
 
@@ -29,6 +30,13 @@ def test_in_place_int4_and_fp8_equal_the_loaders(tmp_path: Path) -> None:
     loaded = load_model(tmp_path / "int4", device="cpu", dtype=torch.float32, exact=False)
     torch.testing.assert_close(prefill_logits(model, ids), prefill_logits(loaded, ids), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(prefill_logits(model, ids), dense, rtol=1e-3, atol=1e-3)  # it did change the model
+    # --act-order-ab: the same codes held in act-order form, every product gathering x first; the model's function
+    # stays (its sums only run in another order), and projections of one input stay fused under one order
+    int4 = prefill_logits(model, ids)
+    assert act_order(model) == 6 * 3 + 2 * 4 + 8 * 3
+    fused = [m.qkv_proj for m in model.modules() if hasattr(m, "qkv_proj")]
+    assert fused and all(isinstance(w, Permuted) for w in fused)
+    torch.testing.assert_close(prefill_logits(model, ids), int4, rtol=1e-5, atol=1e-5)
 
     model = load_model(tmp_path / "src", device="cpu", dtype=torch.float32, exact=False)
     to_fp8(model)

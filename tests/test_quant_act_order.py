@@ -183,3 +183,28 @@ def test_a_g_idx_that_does_not_fill_its_groups_is_refused(int4: Path, tmp_path: 
     save_file(tensors | {name: bad}, str(tmp_path / "gptq" / "model.safetensors"))
     with pytest.raises(ArtifactError, match=r"g_idx gives group \d+ \d+ columns"):
         load_model(tmp_path / "gptq", device="cpu", dtype=torch.float32, exact=True)
+
+
+@pytest.mark.parametrize("repacked", [False, True], ids=["format", "mma order"])
+def test_reorder_holds_the_same_weight_with_its_columns_moved_within_groups(repacked: bool) -> None:
+    """QuantLinear.reorder (what tools.bench_quant --act-order-ab times): the weight it stands for is unchanged, the
+    held codes are the old ones' columns in the new order, and an order that moves a column to another group is
+    refused."""
+    from ignis.quant.format import quantize
+
+    w = torch.randn(32, 256, generator=torch.Generator().manual_seed(1))
+    q = QuantLinear(256, 32, GROUP)
+    q.qweight, q.scales, q.qzeros = quantize(w, GROUP)
+    if repacked:
+        assert q.repack(torch.bfloat16)
+    before = q.weight.dequantize()
+    within = torch.argsort(torch.rand(256 // GROUP, GROUP, generator=torch.Generator().manual_seed(2)), dim=1)
+    order = (within + torch.arange(0, 256, GROUP)[:, None]).reshape(-1).to(torch.int32)
+    q.reorder(order)
+    assert isinstance(q.weight, Permuted) and torch.equal(q.weight.dequantize(), before)
+    assert torch.equal(q.weight.weight.dequantize(), before[:, order.long()])
+    with pytest.raises(ValueError, match="once"):
+        q.reorder(order)
+    other = QuantLinear(256, 32, GROUP)
+    with pytest.raises(ValueError, match="in its group"):
+        other.reorder(torch.arange(255, -1, -1, dtype=torch.int32))

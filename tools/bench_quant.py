@@ -85,6 +85,28 @@ def to_int4(model: nn.Module, group: int, head: bool = False) -> int:
     return done
 
 
+def act_order(model: HybridModel, seed: int = 0) -> int:
+    """Hold every packed projection in act-order form (ignis.quant.linear.Permuted), as an act-order checkpoint loads:
+    a random order of its input columns within each group, one order for the projections of a module that read the
+    same input (q, k and v; gate and up) as GPTQ's act-order gives them, the codes' columns moved to match
+    (QuantLinear.reorder), then fused again. The model's function stays; each product gathers x first. Returns how
+    many projections took an order."""
+    orders: dict[tuple[str, int], torch.Tensor] = {}
+    done = 0
+    for name, m in model.named_modules():
+        if not isinstance(m, QuantLinear):
+            continue
+        key = (name.rpartition(".")[0], m.in_features)
+        if key not in orders:
+            g = torch.Generator().manual_seed(seed + len(orders))
+            within = torch.argsort(torch.rand(m.in_features // m.group, m.group, generator=g), dim=1)
+            orders[key] = (within + torch.arange(0, m.in_features, m.group)[:, None]).reshape(-1).to(torch.int32)
+        m.reorder(orders[key])
+        done += 1
+    fuse_and_own(model)
+    return done
+
+
 def fuse_and_own(model: HybridModel) -> None:
     """After a conversion: fuse again (quantized projections join, the old fused bf16 matrices are dropped) and give
     the dense linears left (the GDN gates) their own storage, so the old fused matrices are freed."""
@@ -178,11 +200,13 @@ def _gdn_pdl_ab(step: Callable[..., dict[str, Any]]) -> dict[str, Any]:
 
 def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
                  profile: bool = False, gdn_pdl_ab: bool = False,
-                 trigger_ab: bool = False) -> dict[str, Any]:
+                 trigger_ab: bool = False, act_order_ab: bool = False) -> dict[str, Any]:
     """The 27B decode step in bf16, int4, int4 with the output head packed and fp8 (its products through the kernel
     ignis.quant.fp8.FP8_KERNEL names, then through the Triton one: "fp8_triton"); with `swiglu_ab` the int4-head
     step again with SwiGLU in the gate | up product's store (SWIGLU_ROWS 8) and without (0), on the same model; with
-    `gdn_pdl_ab` the int4-head step with each of GDN_PDL_ARMS; with `trigger_ab` with launch.EARLY_TRIGGER off, on, off."""
+    `gdn_pdl_ab` the int4-head step with each of GDN_PDL_ARMS; with `trigger_ab` with launch.EARLY_TRIGGER off, on, off;
+    with `act_order_ab` the int4-head step again with every projection act-order (`act_order`: a gather of x ahead of
+    each product), after the int4-head step it is compared with."""
     from ignis.model.random import random_model
 
     dev = torch.device("cuda")
@@ -207,6 +231,12 @@ def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
         out.update(_gdn_pdl_ab(step))
     if trigger_ab:
         out.update(_ab(step, "int4_head_trigger", launch, "EARLY_TRIGGER", (0, 1, 0), "early trigger"))
+    if act_order_ab:  # last: it changes the model
+        out["int4_head_act_order_packed"] = act_order(model)
+        out["int4_head_act_order"] = step("int4 head, act-order")
+        print(f"act-order over int4 head: x{out['int4_head_act_order']['graph_ms'] / out['int4_head']['graph_ms']:.3f}"
+              f" graph, x{out['int4_head_act_order']['followed_ms'] / out['int4_head']['followed_ms']:.3f} followed",
+              flush=True)
     del model
     torch.cuda.empty_cache()
     model = random_model(C, seed=0, mtp=False, device=dev, dtype=torch.bfloat16)
@@ -413,6 +443,9 @@ def main(argv: list[str] | None = None) -> int:
                          "launched programmatic-dependent or not, the recurrence applying the gated norm or not)")
     ap.add_argument("--trigger-ab", action="store_true",
                     help="time the int4-head decode step with launch.EARLY_TRIGGER off, on, off (one model)")
+    ap.add_argument("--act-order-ab", action="store_true",
+                    help="time the int4-head decode step again with every projection act-order (a gather of x ahead "
+                         "of each product, as for a GPTQ desc_act checkpoint)")
     ap.add_argument("--trigger", default="early" if launch.EARLY_TRIGGER else "late", choices=list(TRIGGERS),
                     help="where products launched programmatic-dependent let the next kernel launch, for the whole run "
                          "(ignis.kernels.launch.EARLY_TRIGGER: early, before their own wait; late, after their loop)")
@@ -461,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
              ("policies", lambda: policies(bw, args.reps)),
              ("layouts", lambda: layouts(bw, args.reps)),
              ("decode", lambda: decode_steps(bw, args.context, args.iters, args.swiglu_ab, args.graph_profile,
-                                                  args.gdn_pdl_ab, args.trigger_ab)),
+                                                  args.gdn_pdl_ab, args.trigger_ab, args.act_order_ab)),
              ("quality", lambda: quality(args.prompts, args.tokens, args.accept_prompts, args.max_tokens))]
     for name, step in steps:
         if name in skip:
