@@ -180,17 +180,15 @@ def _plan(cfg: IgnisConfig, model_dir: Path, *, fitted: bool) -> MemoryPlan:
     weights = sum(_stored_bytes(name, t, size) for name, t in model.state_dict().items())
     if quant is not None and cuda and uses_mma(torch.device("cuda"), dtype):
         weights += _repack_growth(model, quant.group_size)
-    if quant is not None and quant.published is not None and quant.published.act_order:
-        # each act-order linear's held column order, int32 (ignis.quant.published.act_order)
+    act_order = quant is not None and quant.published is not None and quant.published.act_order
+    if act_order:  # each act-order linear's held column order, int32 (ignis.quant.published.act_order)
         weights += sum(4 * m.in_features for m in model.modules() if isinstance(m, QuantLinear))
     largest = max((m.out_features * m.in_features for m in model.modules() if isinstance(m, QuantLinear)), default=0)
 
     ec, k = cfg.engine, cfg.spec.draft_tokens
     cache = LaneCache(config, lanes=ec.lanes, context=ec.context, max_cols=k + 1, device="meta", dtype=dtype)
     recurrent = cache.nbytes() - cache.pool.nbytes()
-    head = ", output head too" if quant is not None and quant.head else ""
-    if quant is not None and quant.published is not None and quant.published.act_order:
-        head += ", act-order"
+    head = (", output head too" if quant is not None and quant.head else "") + (", act-order" if act_order else "")
     fmt = (f"int4 (group {quant.group_size}{head})" if quant is not None else "fp8 e4m3 (made at load)" if fp8
            else str(dtype).removeprefix("torch."))
     source = (", read from an FP8 checkpoint" if quant is None and Fp8Checkpoint.of(raw.get("quantization_config"))
