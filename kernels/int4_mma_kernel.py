@@ -39,7 +39,11 @@ Compile-time macros: NT (row tiles a block), F, U, AHEAD (steps loaded ahead of 
 launched with programmatic dependent launch, ignis.kernels.launch.PDL: the AHEAD steps of codes and scales load before
 griddepcontrol.wait, x and every store after it, and the next kernel may launch once the loop is done; 0 by default),
 TRIGGER (with PDL, 1: the next kernel may launch as soon as the codes ahead are issued, before this kernel's own wait,
-ignis.kernels.launch.EARLY_TRIGGER; 0: once the loop is done).
+ignis.kernels.launch.EARLY_TRIGGER; 0: once the loop is done), RING (1: the step loop unrolled over the AHEAD + 1
+slots of codes and scales, so no copies move them between slots, with each step's loads, x's among them, above a
+branch that always holds but that ptxas cannot resolve; 0, the default: the plain loop, whose loads ptxas moves: the
+next step's codes to the loop's end, where the copies between slots wait on them, and each x load next to the mma
+that reads it. The same sums either way; ignis.kernels.int4_mma.RING_SHAPES says which weights take it).
 """
 
 # The macros' defaults, the types and the device functions the 4-bit kernels share (ignis.kernels.int4_tile_kernel
@@ -199,6 +203,44 @@ __device__ __forceinline__ bool last_to_arrive(int* cnt, int parts) {
 """
 
 SOURCE = PRELUDE + r"""
+#ifndef RING
+#define RING 0
+#endif
+// one step's sums (the STEP_SUMS macro, so that both loops below compile from the same tokens): U chunks of the
+// warp's F feature blocks, codes W[f][u] and scales Z[f][group], against the NT row tiles of x (xs, or loaded a
+// chunk at a time from xp where a step's x does not fit in registers); each chunk's 64 columns summed on the
+// tensor cores (A: the codes as q - z, exact; B: x), then scaled into acc by the group's scale
+#define STEP_SUMS(W, Z) \
+        _Pragma("unroll") \
+        for (int u = 0; u < U; ++u) { \
+            if (!XAHEAD) load_xs(xs[0], xp + u * 64, sx, g, M); \
+            _Pragma("unroll") \
+            for (int f = 0; f < F; ++f) { \
+                const uint4 w = W[f][u]; \
+                const uint2 z = Z[f][u / GPC]; \
+                const u32 nz0 = __byte_perm(z.x, 0, 0x3232), nz1 = __byte_perm(z.y, 0, 0x3232); \
+                const float sg = scale_of(z.x), sg8 = scale_of(z.y); \
+                u32 h0[4], h1[4], h2[4], h3[4]; \
+                dequant(w.x, nz0, h0); \
+                dequant(w.y, nz1, h1); \
+                dequant(w.z, nz0, h2); \
+                dequant(w.w, nz1, h3); \
+                _Pragma("unroll") \
+                for (int n = 0; n < NT; ++n) { \
+                    const uint4 xa = xs[XAHEAD ? u : 0][n][0], xb = xs[XAHEAD ? u : 0][n][1]; \
+                    float part[4] = {0.f, 0.f, 0.f, 0.f}; \
+                    mma(part, h0[0], h1[0], h0[1], h1[1], xa.x, xa.y); \
+                    mma(part, h0[2], h1[2], h0[3], h1[3], xa.z, xa.w); \
+                    mma(part, h2[0], h3[0], h2[1], h3[1], xb.x, xb.y); \
+                    mma(part, h2[2], h3[2], h2[3], h3[3], xb.z, xb.w); \
+                    acc[f][n][0] += part[0] * sg; \
+                    acc[f][n][1] += part[1] * sg; \
+                    acc[f][n][2] += part[2] * sg8; \
+                    acc[f][n][3] += part[3] * sg8; \
+                } \
+            } \
+        }
+
 // codes [N/16, K/64, 32] uint4 (ignis.kernels.int4_mma.pack); zs [N/16, K/group, 8] uint2: for lane group g, feature
 // g then g + 8, each (scale bits | -(magic + z) << 16); x [M, sx-strided rows of K] 16-bit; out [M, N] 16-bit, or
 // with SWIGLU [M, N/2]: silu(features 0..N/2-1) * features N/2..N-1
@@ -263,6 +305,44 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
         // the weight is not the previous kernel's output: it loaded above while that kernel finished; x is, so wait
         asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+#if RING
+        // the loop unrolled over the ring's AHEAD + 1 slots (step s's codes in slot (s - s0) % (AHEAD + 1), so no
+        // copies between slots), and the step's compute behind a branch on `unit > 0`, which always holds but which
+        // ptxas cannot resolve: the loads of the step AHEAD on and the step's x stay above it, issued before the
+        // step's first mma, where ptxas otherwise moves the codes to the loop's end (RING above)
+        int s = s0;
+        for (;;) {
+#pragma unroll
+            for (int i = 0; i < AHEAD + 1; ++i) {
+                if (s >= s1) goto ring_done;
+                const int d = min(s + AHEAD, s1 - 1) - s;  // the last steps reload the last: no read past the weight
+                const int slot = (i + AHEAD) % (AHEAD + 1);  // the one step s - 1 freed
+#pragma unroll
+                for (int f = 0; f < F; ++f) {
+#pragma unroll
+                    for (int u = 0; u < U; ++u) wq[slot][f][u] = load_codes(wp[f] + (d * U + u) * 32);
+#pragma unroll
+                    for (int q = 0; q < GS; ++q) zq[slot][f][q] = load_scales(zp[f] + (d * GS + q) * 8);
+                }
+                uint4 xs[XAHEAD ? U : 1][NT][2];
+                if (XAHEAD) {
+#pragma unroll
+                    for (int u = 0; u < U; ++u) load_xs(xs[XAHEAD ? u : 0], xp + u * 64, sx, g, M);
+                }
+                if (unit > 0) {
+                    STEP_SUMS(wq[i], zq[i])
+                }
+#pragma unroll
+                for (int f = 0; f < F; ++f) {
+                    wp[f] += U * 32;
+                    zp[f] += GS * 8;
+                }
+                xp += U * 64;
+                ++s;
+            }
+        }
+ring_done:;
+#else
         for (int s = s0; s < s1; ++s) {
             const int d = min(s + AHEAD, s1 - 1) - s;  // the last steps reload the last: no read past the weight
 #pragma unroll
@@ -278,36 +358,7 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
 #pragma unroll
                 for (int u = 0; u < U; ++u) load_xs(xs[XAHEAD ? u : 0], xp + u * 64, sx, g, M);
             }
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                if (!XAHEAD) load_xs(xs[0], xp + u * 64, sx, g, M);
-#pragma unroll
-                for (int f = 0; f < F; ++f) {
-                    const uint4 w = wq[0][f][u];
-                    const uint2 z = zq[0][f][u / GPC];
-                    const u32 nz0 = __byte_perm(z.x, 0, 0x3232), nz1 = __byte_perm(z.y, 0, 0x3232);
-                    const float sg = scale_of(z.x), sg8 = scale_of(z.y);
-                    u32 h0[4], h1[4], h2[4], h3[4];
-                    dequant(w.x, nz0, h0);  // feature g, columns 0-7
-                    dequant(w.y, nz1, h1);  // feature g + 8, columns 0-7
-                    dequant(w.z, nz0, h2);  // feature g, columns 8-15
-                    dequant(w.w, nz1, h3);  // feature g + 8, columns 8-15
-#pragma unroll
-                    for (int n = 0; n < NT; ++n) {
-                        // the chunk's 64 columns summed on the tensor cores, then scaled into the total
-                        const uint4 xa = xs[XAHEAD ? u : 0][n][0], xb = xs[XAHEAD ? u : 0][n][1];
-                        float part[4] = {0.f, 0.f, 0.f, 0.f};
-                        mma(part, h0[0], h1[0], h0[1], h1[1], xa.x, xa.y);
-                        mma(part, h0[2], h1[2], h0[3], h1[3], xa.z, xa.w);
-                        mma(part, h2[0], h3[0], h2[1], h3[1], xb.x, xb.y);
-                        mma(part, h2[2], h3[2], h2[3], h3[3], xb.z, xb.w);
-                        acc[f][n][0] += part[0] * sg;
-                        acc[f][n][1] += part[1] * sg;
-                        acc[f][n][2] += part[2] * sg8;
-                        acc[f][n][3] += part[3] * sg8;
-                    }
-                }
-            }
+            STEP_SUMS(wq[0], zq[0])
 #pragma unroll
             for (int a = 0; a < AHEAD; ++a)
 #pragma unroll
@@ -324,6 +375,7 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
             }
             xp += U * 64;
         }
+#endif
     }
 #if PDL
     asm volatile("griddepcontrol.wait;" ::: "memory");  // for warps without a run above; no stores before it

@@ -163,9 +163,9 @@ def test_the_hot_sweep_is_summarised_cold_then_hot() -> None:
 
 def test_the_mma_loads_sweep_changes_only_what_leaves_the_sums_alone() -> None:
     """--sweep-mma-loads times int4_mma's own launch first, then its step's chunks (divisors of the unit holding whole
-    groups), loads ahead (0-3), feature blocks a warp (the chosen F or 1) and, above 8 rows, warps sharing x (RB 2, 4)
-    where they fit, each once, with the split (KS, KW, unit) as chosen: no launch it times changes a row's bits. The
-    summary names the fastest beside the chosen one."""
+    groups), loads ahead (0-3), feature blocks a warp (the chosen F or 1), at one row tile the ring loop and, above 8
+    rows, warps sharing x (RB 2, 4) where they fit, each once, with the split (KS, KW, unit) as chosen: no launch it
+    times changes a row's bits. The summary names the fastest beside the chosen one."""
     from dataclasses import asdict
 
     from ignis.kernels.int4_mma import SHARED, choose, launch, row_tiles
@@ -184,8 +184,13 @@ def test_the_mma_loads_sweep_changes_only_what_leaves_the_sums_alone() -> None:
                 assert s.rg == 1 or (s.rg <= row_tiles(rows)
                                      and (s.kw - 1) * s.f * row_tiles(rows) // s.rg * 512 <= SHARED)
             assert rows > 8 or all(s.rg == 1 for s in shapes)
+            assert (rows <= 8) == any(s.ring for s in shapes)  # the ring loop at one row tile only
     assert {s.rg for s in mma_loads(34816, 5120, 128, 132, 64)} == {1, 2, 4, 8}  # gate_up at 64 rows
     assert {s.rg for s in mma_loads(34816, 5120, 128, 132, 16)} == {1, 2}
+    ring = next(s for s in mma_loads(5120, 6144, 128, 132, 1) if s.ring)
+    line, = summary({"sweep_mma_loads": [{"shape": "o_proj", "rows": 1, "chosen": False, **asdict(ring), "ms": 0.006,
+                                          "x_floor": 1.5}]})
+    assert f"(f 1 u {ring.u} ahead {ring.ahead} rg 1 ring)" in line
     s0, s1 = mma_loads(5120, 6144, 128, 132, 1)[:2]
     sweep = [{"shape": "o_proj", "rows": 1, "chosen": True, **asdict(s0), "ms": 0.008, "x_floor": 2.0},
              {"shape": "o_proj", "rows": 1, "chosen": False, **asdict(s1), "ms": 0.006, "x_floor": 1.5}]

@@ -53,6 +53,7 @@ import torch
 from torch import nn
 
 from ignis.artifact import BUILTIN
+from ignis.kernels import int4_mma as mma_kernel
 from ignis.kernels import launch
 from ignis.model.model import HybridModel
 from ignis.quant.format import quantize, quantized_name
@@ -65,8 +66,8 @@ from tools.round_work import POSITION, build_backend, decodes, floor_bytes
 from tools.variants import PDL_SWITCH, TRIGGERS
 from tools.quant_rounds import LANES, tile_rounds
 from tools.quant_tile import sweep_tile
-from tools.quant_products import (C, GROUP, ROWS, layouts, policies, products, sweep_hot, sweep_mma, sweep_triton,
-                                  tunings)
+from tools.quant_products import (C, GROUP, ROWS, SHAPES, layouts, policies, products, sweep_hot, sweep_mma,
+                                  sweep_triton, tunings)
 
 def to_int4(model: nn.Module, group: int, head: bool = False) -> int:
     """Pack every projection `ignis quantize` would pack (with `head`, as `--head` does: the output head too), in place
@@ -175,6 +176,23 @@ def _ab(step: Callable[..., dict[str, Any]], key: str, module: Any, switch: str,
     return out
 
 
+def _ring_ab(step: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    """The int4-head decode step with int4_mma.RING_SHAPES empty and holding the o_proj / gdn out_proj shape (the one
+    product the ring loop measured faster), alternated twice on one model; RING_SHAPES put back after:
+    {"int4_head_ring_<i>": the step's figures, "ring": on or off}."""
+    o_proj = next((nout, ncols) for name, nout, ncols in SHAPES if name.startswith("o_proj"))
+    kept, out = mma_kernel.RING_SHAPES, {}
+    try:
+        for i, on in enumerate((False, True, False, True)):
+            mma_kernel.RING_SHAPES = frozenset({o_proj}) if on else frozenset()
+            out[f"int4_head_ring_{i}"] = {**step(f"int4 head, o_proj ring {'on' if on else 'off'}"), "ring": on}
+    finally:
+        mma_kernel.RING_SHAPES = kept
+    print("o_proj ring: " + ", ".join(f"{'on' if r['ring'] else 'off'}: {r['graph_ms']:.3f} ms (replay "
+                                      f"{r['replay_ms']:.3f})" for r in out.values()), flush=True)
+    return out
+
+
 # --gdn-pdl-ab's arms: (launch.GDN_PDL, gdn.CUDA_NORMED), None as shipped (the round decides); the first again last
 GDN_PDL_ARMS: tuple[tuple[bool | None, bool | None], ...] = ((False, False), (None, False), (None, None), (False, False))
 
@@ -200,11 +218,12 @@ def _gdn_pdl_ab(step: Callable[..., dict[str, Any]]) -> dict[str, Any]:
 
 def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
                  profile: bool = False, gdn_pdl_ab: bool = False,
-                 trigger_ab: bool = False, act_order_ab: bool = False) -> dict[str, Any]:
+                 trigger_ab: bool = False, act_order_ab: bool = False, ring_ab: bool = False) -> dict[str, Any]:
     """The 27B decode step in bf16, int4, int4 with the output head packed and fp8 (its products through the kernel
     ignis.quant.fp8.FP8_KERNEL names, then through the Triton one: "fp8_triton"); with `swiglu_ab` the int4-head
     step again with SwiGLU in the gate | up product's store (SWIGLU_ROWS 8) and without (0), on the same model; with
     `gdn_pdl_ab` the int4-head step with each of GDN_PDL_ARMS; with `trigger_ab` with launch.EARLY_TRIGGER off, on, off;
+    with `ring_ab` with the o_proj / gdn out_proj products' ring loop off, on, off, on (`_ring_ab`);
     with `act_order_ab` the int4-head step again with every projection act-order (`act_order`: a gather of x ahead of
     each product), after the int4-head step it is compared with."""
     from ignis.model.random import random_model
@@ -231,6 +250,8 @@ def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
         out.update(_gdn_pdl_ab(step))
     if trigger_ab:
         out.update(_ab(step, "int4_head_trigger", launch, "EARLY_TRIGGER", (0, 1, 0), "early trigger"))
+    if ring_ab:
+        out.update(_ring_ab(step))
     if act_order_ab:  # last: it changes the model
         out["int4_head_act_order_packed"] = act_order(model)
         out["int4_head_act_order"] = step("int4 head, act-order")
@@ -364,7 +385,7 @@ def summary(result: dict[str, Any]) -> list[str]:
         for (shape, r), p in fastest.items():
             mine = chosen.get((shape, r), {})
             lines.append(f"mma {key[10:]}, {shape}, {r:2d} rows: best x{p['x_floor']:.2f} (f {p['f']} u {p['u']} "
-                         f"ahead {p['ahead']} rg {p.get('rg', 1)}), the chosen "
+                         f"ahead {p['ahead']} rg {p.get('rg', 1)}{' ring' if p.get('ring') else ''}), the chosen "
                          f"x{mine.get('x_floor', float('nan')):.2f} (f {mine.get('f')} u {mine.get('u')} ahead "
                          f"{mine.get('ahead')} rg {mine.get('rg', 1)})")
     hot: dict[tuple[str, int], dict[str, float]] = {}
@@ -443,6 +464,9 @@ def main(argv: list[str] | None = None) -> int:
                          "launched programmatic-dependent or not, the recurrence applying the gated norm or not)")
     ap.add_argument("--trigger-ab", action="store_true",
                     help="time the int4-head decode step with launch.EARLY_TRIGGER off, on, off (one model)")
+    ap.add_argument("--ring-ab", action="store_true",
+                    help="time the int4-head decode step with the o_proj / gdn out_proj products' ring loop "
+                         "(int4_mma.RING_SHAPES) off, on, off, on (one model)")
     ap.add_argument("--act-order-ab", action="store_true",
                     help="time the int4-head decode step again with every projection act-order (a gather of x ahead "
                          "of each product, as for a GPTQ desc_act checkpoint)")
@@ -494,7 +518,8 @@ def main(argv: list[str] | None = None) -> int:
              ("policies", lambda: policies(bw, args.reps)),
              ("layouts", lambda: layouts(bw, args.reps)),
              ("decode", lambda: decode_steps(bw, args.context, args.iters, args.swiglu_ab, args.graph_profile,
-                                                  args.gdn_pdl_ab, args.trigger_ab, args.act_order_ab)),
+                                                  args.gdn_pdl_ab, args.trigger_ab, args.act_order_ab,
+                                                  args.ring_ab)),
              ("quality", lambda: quality(args.prompts, args.tokens, args.accept_prompts, args.max_tokens))]
     for name, step in steps:
         if name in skip:

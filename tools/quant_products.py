@@ -256,9 +256,10 @@ def mma_loads(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Sh
     """int4_mma's own launch for `rows` first, then with its step's chunks U (the unit's divisors that hold whole
     groups), the steps it loads ahead (AHEAD, 0 to 3) and its feature blocks a warp (F: the launch's, or 1, which
     spills no registers at 64 rows) changed; above 8 rows also RG 2, 4 and 8 (blocks of threads that split the row
-    tiles of the same features, each holding fewer sums) at F 1 and 2, where the warps' partial sums fit. (RB, warps
-    of a block that read the same x, was measured never to pay: BENCHMARKS.md.) What --sweep-mma-loads times: none
-    of them changes the order of a row's sums, so a faster launch changes no result."""
+    tiles of the same features, each holding fewer sums) at F 1 and 2, where the warps' partial sums fit; at one row
+    tile also the ring loop (RING) at U 4 and 2, AHEAD 1 to 3. (RB, warps of a block that read the same x, was
+    measured never to pay: BENCHMARKS.md.) What --sweep-mma-loads times: none of them changes the order of a row's
+    sums, so a faster launch changes no result."""
     nt = row_tiles(rows)
     base = mma_launch(mma_choose(nout, ncols, group, sms), nt)
     found = [base]
@@ -266,6 +267,12 @@ def mma_loads(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Sh
         for u in (1, 2, 4):
             for ahead in (0, 1, 2, 3):
                 s = replace(base, f=f, u=u, ahead=ahead)
+                if base.unit % u == 0 and (64 * u) % group == 0 and s not in found:
+                    found.append(s)
+    if nt == 1:  # the step loop unrolled over its ring, loads kept above each step's compute (int4_mma.RING_SHAPES)
+        for u in (4, 2):
+            for ahead in (1, 2, 3):
+                s = replace(base, u=u, ahead=ahead, ring=True)
                 if base.unit % u == 0 and (64 * u) % group == 0 and s not in found:
                     found.append(s)
     for rg in (r for r in (2, 4, 8) if r <= nt):

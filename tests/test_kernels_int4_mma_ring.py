@@ -1,0 +1,123 @@
+"""int4_mma's ring loop (the kernel's RING, ignis.kernels.int4_mma.RING_SHAPES): which launches take it, that they
+compile without spills, and, in the SASS ptxas makes of it, that every load of codes is issued at least half of the
+steps it is loaded ahead before the first instruction that reads it (the plain loop's are not: ptxas moves them to the
+loop's end, where the copies between slots read them about thirty instructions on). Compiles for sm_90 with NVRTC and
+disassembles with nvdisasm (the test extra's nvidia-cuda-nvdisasm); no GPU. Its bits are the GPU tests' (a row's
+result the same under every launch, tests/test_quant_mma_gpu.py)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from ignis.kernels import int4_mma
+from ignis.kernels.int4_mma import RING_LAUNCH, Shape, choose, launch, ringed
+from ignis.kernels.int4_mma_kernel import SOURCE
+from ignis.kernels.nvrtc import compile_cubin
+
+SMS = 132  # an H200's
+O_PROJ, DOWN, GATE_UP = (5120, 6144), (5120, 17408), (34816, 5120)  # the 27B's [out, in]
+
+
+def _defines(s: Shape, nt: int = 1, pdl: int = 1) -> tuple[tuple[str, int], ...]:
+    return (("NT", nt // s.rg), ("F", s.f), ("U", s.u), ("AHEAD", s.ahead), ("KS", s.ks), ("KW", s.kw), ("RB", s.rb),
+            ("RG", s.rg), ("GPC", 2), ("F16", 0), ("SBF16", 1), ("SWIGLU", 0), ("PDL", pdl), ("TRIGGER", pdl),
+            ("RING", int(s.ring)))
+
+
+def _sass(defines: tuple[tuple[str, int], ...], tmp: Path) -> str:
+    from cuda.pathfinder import find_nvidia_binary_utility
+
+    nvdisasm = find_nvidia_binary_utility("nvdisasm")
+    assert nvdisasm, "nvdisasm not found: install the test extra (nvidia-cuda-nvdisasm)"
+    cubin = tmp / "int4_mma.cubin"
+    cubin.write_bytes(compile_cubin(SOURCE, "int4_mma", "sm_90", defines).image)
+    return subprocess.run([nvdisasm, "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+
+
+def _loop(sass: str) -> list[str]:
+    """The instructions of the loop that holds the mma (from the label a backward branch targets to that branch)."""
+    labels: dict[str, int] = {}
+    insns: list[str] = []
+    for line in sass.splitlines():
+        if label := re.match(r"\s*(\.L_x_\d+):", line):
+            labels[label.group(1)] = len(insns)
+        elif found := re.search(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line):
+            insns.append(found.group(1))
+    for i, insn in enumerate(insns):
+        target = re.search(r"BRA `\((\.L_x_\d+)\)", insn)
+        start = labels.get(target.group(1), i + 1) if target else i + 1
+        if start <= i and any("HMMA" in x for x in insns[start:i]):
+            return insns[start : i + 1]
+    raise AssertionError("the kernel has no loop of mma")
+
+
+REGISTER = re.compile(r"(?<![A-Z])R(\d+)")
+
+
+def _operands(insn: str) -> list[str]:
+    words = insn.split(None, 2 if insn.startswith("@") else 1)  # [predicate,] opcode, operands
+    return [o.strip() for o in words[-1].split(",")] if len(words) > (2 if insn.startswith("@") else 1) else []
+
+
+def _code_leads(loop: list[str]) -> list[int]:
+    """For each load of codes (LDG.E.NA.128: four registers) in the loop, how many instructions on, going round the
+    loop, the first one that reads one of its registers is."""
+    leads = []
+    for i, insn in enumerate(loop):
+        if "LDG.E.NA.128" not in insn:
+            continue
+        first = int(REGISTER.search(_operands(insn)[0]).group(1))  # type: ignore[union-attr]
+        written = set(range(first, first + 4))
+        for k in range(1, len(loop)):
+            ops = _operands(loop[(i + k) % len(loop)])
+            sources = ops[1:] if ops and REGISTER.fullmatch(ops[0].split(".")[0]) else ops  # after a register written
+            if any(int(r) in written for o in sources for r in REGISTER.findall(o)):
+                leads.append(k)
+                break
+    return leads
+
+
+def test_the_ring_goes_to_the_shapes_named_at_one_row_tile_without_the_swiglu_store(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    base = launch(choose(*O_PROJ, 128, SMS), 1)
+    assert ringed(base, 1, *O_PROJ, 128) == base  # RING_SHAPES empty: nothing changes
+    monkeypatch.setattr(int4_mma, "RING_SHAPES", frozenset({O_PROJ}))
+    u, ahead = RING_LAUNCH
+    assert ringed(base, 1, *O_PROJ, 128) == replace(base, u=u, ahead=ahead, ring=True)
+    assert (base.ks, base.kw, base.unit) == (ringed(base, 1, *O_PROJ, 128).ks, 8, 4)  # the order of the sums kept
+    down = launch(choose(*DOWN, 128, SMS), 1)
+    assert ringed(down, 1, *DOWN, 128) == down  # another shape
+    two = launch(base, 2)
+    assert ringed(two, 2, *O_PROJ, 128) == two  # two row tiles
+    assert ringed(base, 1, *O_PROJ, 128, swiglu=True) == base
+    assert ringed(base, 1, *O_PROJ, 256) == base  # U 2 would not hold a group of 256 columns
+
+
+def test_ring_launches_compile_for_sm90_without_spills() -> None:
+    """RING_LAUNCH and its neighbours (ptxas spills a few bytes at U 4 AHEAD 3 for down, at U 2 AHEAD 1 for gate_up:
+    launches that only the sweep tries)."""
+    for shape in (O_PROJ, DOWN, GATE_UP):
+        base = launch(choose(*shape, 128, SMS), 1)
+        for u, ahead in (RING_LAUNCH, (2, 3), (4, 1), (4, 2)):
+            for f in (1, 2):
+                s = replace(base, u=u, ahead=ahead, f=f, ring=True)
+                cubin = compile_cubin(SOURCE, "int4_mma", "sm_90", _defines(s))
+                assert cubin.spills == 0 and 0 < cubin.registers <= 255, (shape, s, cubin.registers)
+
+
+def test_the_ring_issues_each_steps_codes_well_before_their_first_use(tmp_path: Path) -> None:
+    """At least half of the AHEAD steps' instructions between a load of codes and its first reader; the shipped
+    plain loop (RING 0, U 4, AHEAD 1) has under a quarter of one step's."""
+    base = launch(choose(*O_PROJ, 128, SMS), 1)
+    for u, ahead, pdl in ((2, 2, 1), (2, 1, 1), (4, 1, 1), (2, 3, 1), (2, 2, 0)):
+        loop = _loop(_sass(_defines(replace(base, u=u, ahead=ahead, ring=True), pdl=pdl), tmp_path))
+        leads = _code_leads(loop)
+        assert len(leads) == u * (ahead + 1), (u, ahead, leads)  # every slot's loads, once a step
+        assert min(leads) >= ahead * len(loop) / (ahead + 1) / 2, (u, ahead, len(loop), leads)
+    plain = _loop(_sass(_defines(base), tmp_path))
+    assert max(_code_leads(plain)) < len(plain) / 4  # what the ring is for (ptxas 13's placement)
