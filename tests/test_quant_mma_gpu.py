@@ -70,7 +70,7 @@ def test_a_rows_result_depends_on_neither_the_batch_nor_the_launch() -> None:
 def test_a_shape_on_the_ring_gives_the_plain_loops_bits_eagerly_replayed_and_aside(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """int4_mma.RING_SHAPES puts a weight's 1-8-row launches on the ring loop (RING): the same bits as the plain
-    loop's, eagerly, replayed from a CUDA graph and on a side stream; two row tiles keep the plain loop."""
+    loop's, eagerly, replayed from a CUDA graph and on a side stream (and at 16 rows, which keep the plain loop)."""
     from ignis.kernels import int4_mma as module
 
     qw, s, z = _int4_weight(5120, 6144, 128, seed=11)
