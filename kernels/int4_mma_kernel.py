@@ -206,10 +206,36 @@ SOURCE = PRELUDE + r"""
 #ifndef RING
 #define RING 0
 #endif
-// one step's sums (the STEP_SUMS macro, so that both loops below compile from the same tokens): U chunks of the
-// warp's F feature blocks, codes W[f][u] and scales Z[f][group], against the NT row tiles of x (xs, or loaded a
-// chunk at a time from xp where a step's x does not fit in registers); each chunk's 64 columns summed on the
-// tensor cores (A: the codes as q - z, exact; B: x), then scaled into acc by the group's scale
+// A step's pieces as macros, so that both loops of the kernel (RING and the plain one) compile from the same tokens.
+// The codes and scales of step s + AHEAD (the last steps reload the last: no read past the weight) into slot SLOT
+#define LOAD_STEP(SLOT) \
+        const int d = min(s + AHEAD, s1 - 1) - s; \
+        _Pragma("unroll") \
+        for (int f = 0; f < F; ++f) { \
+            _Pragma("unroll") \
+            for (int u = 0; u < U; ++u) wq[SLOT][f][u] = load_codes(wp[f] + (d * U + u) * 32); \
+            _Pragma("unroll") \
+            for (int q = 0; q < GS; ++q) zq[SLOT][f][q] = load_scales(zp[f] + (d * GS + q) * 8); \
+        }
+// x: the step's activations before any of its mma when they fit in registers, else a chunk's at a time (STEP_SUMS)
+#define LOAD_X \
+        uint4 xs[XAHEAD ? U : 1][NT][2]; \
+        if (XAHEAD) { \
+            _Pragma("unroll") \
+            for (int u = 0; u < U; ++u) load_xs(xs[XAHEAD ? u : 0], xp + u * 64, sx, g, M); \
+        }
+// the warp's pointers to the next step
+#define NEXT_STEP \
+        _Pragma("unroll") \
+        for (int f = 0; f < F; ++f) { \
+            wp[f] += U * 32; \
+            zp[f] += GS * 8; \
+        } \
+        xp += U * 64;
+// one step's sums: U chunks of the warp's F feature blocks, codes W[f][u] and scales Z[f][group], against the NT
+// row tiles of x (xs, or loaded a chunk at a time from xp where a step's x does not fit in registers); each chunk's
+// 64 columns summed on the tensor cores (A: the codes as q - z, exact; B: x), then scaled into acc by the group's
+// scale
 #define STEP_SUMS(W, Z) \
         _Pragma("unroll") \
         for (int u = 0; u < U; ++u) { \
@@ -315,49 +341,20 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
 #pragma unroll
             for (int i = 0; i < AHEAD + 1; ++i) {
                 if (s >= s1) goto ring_done;
-                const int d = min(s + AHEAD, s1 - 1) - s;  // the last steps reload the last: no read past the weight
-                const int slot = (i + AHEAD) % (AHEAD + 1);  // the one step s - 1 freed
-#pragma unroll
-                for (int f = 0; f < F; ++f) {
-#pragma unroll
-                    for (int u = 0; u < U; ++u) wq[slot][f][u] = load_codes(wp[f] + (d * U + u) * 32);
-#pragma unroll
-                    for (int q = 0; q < GS; ++q) zq[slot][f][q] = load_scales(zp[f] + (d * GS + q) * 8);
-                }
-                uint4 xs[XAHEAD ? U : 1][NT][2];
-                if (XAHEAD) {
-#pragma unroll
-                    for (int u = 0; u < U; ++u) load_xs(xs[XAHEAD ? u : 0], xp + u * 64, sx, g, M);
-                }
+                LOAD_STEP((i + AHEAD) % (AHEAD + 1))  // into the slot step s - 1 freed
+                LOAD_X
                 if (unit > 0) {
                     STEP_SUMS(wq[i], zq[i])
                 }
-#pragma unroll
-                for (int f = 0; f < F; ++f) {
-                    wp[f] += U * 32;
-                    zp[f] += GS * 8;
-                }
-                xp += U * 64;
+                NEXT_STEP
                 ++s;
             }
         }
 ring_done:;
 #else
         for (int s = s0; s < s1; ++s) {
-            const int d = min(s + AHEAD, s1 - 1) - s;  // the last steps reload the last: no read past the weight
-#pragma unroll
-            for (int f = 0; f < F; ++f) {
-#pragma unroll
-                for (int u = 0; u < U; ++u) wq[AHEAD][f][u] = load_codes(wp[f] + (d * U + u) * 32);
-#pragma unroll
-                for (int q = 0; q < GS; ++q) zq[AHEAD][f][q] = load_scales(zp[f] + (d * GS + q) * 8);
-            }
-            // x: the step's activations before any of its mma when they fit in registers, else a chunk's at a time
-            uint4 xs[XAHEAD ? U : 1][NT][2];
-            if (XAHEAD) {
-#pragma unroll
-                for (int u = 0; u < U; ++u) load_xs(xs[XAHEAD ? u : 0], xp + u * 64, sx, g, M);
-            }
+            LOAD_STEP(AHEAD)
+            LOAD_X
             STEP_SUMS(wq[0], zq[0])
 #pragma unroll
             for (int a = 0; a < AHEAD; ++a)
@@ -368,12 +365,7 @@ ring_done:;
 #pragma unroll
                     for (int q = 0; q < GS; ++q) zq[a][f][q] = zq[a + 1][f][q];
                 }
-#pragma unroll
-            for (int f = 0; f < F; ++f) {
-                wp[f] += U * 32;
-                zp[f] += GS * 8;
-            }
-            xp += U * 64;
+            NEXT_STEP
         }
 #endif
     }

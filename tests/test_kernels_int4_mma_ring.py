@@ -18,15 +18,15 @@ from ignis.kernels import int4_mma
 from ignis.kernels.int4_mma import RING_LAUNCH, Shape, choose, launch, ringed
 from ignis.kernels.int4_mma_kernel import SOURCE
 from ignis.kernels.nvrtc import compile_cubin
+from test_kernels_int4_mma import _defines as int4_mma_defines
 
 SMS = 132  # an H200's
 O_PROJ, DOWN, GATE_UP = (5120, 6144), (5120, 17408), (34816, 5120)  # the 27B's [out, in]
 
 
-def _defines(s: Shape, nt: int = 1, pdl: int = 1) -> tuple[tuple[str, int], ...]:
-    return (("NT", nt // s.rg), ("F", s.f), ("U", s.u), ("AHEAD", s.ahead), ("KS", s.ks), ("KW", s.kw), ("RB", s.rb),
-            ("RG", s.rg), ("GPC", 2), ("F16", 0), ("SBF16", 1), ("SWIGLU", 0), ("PDL", pdl), ("TRIGGER", pdl),
-            ("RING", int(s.ring)))
+def _defines(s: Shape, pdl: int = 1) -> tuple[tuple[str, int], ...]:
+    """One row tile's macros for the launch `s`, launched programmatic-dependent (with the early trigger) or not."""
+    return (*int4_mma_defines(s, 1), ("PDL", pdl), ("TRIGGER", pdl), ("RING", int(s.ring)))
 
 
 def _sass(defines: tuple[tuple[str, int], ...], tmp: Path) -> str:

@@ -159,38 +159,31 @@ def decode_step(label: str, model: HybridModel, bw: float, context: int, iters: 
             "eager_ms": 1e3 * eager, "floor_ms": 1e3 * floor, "x_floor": graph / floor, "graph_top_kernels": top}
 
 
-def _ab(step: Callable[..., dict[str, Any]], key: str, module: Any, switch: str, values: tuple[int, ...],
-        what: str) -> dict[str, Any]:
+def _ab(step: Callable[..., dict[str, Any]], key: str, module: Any, switch: str, values: tuple[Any, ...],
+        what: str, names: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The int4-head decode step once with each of `values` set on module.`switch` (the same model), the switch put
-    back after: {f"{key}_{value}": the step's figures}."""
+    back after: {f"{key}_{name}": the step's figures}, a value's name its `names` entry or the value itself (a name
+    met again gets "_again")."""
     kept, out = getattr(module, switch), {}
+    labels = names or tuple(str(v) for v in values)
     try:
-        for v in values:
+        for v, label in zip(values, labels):
             setattr(module, switch, type(kept)(v))
-            name = f"{key}_{v}" if f"{key}_{v}" not in out else f"{key}_{v}_again"
-            out[name] = step(f"int4 head, {what} {v}")
+            name = f"{key}_{label}" if f"{key}_{label}" not in out else f"{key}_{label}_again"
+            out[name] = step(f"int4 head, {what} {label}")
     finally:
         setattr(module, switch, kept)
-    print(f"{what}: " + ", ".join(f"{v}: {r['graph_ms']:.3f} ms (replay {r['replay_ms']:.3f})"
-                                   for v, r in zip(values, out.values())), flush=True)
+    print(f"{what}: " + ", ".join(f"{label}: {r['graph_ms']:.3f} ms (replay {r['replay_ms']:.3f})"
+                                   for label, r in zip(labels, out.values())), flush=True)
     return out
 
 
 def _ring_ab(step: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     """The int4-head decode step with int4_mma.RING_SHAPES empty and holding the o_proj / gdn out_proj shape (the one
-    product the ring loop measured faster), alternated twice on one model; RING_SHAPES put back after:
-    {"int4_head_ring_<i>": the step's figures, "ring": on or off}."""
-    o_proj = next((nout, ncols) for name, nout, ncols in SHAPES if name.startswith("o_proj"))
-    kept, out = mma_kernel.RING_SHAPES, {}
-    try:
-        for i, on in enumerate((False, True, False, True)):
-            mma_kernel.RING_SHAPES = frozenset({o_proj}) if on else frozenset()
-            out[f"int4_head_ring_{i}"] = {**step(f"int4 head, o_proj ring {'on' if on else 'off'}"), "ring": on}
-    finally:
-        mma_kernel.RING_SHAPES = kept
-    print("o_proj ring: " + ", ".join(f"{'on' if r['ring'] else 'off'}: {r['graph_ms']:.3f} ms (replay "
-                                      f"{r['replay_ms']:.3f})" for r in out.values()), flush=True)
-    return out
+    product the ring loop measured faster), off, on, off, on, on one model."""
+    o_proj = frozenset({next((nout, ncols) for name, nout, ncols in SHAPES if name.startswith("o_proj"))})
+    return _ab(step, "int4_head_ring", mma_kernel, "RING_SHAPES", (frozenset(), o_proj) * 2, "o_proj ring",
+               ("off", "on") * 2)
 
 
 # --gdn-pdl-ab's arms: (launch.GDN_PDL, gdn.CUDA_NORMED), None as shipped (the round decides); the first again last
