@@ -3,7 +3,7 @@ repacked into the register order of mma.m16n8k16, for the 1 to 64 rows of decode
 
 Owns: `pack` (the format's codes, scales and zero points -> `MmaCodes`, on any device), `unpack` (back to the
 format's codes, for the dequantized reference and prefill), the launch shape `Shape`, `choose` and `ringed` (which
-weights' launches take the kernel's ring loop: RING_SHAPES), and `int4_mma` (the launch on torch's current stream,
+weights' launches take the kernel's ring loop: RING_LAUNCHES), and `int4_mma` (the launch on torch's current stream,
 capturable; from ignis.kernels.int4_tile.TILE_ROWS rows it may hand the call to that module's kernel, which stages x
 in shared memory and gives the same bits). Does not own: the format (ignis.quant.format), the kernel source and its
 layout's definition (ignis.kernels.int4_mma_kernel), compiling (ignis.kernels.nvrtc), or when this kernel runs
@@ -122,7 +122,8 @@ class Shape:
     """A launch: U chunks a step, AHEAD steps loaded ahead, KW warps along the input (split in units of `unit`
     chunks), RB warps of F 16-feature blocks each a block of threads, RG blocks of threads splitting the row tiles of
     the same features, and the kernel's step loop (RING). KW and the unit fix the order of the sums (so they come
-    from the weight's shape only); U (a divisor of the unit), F, RB, RG, AHEAD and RING may change with the rows."""
+    from the weight's shape only); U (a divisor of the unit), F, RB, RG, AHEAD, RING and XRING may change with the
+    rows."""
 
     u: int
     ahead: int
@@ -133,6 +134,7 @@ class Shape:
     ks: int = 1  # blocks of threads along the input (their partial sums meet in a workspace)
     rg: int = 1  # blocks of threads over the rows, NT / RG row tiles each (at most NT); choose's is NT 8's RG
     ring: bool = False  # the step loop unrolled over its AHEAD + 1 slots, each step's loads kept above its compute
+    xring: bool = False  # with `ring`, x in the ring's slots too: each step's x loaded AHEAD steps ahead
 
 
 def _step_chunks(ncols: int, group: int) -> int:
@@ -166,14 +168,13 @@ ROW_LAUNCH = {2: (1, 2, 0), 4: (2, 2, 1), 8: (2, 2, 1)}
 # 4-bit product at 64 rows"), while the wide products (896-2,176 blocks) ran 5-25% slower split.
 ROW_SPLIT = 4
 ROW_SPLIT_BELOW = 4  # feature blocks an SM
-# Weight shapes [out, in] whose one-row-tile launches (1 to 8 rows) take RING_LAUNCH: the step loop unrolled over its
-# ring with each step's loads kept above its compute (the kernel's RING). On an H100 it took the 27B's o_proj / gdn
-# out_proj product (5,120 x 6,144, 3 units a warp) from 1.49 to 1.32x its floor at one row and 1.71 to 1.33 at 8 and
-# left the other four 27B products as fast or slower (down 1.21 -> 1.72: BENCHMARKS.md, "Where the 4-bit product's
-# warps wait"); none of it has been timed on an H200 or in a decode step, so no shape takes it yet
-# (tools.bench_quant --ring-ab times the step with the o_proj shapes on it).
-RING_SHAPES: frozenset[tuple[int, int]] = frozenset()
-RING_LAUNCH = (2, 2)  # (U, AHEAD) of a ring launch
+# Weight shapes [out, in] -> (U, AHEAD, XRING) of their one-row-tile launches (1 to 8 rows) on the ring loop: the
+# step loop unrolled over its ring with each step's loads kept above its compute (the kernel's RING), x in the ring
+# too with XRING. On an H100, U 2 AHEAD 2 took the 27B's o_proj / gdn out_proj product (5,120 x 6,144, 3 units a warp)
+# from 1.49 to 1.32x its floor at one row and 1.71 to 1.33 at 8 and left the other four 27B products as fast or
+# slower (down 1.21 -> 1.72: BENCHMARKS.md, "Where the 4-bit product's warps wait"); none of it has been timed on an
+# H200 or in a decode step, so no shape takes it yet (tools.bench_quant --ring-ab times the step with shapes on it).
+RING_LAUNCHES: dict[tuple[int, int], tuple[int, int, bool]] = {}
 
 
 def launch(base: Shape, nt: int) -> Shape:
@@ -198,18 +199,22 @@ def _function(device: torch.device, nt: int, shape: Shape, gpc: int, dtype: torc
                ("KS", shape.ks), ("KW", shape.kw), ("RB", shape.rb), ("RG", shape.rg),
                ("GPC", gpc), ("F16", int(dtype == torch.float16)),
                ("SBF16", int(scale_dtype == torch.bfloat16)), ("SWIGLU", int(swiglu)), ("PDL", int(early)),
-               ("TRIGGER", int(early and launches.EARLY_TRIGGER)), ("RING", int(shape.ring)))
+               ("TRIGGER", int(early and launches.EARLY_TRIGGER)), ("RING", int(shape.ring)),
+               ("XRING", int(shape.xring)))
     return load(SOURCE, "int4_mma", defines, device)
 
 
 def ringed(s: Shape, nt: int, nout: int, ncols: int, group: int, swiglu: bool = False) -> Shape:
-    """`s` with RING_LAUNCH's loop where the weight's shape is one of RING_SHAPES, at one row tile, without the
-    SwiGLU store (what was measured), and where RING_LAUNCH's U divides the unit and holds whole groups; else `s`."""
-    u, ahead = RING_LAUNCH
-    if (nt == 1 and not swiglu and (nout, ncols) in RING_SHAPES and s.unit % u == 0
-            and (64 * u) % group == 0):
-        return replace(s, u=u, ahead=ahead, ring=True)
-    return s
+    """`s` on the ring loop with RING_LAUNCHES's U, AHEAD and XRING for the weight's shape where it names one, at one
+    row tile, without the SwiGLU store (what was measured), and where that U divides the unit and holds whole groups;
+    else `s`."""
+    ring = RING_LAUNCHES.get((nout, ncols))
+    if ring is None or nt != 1 or swiglu:
+        return s
+    u, ahead, xring = ring
+    if s.unit % u or (64 * u) % group:
+        return s
+    return replace(s, u=u, ahead=ahead, ring=True, xring=xring)
 
 
 def row_tiles(rows: int) -> int:

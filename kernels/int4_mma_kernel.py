@@ -43,7 +43,9 @@ ignis.kernels.launch.EARLY_TRIGGER; 0: once the loop is done), RING (1: the step
 slots of codes and scales, so no copies move them between slots, with each step's loads, x's among them, above a
 branch that always holds but that ptxas cannot resolve; 0, the default: the plain loop, whose loads ptxas moves: the
 next step's codes to the loop's end, where the copies between slots wait on them, and each x load next to the mma
-that reads it. The same sums either way; ignis.kernels.int4_mma.RING_SHAPES says which weights take it).
+that reads it. The same sums either way; ignis.kernels.int4_mma.RING_SHAPES says which weights take it), XRING
+(with RING, where a step's x fits in registers: x in the ring's slots as well, each step's loaded AHEAD steps before
+its sums, with its codes; 0 by default).
 """
 
 # The macros' defaults, the types and the device functions the 4-bit kernels share (ignis.kernels.int4_tile_kernel
@@ -206,6 +208,12 @@ SOURCE = PRELUDE + r"""
 #ifndef RING
 #define RING 0
 #endif
+#ifndef XRING
+#define XRING 0
+#endif
+#if XRING && !(RING && XAHEAD)
+#error "XRING holds a step's x in the ring's slots: RING, and NT * U <= 8"
+#endif
 // A step's pieces as macros, so that both loops of the kernel (RING and the plain one) compile from the same tokens.
 // The codes and scales of step s + AHEAD (the last steps reload the last: no read past the weight) into slot SLOT
 #define LOAD_STEP(SLOT) \
@@ -233,13 +241,13 @@ SOURCE = PRELUDE + r"""
         } \
         xp += U * 64;
 // one step's sums: U chunks of the warp's F feature blocks, codes W[f][u] and scales Z[f][group], against the NT
-// row tiles of x (xs, or loaded a chunk at a time from xp where a step's x does not fit in registers); each chunk's
-// 64 columns summed on the tensor cores (A: the codes as q - z, exact; B: x), then scaled into acc by the group's
-// scale
-#define STEP_SUMS(W, Z) \
+// row tiles of x (X[u], or loaded a chunk at a time into X[0] from xp where a step's x does not fit in registers);
+// each chunk's 64 columns summed on the tensor cores (A: the codes as q - z, exact; B: x), then scaled into acc by
+// the group's scale
+#define STEP_SUMS(W, Z, X) \
         _Pragma("unroll") \
         for (int u = 0; u < U; ++u) { \
-            if (!XAHEAD) load_xs(xs[0], xp + u * 64, sx, g, M); \
+            if (!XAHEAD) load_xs(X[0], xp + u * 64, sx, g, M); \
             _Pragma("unroll") \
             for (int f = 0; f < F; ++f) { \
                 const uint4 w = W[f][u]; \
@@ -253,7 +261,7 @@ SOURCE = PRELUDE + r"""
                 dequant(w.w, nz1, h3); \
                 _Pragma("unroll") \
                 for (int n = 0; n < NT; ++n) { \
-                    const uint4 xa = xs[XAHEAD ? u : 0][n][0], xb = xs[XAHEAD ? u : 0][n][1]; \
+                    const uint4 xa = X[XAHEAD ? u : 0][n][0], xb = X[XAHEAD ? u : 0][n][1]; \
                     float part[4] = {0.f, 0.f, 0.f, 0.f}; \
                     mma(part, h0[0], h1[0], h0[1], h1[1], xa.x, xa.y); \
                     mma(part, h0[2], h1[2], h0[3], h1[3], xa.z, xa.w); \
@@ -337,15 +345,33 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
         // ptxas cannot resolve: the loads of the step AHEAD on and the step's x stay above it, issued before the
         // step's first mma, where ptxas otherwise moves the codes to the loop's end (RING above)
         int s = s0;
+#if XRING
+        // x in the ring too: step s + AHEAD's x loads with its codes (the first AHEAD steps' here, after the wait)
+        uint4 xr[AHEAD + 1][U][NT][2];
+#pragma unroll
+        for (int a = 0; a < AHEAD; ++a) {
+            const int d = min(s0 + a, s1 - 1) - s0;
+#pragma unroll
+            for (int u = 0; u < U; ++u) load_xs(xr[a][u], xp + (d * U + u) * 64, sx, g, M);
+        }
+#endif
         for (;;) {
 #pragma unroll
             for (int i = 0; i < AHEAD + 1; ++i) {
                 if (s >= s1) goto ring_done;
                 LOAD_STEP((i + AHEAD) % (AHEAD + 1))  // into the slot step s - 1 freed
+#if XRING
+#pragma unroll
+                for (int u = 0; u < U; ++u) load_xs(xr[(i + AHEAD) % (AHEAD + 1)][u], xp + (d * U + u) * 64, sx, g, M);
+                if (unit > 0) {
+                    STEP_SUMS(wq[i], zq[i], xr[i])
+                }
+#else
                 LOAD_X
                 if (unit > 0) {
-                    STEP_SUMS(wq[i], zq[i])
+                    STEP_SUMS(wq[i], zq[i], xs)
                 }
+#endif
                 NEXT_STEP
                 ++s;
             }
@@ -355,7 +381,7 @@ ring_done:;
         for (int s = s0; s < s1; ++s) {
             LOAD_STEP(AHEAD)
             LOAD_X
-            STEP_SUMS(wq[0], zq[0])
+            STEP_SUMS(wq[0], zq[0], xs)
 #pragma unroll
             for (int a = 0; a < AHEAD; ++a)
 #pragma unroll

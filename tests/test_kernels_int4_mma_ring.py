@@ -1,4 +1,4 @@
-"""int4_mma's ring loop (the kernel's RING, ignis.kernels.int4_mma.RING_SHAPES): which launches take it, that they
+"""int4_mma's ring loop (the kernel's RING, ignis.kernels.int4_mma.RING_LAUNCHES): which launches take it, that they
 compile without spills, and, in the SASS ptxas makes of it, that every load of codes is issued at least half of the
 steps it is loaded ahead before the first instruction that reads it (the plain loop's are not: ptxas moves them to the
 loop's end, where the copies between slots read them about thirty instructions on). Compiles for sm_90 with NVRTC and
@@ -15,18 +15,19 @@ from pathlib import Path
 import pytest
 
 from ignis.kernels import int4_mma
-from ignis.kernels.int4_mma import RING_LAUNCH, Shape, choose, launch, ringed
+from ignis.kernels.int4_mma import Shape, choose, launch, ringed
 from ignis.kernels.int4_mma_kernel import SOURCE
 from ignis.kernels.nvrtc import compile_cubin
 from test_kernels_int4_mma import _defines as int4_mma_defines
 
 SMS = 132  # an H200's
 O_PROJ, DOWN, GATE_UP = (5120, 6144), (5120, 17408), (34816, 5120)  # the 27B's [out, in]
+RING = (2, 2, False)  # (U, AHEAD, XRING): o_proj's ring launch on the H100
 
 
 def _defines(s: Shape, pdl: int = 1) -> tuple[tuple[str, int], ...]:
     """One row tile's macros for the launch `s`, launched programmatic-dependent (with the early trigger) or not."""
-    return (*int4_mma_defines(s, 1), ("PDL", pdl), ("TRIGGER", pdl), ("RING", int(s.ring)))
+    return (*int4_mma_defines(s, 1), ("PDL", pdl), ("TRIGGER", pdl), ("RING", int(s.ring)), ("XRING", int(s.xring)))
 
 
 def _sass(defines: tuple[tuple[str, int], ...], tmp: Path) -> str:
@@ -85,13 +86,14 @@ def _code_leads(loop: list[str]) -> list[int]:
 def test_the_ring_goes_to_the_shapes_named_at_one_row_tile_without_the_swiglu_store(
         monkeypatch: pytest.MonkeyPatch) -> None:
     base = launch(choose(*O_PROJ, 128, SMS), 1)
-    assert ringed(base, 1, *O_PROJ, 128) == base  # RING_SHAPES empty: nothing changes
-    monkeypatch.setattr(int4_mma, "RING_SHAPES", frozenset({O_PROJ}))
-    u, ahead = RING_LAUNCH
-    assert ringed(base, 1, *O_PROJ, 128) == replace(base, u=u, ahead=ahead, ring=True)
+    assert ringed(base, 1, *O_PROJ, 128) == base  # RING_LAUNCHES empty: nothing changes
+    monkeypatch.setattr(int4_mma, "RING_LAUNCHES", {O_PROJ: RING, DOWN: (2, 1, True)})
+    assert ringed(base, 1, *O_PROJ, 128) == replace(base, u=2, ahead=2, ring=True)
     assert (base.ks, base.kw, base.unit) == (ringed(base, 1, *O_PROJ, 128).ks, 8, 4)  # the order of the sums kept
     down = launch(choose(*DOWN, 128, SMS), 1)
-    assert ringed(down, 1, *DOWN, 128) == down  # another shape
+    assert ringed(down, 1, *DOWN, 128) == replace(down, u=2, ahead=1, ring=True, xring=True)  # its own launch
+    gate_up = launch(choose(*GATE_UP, 128, SMS), 1)
+    assert ringed(gate_up, 1, *GATE_UP, 128) == gate_up  # a shape not named
     two = launch(base, 2)
     assert ringed(two, 2, *O_PROJ, 128) == two  # two row tiles
     assert ringed(base, 1, *O_PROJ, 128, swiglu=True) == base
@@ -99,15 +101,19 @@ def test_the_ring_goes_to_the_shapes_named_at_one_row_tile_without_the_swiglu_st
 
 
 def test_ring_launches_compile_for_sm90_without_spills() -> None:
-    """RING_LAUNCH and its neighbours (ptxas spills a few bytes at U 4 AHEAD 3 for down, at U 2 AHEAD 1 for gate_up:
-    launches that only the sweep tries)."""
+    """RING and its neighbours, and with x in the ring (XRING) (ptxas spills a few bytes at U 4 AHEAD 3 for down, at
+    U 2 AHEAD 1 for gate_up: launches that only the sweep tries)."""
     for shape in (O_PROJ, DOWN, GATE_UP):
         base = launch(choose(*shape, 128, SMS), 1)
-        for u, ahead in (RING_LAUNCH, (2, 3), (4, 1), (4, 2)):
+        for u, ahead in (RING[:2], (2, 3), (4, 1), (4, 2)):
             for f in (1, 2):
                 s = replace(base, u=u, ahead=ahead, f=f, ring=True)
                 cubin = compile_cubin(SOURCE, "int4_mma", "sm_90", _defines(s))
                 assert cubin.spills == 0 and 0 < cubin.registers <= 255, (shape, s, cubin.registers)
+        for u, ahead in ((2, 1), (2, 2), (4, 1)):  # x in the ring as well (what the sweep times)
+            s = replace(base, u=u, ahead=ahead, ring=True, xring=True)
+            cubin = compile_cubin(SOURCE, "int4_mma", "sm_90", _defines(s))
+            assert cubin.spills == 0 and 0 < cubin.registers <= 255, (shape, s, cubin.registers)
 
 
 def test_the_ring_issues_each_steps_codes_well_before_their_first_use(tmp_path: Path) -> None:

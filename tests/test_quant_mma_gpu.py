@@ -57,8 +57,9 @@ def test_a_rows_result_depends_on_neither_the_batch_nor_the_launch() -> None:
         for u, ahead, rb, f in ((2, 2, 2, 1), (base.unit, 1, 1, 2), (2, 1, 1, 4)):
             other = Shape(u, ahead, base.kw, rb, f, base.unit, base.ks)
             assert torch.equal(int4_mma(x[:8], w, other), alone[:8]), (nout, other)
-        for u, ahead, f in ((2, 2, 1), (2, 3, 1), (base.unit, 1, 1), (2, 2, 2)):  # the ring loop: the same sums
-            other = Shape(u, ahead, base.kw, 1, f, base.unit, base.ks, ring=True)
+        for u, ahead, f, xring in ((2, 2, 1, 0), (2, 3, 1, 0), (base.unit, 1, 1, 0), (2, 2, 2, 0), (2, 1, 1, 1),
+                                   (2, 2, 1, 1), (base.unit, 1, 1, 1)):  # the ring loop, x in it or not: the same sums
+            other = Shape(u, ahead, base.kw, 1, f, base.unit, base.ks, ring=True, xring=bool(xring))
             for rows in (1, 5, 8):
                 assert torch.equal(int4_mma(x[:rows], w, other), alone[:rows]), (nout, rows, other)
         for rg in (2, 4, 8):  # the rows over blocks of threads; at 33 rows some blocks have none
@@ -67,24 +68,26 @@ def test_a_rows_result_depends_on_neither_the_batch_nor_the_launch() -> None:
                 assert torch.equal(int4_mma(x[:rows], w, other), alone[:rows]), (nout, rows, other)
 
 
+@pytest.mark.parametrize("ring", [(2, 2, False), (2, 1, True)])
 def test_a_shape_on_the_ring_gives_the_plain_loops_bits_eagerly_replayed_and_aside(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """int4_mma.RING_SHAPES puts a weight's 1-8-row launches on the ring loop (RING): the same bits as the plain
-    loop's, eagerly, replayed from a CUDA graph and on a side stream (and at 16 rows, which keep the plain loop)."""
+        monkeypatch: pytest.MonkeyPatch, ring: tuple[int, int, bool]) -> None:
+    """int4_mma.RING_LAUNCHES puts a weight's 1-8-row launches on the ring loop (RING, x in it or not): the same bits
+    as the plain loop's, eagerly, replayed from a CUDA graph and on a side stream (and at 16 rows, which keep the
+    plain loop)."""
     from ignis.kernels import int4_mma as module
 
     qw, s, z = _int4_weight(5120, 6144, 128, seed=11)
     w = pack(qw, s, z, torch.bfloat16)
     x = torch.randn(16, 6144, device="cuda").bfloat16()
     plain = {rows: int4_mma(x[:rows], w) for rows in (1, 8, 16)}
-    monkeypatch.setattr(module, "RING_SHAPES", frozenset({(5120, 6144)}))
+    monkeypatch.setattr(module, "RING_LAUNCHES", {(5120, 6144): ring})
     for rows in (1, 8, 16):
         assert torch.equal(int4_mma(x[:rows], w), plain[rows]), rows
 
     def check(out: torch.Tensor, xs: torch.Tensor) -> None:
-        monkeypatch.setattr(module, "RING_SHAPES", frozenset())
+        monkeypatch.setattr(module, "RING_LAUNCHES", {})
         expected = int4_mma(xs, w)
-        monkeypatch.setattr(module, "RING_SHAPES", frozenset({(5120, 6144)}))
+        monkeypatch.setattr(module, "RING_LAUNCHES", {(5120, 6144): ring})
         assert torch.equal(out, expected)
 
     xs, _, side = _replayed_then_side(lambda xs, *_: int4_mma(xs, w), 8, qw, s, z, check)

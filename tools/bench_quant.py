@@ -178,11 +178,21 @@ def _ab(step: Callable[..., dict[str, Any]], key: str, module: Any, switch: str,
     return out
 
 
-def _ring_ab(step: Callable[..., dict[str, Any]]) -> dict[str, Any]:
-    """The int4-head decode step with int4_mma.RING_SHAPES empty and holding the o_proj / gdn out_proj shape (the one
-    product the ring loop measured faster), off, on, off, on, on one model."""
-    o_proj = frozenset({next((nout, ncols) for name, nout, ncols in SHAPES if name.startswith("o_proj"))})
-    return _ab(step, "int4_head_ring", mma_kernel, "RING_SHAPES", (frozenset(), o_proj) * 2, "o_proj ring",
+def ring_launches(spec: str) -> dict[tuple[int, int], tuple[int, int, bool]]:
+    """--ring-ab's "name:U:AHEAD:XRING,..." (a name: the start of one of SHAPES', as "o_proj" or "mlp down") as
+    int4_mma.RING_LAUNCHES."""
+    found = {}
+    for item in filter(None, spec.split(",")):
+        name, u, ahead, xring = item.split(":")
+        nout, ncols = next((n, k) for label, n, k in SHAPES if label.startswith(name))
+        found[(nout, ncols)] = (int(u), int(ahead), bool(int(xring)))
+    return found
+
+
+def _ring_ab(step: Callable[..., dict[str, Any]], spec: str) -> dict[str, Any]:
+    """The int4-head decode step with int4_mma.RING_LAUNCHES empty and holding `spec`'s launches (ring_launches),
+    off, on, off, on, on one model."""
+    return _ab(step, "int4_head_ring", mma_kernel, "RING_LAUNCHES", ({}, ring_launches(spec)) * 2, f"ring {spec}",
                ("off", "on") * 2)
 
 
@@ -211,14 +221,16 @@ def _gdn_pdl_ab(step: Callable[..., dict[str, Any]]) -> dict[str, Any]:
 
 def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
                  profile: bool = False, gdn_pdl_ab: bool = False,
-                 trigger_ab: bool = False, act_order_ab: bool = False, ring_ab: bool = False) -> dict[str, Any]:
+                 trigger_ab: bool = False, act_order_ab: bool = False, ring_ab: str | None = None,
+                 fp8_steps: bool = True) -> dict[str, Any]:
     """The 27B decode step in bf16, int4, int4 with the output head packed and fp8 (its products through the kernel
     ignis.quant.fp8.FP8_KERNEL names, then through the Triton one: "fp8_triton"); with `swiglu_ab` the int4-head
     step again with SwiGLU in the gate | up product's store (SWIGLU_ROWS 8) and without (0), on the same model; with
     `gdn_pdl_ab` the int4-head step with each of GDN_PDL_ARMS; with `trigger_ab` with launch.EARLY_TRIGGER off, on, off;
-    with `ring_ab` with the o_proj / gdn out_proj products' ring loop off, on, off, on (`_ring_ab`);
+    with `ring_ab` with its products' ring loop off, on, off, on (`_ring_ab`);
     with `act_order_ab` the int4-head step again with every projection act-order (`act_order`: a gather of x ahead of
-    each product), after the int4-head step it is compared with."""
+    each product), after the int4-head step it is compared with. Without `fp8_steps`, no fp8 steps (nor speed-ups).
+    """
     from ignis.model.random import random_model
 
     dev = torch.device("cuda")
@@ -244,7 +256,7 @@ def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
     if trigger_ab:
         out.update(_ab(step, "int4_head_trigger", launch, "EARLY_TRIGGER", (0, 1, 0), "early trigger"))
     if ring_ab:
-        out.update(_ring_ab(step))
+        out.update(_ring_ab(step, ring_ab))
     if act_order_ab:  # last: it changes the model
         out["int4_head_act_order_packed"] = act_order(model)
         out["int4_head_act_order"] = step("int4 head, act-order")
@@ -253,26 +265,28 @@ def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
               flush=True)
     del model
     torch.cuda.empty_cache()
-    model = random_model(C, seed=0, mtp=False, device=dev, dtype=torch.bfloat16)
-    out["fp8_converted"] = to_fp8(model)
-    fuse_and_own(model)
-    out["fp8"] = decode_step("fp8", model, bw, context, iters, profile)
-    kept = fp8.FP8_KERNEL  # the same weights through the Triton kernel (ignis.kernels.gemv_triton)
-    try:
-        fp8.FP8_KERNEL = "triton"
-        out["fp8_triton"] = decode_step("fp8 triton", model, bw, context, iters, profile)
-    finally:
-        fp8.FP8_KERNEL = kept
-    del model
-    torch.cuda.empty_cache()
-    for form in ("int4", "int4_head", "fp8", "fp8_triton"):
+    forms: tuple[str, ...] = ("int4", "int4_head")
+    if fp8_steps:
+        forms += ("fp8", "fp8_triton")
+        model = random_model(C, seed=0, mtp=False, device=dev, dtype=torch.bfloat16)
+        out["fp8_converted"] = to_fp8(model)
+        fuse_and_own(model)
+        out["fp8"] = decode_step("fp8", model, bw, context, iters, profile)
+        kept = fp8.FP8_KERNEL  # the same weights through the Triton kernel (ignis.kernels.gemv_triton)
+        try:
+            fp8.FP8_KERNEL = "triton"
+            out["fp8_triton"] = decode_step("fp8 triton", model, bw, context, iters, profile)
+        finally:
+            fp8.FP8_KERNEL = kept
+        del model
+        torch.cuda.empty_cache()
+    for form in forms:
         out[f"speedup_{form}"] = out["bf16"]["graph_ms"] / out[form]["graph_ms"]
         # steps as the engine runs them with engine.async_scheduling: each queued before the host reads the last
         out[f"speedup_{form}_followed"] = out["bf16"]["followed_ms"] / out[form]["followed_ms"]
-    print(f"27B decode step speed-up over bf16: int4 x{out['speedup_int4']:.2f} (output head too "
-          f"x{out['speedup_int4_head']:.2f}), fp8 x{out['speedup_fp8']:.2f} (through the Triton kernel "
-          f"x{out['speedup_fp8_triton']:.2f}); followed steps: int4 x{out['speedup_int4_followed']:.2f} (output head "
-          f"too x{out['speedup_int4_head_followed']:.2f}), fp8 x{out['speedup_fp8_followed']:.2f}")
+    print("27B decode step speed-up over bf16: " + ", ".join(
+        f"{form} x{out[f'speedup_{form}']:.2f} (followed x{out[f'speedup_{form}_followed']:.2f})" for form in forms),
+        flush=True)
     return out
 
 
@@ -378,7 +392,8 @@ def summary(result: dict[str, Any]) -> list[str]:
         for (shape, r), p in fastest.items():
             mine = chosen.get((shape, r), {})
             lines.append(f"mma {key[10:]}, {shape}, {r:2d} rows: best x{p['x_floor']:.2f} (f {p['f']} u {p['u']} "
-                         f"ahead {p['ahead']} rg {p.get('rg', 1)}{' ring' if p.get('ring') else ''}), the chosen "
+                         f"ahead {p['ahead']} rg {p.get('rg', 1)}{' ring' if p.get('ring') else ''}"
+                         f"{' xring' if p.get('xring') else ''}), the chosen "
                          f"x{mine.get('x_floor', float('nan')):.2f} (f {mine.get('f')} u {mine.get('u')} ahead "
                          f"{mine.get('ahead')} rg {mine.get('rg', 1)})")
     hot: dict[tuple[str, int], dict[str, float]] = {}
@@ -398,8 +413,8 @@ def summary(result: dict[str, Any]) -> list[str]:
     if dec:
         lines.append(f"27B decode step, 1 lane, graphs: bf16 {dec['bf16']['graph_ms']:.2f} ms, int4 "
                      f"{dec['int4']['graph_ms']:.2f} ms (x{dec['speedup_int4']:.2f}), int4 with the output head "
-                     f"{dec['int4_head']['graph_ms']:.2f} ms (x{dec['speedup_int4_head']:.2f}), fp8 "
-                     f"{dec['fp8']['graph_ms']:.2f} ms (x{dec['speedup_fp8']:.2f})")
+                     f"{dec['int4_head']['graph_ms']:.2f} ms (x{dec['speedup_int4_head']:.2f})"
+                     + (f", fp8 {dec['fp8']['graph_ms']:.2f} ms (x{dec['speedup_fp8']:.2f})" if "fp8" in dec else ""))
     q = result.get("quality")
     if q:
         lines.append(f"built-in perplexity: bf16 {q['int4']['ppl_reference']:.3f}, int4 "
@@ -420,13 +435,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=256, help="last tokens of each for perplexity")
     ap.add_argument("--accept-prompts", type=int, default=8, help="held-out prompts decoded with dflash2")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--skip", default="", help="comma list of products, tunings, decode, quality")
+    ap.add_argument("--skip", default="",
+                    help="comma list of products, tunings, decode, quality, fp8 (the decode step's fp8 forms)")
     ap.add_argument("--sweep-triton", action="store_true",
                     help="time the Triton int4 kernel's launch shapes at three 27B shapes, 1, 8 and 64 rows")
     ap.add_argument("--sweep-mma", action="store_true",
                     help="time the mma int4 kernel's input splits at the five 27B products, 1 and 8 rows")
     ap.add_argument("--sweep-mma-loads", action="store_true",
                     help="time the mma int4 kernel's step sizes and loads ahead at the five 27B products, 1 to 64 rows")
+    ap.add_argument("--sweep-rows", default=None,
+                    help="the rows (a comma list) the --sweep-mma* sweeps time instead of their own")
     ap.add_argument("--sweep-mma-deep", action="store_true",
                     help="time the mma int4 kernel's input splits with 2 and 3 steps loaded ahead at the five 27B "
                          "products, 1 row")
@@ -457,9 +475,9 @@ def main(argv: list[str] | None = None) -> int:
                          "launched programmatic-dependent or not, the recurrence applying the gated norm or not)")
     ap.add_argument("--trigger-ab", action="store_true",
                     help="time the int4-head decode step with launch.EARLY_TRIGGER off, on, off (one model)")
-    ap.add_argument("--ring-ab", action="store_true",
-                    help="time the int4-head decode step with the o_proj / gdn out_proj products' ring loop "
-                         "(int4_mma.RING_SHAPES) off, on, off, on (one model)")
+    ap.add_argument("--ring-ab", nargs="?", const="o_proj:2:2:0", default=None,
+                    help="time the int4-head decode step with these products on the ring loop (int4_mma.RING_LAUNCHES; "
+                         "name:U:AHEAD:XRING,..., default o_proj:2:2:0) off, on, off, on (one model)")
     ap.add_argument("--act-order-ab", action="store_true",
                     help="time the int4-head decode step again with every projection act-order (a gather of x ahead "
                          "of each product, as for a GPTQ desc_act checkpoint)")
@@ -493,6 +511,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.layouts:
         skip.add("layouts")
     set_kernel(args.int4_kernel)
+    rows = tuple(int(n) for n in args.sweep_rows.split(",")) if args.sweep_rows else None
+    if args.ring_ab is not None:
+        ring_launches(args.ring_ab)  # a spec that names no product fails here, before any GPU work
     t0 = time.perf_counter()
     bw = copy_bandwidth(torch.device("cuda"))
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}", flush=True)
@@ -501,9 +522,10 @@ def main(argv: list[str] | None = None) -> int:
                               "pdl": args.pdl, "swiglu_rows": quant_linear.SWIGLU_ROWS}
     out = Path(args.out)
     steps = [("products", lambda: products(bw, args.reps)), ("tunings", lambda: tunings(bw, args.reps)),
-             ("sweep_triton", lambda: sweep_triton(bw, args.reps)), ("sweep_mma", lambda: sweep_mma(bw, args.reps)),
-             ("sweep_mma_loads", lambda: sweep_mma(bw, args.reps, loads=True)),
-             ("sweep_mma_deep", lambda: sweep_mma(bw, args.reps, deep=True)),
+             ("sweep_triton", lambda: sweep_triton(bw, args.reps)),
+             ("sweep_mma", lambda: sweep_mma(bw, args.reps, rows=rows)),
+             ("sweep_mma_loads", lambda: sweep_mma(bw, args.reps, loads=True, rows=rows)),
+             ("sweep_mma_deep", lambda: sweep_mma(bw, args.reps, deep=True, rows=rows)),
              ("sweep_hot", lambda: sweep_hot(bw, args.reps)),
              ("sweep_tile", lambda: sweep_tile(bw, args.reps)),
              ("tile_rounds", lambda: tile_rounds(bw, args.context, args.iters,
@@ -512,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
              ("layouts", lambda: layouts(bw, args.reps)),
              ("decode", lambda: decode_steps(bw, args.context, args.iters, args.swiglu_ab, args.graph_profile,
                                                   args.gdn_pdl_ab, args.trigger_ab, args.act_order_ab,
-                                                  args.ring_ab)),
+                                                  args.ring_ab, "fp8" not in skip)),
              ("quality", lambda: quality(args.prompts, args.tokens, args.accept_prompts, args.max_tokens))]
     for name, step in steps:
         if name in skip:

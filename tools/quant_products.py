@@ -257,7 +257,8 @@ def mma_loads(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Sh
     groups), the steps it loads ahead (AHEAD, 0 to 3) and its feature blocks a warp (F: the launch's, or 1, which
     spills no registers at 64 rows) changed; above 8 rows also RG 2, 4 and 8 (blocks of threads that split the row
     tiles of the same features, each holding fewer sums) at F 1 and 2, where the warps' partial sums fit; at one row
-    tile also the ring loop (RING) at U 4 and 2, AHEAD 1 to 3. (RB, warps of a block that read the same x, was
+    tile also the ring loop (RING) at U 4 and 2, AHEAD 1 to 3, and with x in the ring (XRING) at U 4 AHEAD 1 and U 2
+    AHEAD 1 and 2. (RB, warps of a block that read the same x, was
     measured never to pay: BENCHMARKS.md.) What --sweep-mma-loads times: none of them changes the order of a row's
     sums, so a faster launch changes no result."""
     nt = row_tiles(rows)
@@ -270,11 +271,11 @@ def mma_loads(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Sh
                 if base.unit % u == 0 and (64 * u) % group == 0 and s not in found:
                     found.append(s)
     if nt == 1:  # the step loop unrolled over its ring, loads kept above each step's compute (int4_mma.RING_SHAPES)
-        for u in (4, 2):
-            for ahead in (1, 2, 3):
-                s = replace(base, u=u, ahead=ahead, ring=True)
-                if base.unit % u == 0 and (64 * u) % group == 0 and s not in found:
-                    found.append(s)
+        for u, ahead, xring in ((4, 1, False), (4, 2, False), (2, 1, False), (2, 2, False), (2, 3, False),
+                                (4, 1, True), (2, 1, True), (2, 2, True)):
+            s = replace(base, u=u, ahead=ahead, ring=True, xring=xring)
+            if base.unit % u == 0 and (64 * u) % group == 0 and s not in found:
+                found.append(s)
     for rg in (r for r in (2, 4, 8) if r <= nt):
         for f in (2, 1):
             s = replace(base, f=f, rg=rg)
@@ -292,16 +293,18 @@ def mma_deep(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Sha
     return found[:1] + [replace(base, ahead=a) for base in found for a in (2, 3)]
 
 
-def sweep_mma(bw: float, reps: int, loads: bool = False, deep: bool = False) -> list[dict[str, Any]]:
+def sweep_mma(bw: float, reps: int, loads: bool = False, deep: bool = False,
+              rows: tuple[int, ...] | None = None) -> list[dict[str, Any]]:
     """int4_mma's input splits (mma_shapes) over the five 27B products at 1 and 8 rows, or with `loads` its step
-    sizes and loads ahead (mma_loads) at 1, 8, 16 and 64 rows: us and x floor each, its own choice marked (a launch
-    that does not compile or launch is reported, not fatal). A split changes the order of a row's sums, so a faster
-    one replaces choose's only with its tests' references."""
+    sizes and loads ahead (mma_loads) at 1, 8, 16 and 64 rows (or `rows`): us and x floor each, its own choice marked
+    (a launch that does not compile or launch is reported, not fatal). A split changes the order of a row's sums, so
+    a faster one replaces choose's only with its tests' references."""
     rows_out = []
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    shapes_of, counts = ((mma_loads, (1, 8, 16, 64)) if loads else (mma_deep, (1,)) if deep
-                         else (mma_shapes, (1, 8)))
+    shapes_of, own = ((mma_loads, (1, 8, 16, 64)) if loads else (mma_deep, (1,)) if deep
+                      else (mma_shapes, (1, 8)))
+    counts: tuple[int, ...] = rows or own
     for name, nout, ncols in SHAPES:
         nm, cm = mma_copies(nout, ncols, dev)
         for r in counts:
@@ -312,7 +315,7 @@ def sweep_mma(bw: float, reps: int, loads: bool = False, deep: bool = False) -> 
                 said = _timed(row, [partial(int4_mma, x, p, s) for p in cm], reps, floor)
                 rows_out.append(row)
                 print(f"mma {name:22s} rows {r:2d}  {'chosen' if i == 0 else '      '} ks {s.ks} kw {s.kw:2d} f {s.f} "
-                      f"u {s.u} ahead {s.ahead} rg {s.rg}  {said}", flush=True)
+                      f"u {s.u} ahead {s.ahead} rg {s.rg}{' ring' if s.ring else ''}{' xring' if s.xring else ''}  {said}", flush=True)
         del cm
         torch.cuda.empty_cache()
     return rows_out
