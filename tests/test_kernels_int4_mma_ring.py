@@ -65,12 +65,12 @@ def _operands(insn: str) -> list[str]:
     return [o.strip() for o in words[-1].split(",")] if len(words) > (2 if insn.startswith("@") else 1) else []
 
 
-def _code_leads(loop: list[str]) -> list[int]:
-    """For each load of codes (LDG.E.NA.128: four registers) in the loop, how many instructions on, going round the
-    loop, the first one that reads one of its registers is."""
+def _leads(loop: list[str], opcode: str = "LDG.E.NA.128") -> list[int]:
+    """For each load of four registers `opcode` in the loop (LDG.E.NA.128: codes; LDG.E.128: x), how many
+    instructions on, going round the loop, the first one that reads one of its registers is."""
     leads = []
     for i, insn in enumerate(loop):
-        if "LDG.E.NA.128" not in insn:
+        if not re.search(rf"\b{re.escape(opcode)}\b", insn):
             continue
         first = int(REGISTER.search(_operands(insn)[0]).group(1))  # type: ignore[union-attr]
         written = set(range(first, first + 4))
@@ -122,8 +122,21 @@ def test_the_ring_issues_each_steps_codes_well_before_their_first_use(tmp_path: 
     base = launch(choose(*O_PROJ, 128, SMS), 1)
     for u, ahead, pdl in ((2, 2, 1), (2, 1, 1), (4, 1, 1), (2, 3, 1), (2, 2, 0)):
         loop = _loop(_sass(_defines(replace(base, u=u, ahead=ahead, ring=True), pdl=pdl), tmp_path))
-        leads = _code_leads(loop)
+        leads = _leads(loop)
         assert len(leads) == u * (ahead + 1), (u, ahead, leads)  # every slot's loads, once a step
         assert min(leads) >= ahead * len(loop) / (ahead + 1) / 2, (u, ahead, len(loop), leads)
     plain = _loop(_sass(_defines(base), tmp_path))
-    assert max(_code_leads(plain)) < len(plain) / 4  # what the ring is for (ptxas 13's placement)
+    assert max(_leads(plain)) < len(plain) / 4  # what the ring is for (ptxas 13's placement)
+
+
+def test_x_in_the_ring_is_issued_well_before_its_first_use(tmp_path: Path) -> None:
+    """With XRING the x loads (LDG.E.128, predicated on the row) lead their first reader as the codes do; without it,
+    by under a third of a step's instructions: x loaded right before the sums that read it."""
+    base = launch(choose(*O_PROJ, 128, SMS), 1)
+    for u, ahead in ((2, 1), (2, 2), (4, 1)):
+        loop = _loop(_sass(_defines(replace(base, u=u, ahead=ahead, ring=True, xring=True)), tmp_path))
+        leads = _leads(loop, "LDG.E.128")
+        assert len(leads) == 2 * u * (ahead + 1), (u, ahead, leads)  # two 16-byte pieces a chunk, every slot's
+        assert min(leads) >= ahead * len(loop) / (ahead + 1) / 2, (u, ahead, len(loop), leads)
+    loop = _loop(_sass(_defines(replace(base, u=2, ahead=2, ring=True)), tmp_path))
+    assert max(_leads(loop, "LDG.E.128")) < len(loop) / (2 + 1) / 3  # three steps in the loop
