@@ -190,10 +190,26 @@ def test_the_mma_loads_sweep_changes_only_what_leaves_the_sums_alone() -> None:
     ring = next(s for s in mma_loads(5120, 6144, 128, 132, 1) if s.ring)
     line, = summary({"sweep_mma_loads": [{"shape": "o_proj", "rows": 1, "chosen": False, **asdict(ring), "ms": 0.006,
                                           "x_floor": 1.5}]})
-    assert f"(f 1 u {ring.u} ahead {ring.ahead} rg 1 ring)" in line
+    assert f"(ks 1 kw 8 f 1 u {ring.u} ahead {ring.ahead} rg 1 ring)" in line
+    xring = next(s for s in mma_loads(5120, 6144, 128, 132, 1) if s.xring)
+    line, = summary({"sweep_mma_loads": [{"shape": "o_proj", "rows": 1, "chosen": False, **asdict(xring),
+                                          "ms": 0.006, "x_floor": 1.5}]})
+    assert f"u {xring.u} ahead {xring.ahead} rg 1 ring xring)" in line
     s0, s1 = mma_loads(5120, 6144, 128, 132, 1)[:2]
     sweep = [{"shape": "o_proj", "rows": 1, "chosen": True, **asdict(s0), "ms": 0.008, "x_floor": 2.0},
              {"shape": "o_proj", "rows": 1, "chosen": False, **asdict(s1), "ms": 0.006, "x_floor": 1.5}]
     line, = summary({"sweep_mma_loads": sweep})
-    assert line == (f"mma loads, o_proj,  1 rows: best x1.50 (f {s1.f} u {s1.u} ahead {s1.ahead} rg 1), the chosen "
+    assert line == (f"mma loads, o_proj,  1 rows: best x1.50 (ks {s1.ks} kw {s1.kw} f {s1.f} u {s1.u} ahead "
+                    f"{s1.ahead} rg 1), the chosen "
                     f"x2.00 (f {s0.f} u {s0.u} ahead {s0.ahead} rg 1)")
+
+
+def test_the_deep_sweep_takes_every_split_onto_the_ring_at_one_row_tile_only() -> None:
+    from tools.quant_products import DEEP_RINGS, SHAPES, mma_deep, mma_shapes
+
+    for _, nout, ncols in SHAPES:
+        splits = {(s.ks, s.kw) for s in mma_shapes(nout, ncols, 128, 132, 1)}
+        one = mma_deep(nout, ncols, 128, 132, 1)
+        assert {(s.ks, s.kw, s.u, s.ahead, s.xring) for s in one if s.ring} == {
+            (ks, kw, *ring) for ks, kw in splits for ring in DEEP_RINGS}
+        assert not any(s.ring for s in mma_deep(nout, ncols, 128, 132, 16))

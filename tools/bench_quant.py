@@ -395,7 +395,8 @@ def summary(result: dict[str, Any]) -> list[str]:
         fastest, chosen = _fastest(result.get(key, []), "chosen")
         for (shape, r), p in fastest.items():
             mine = chosen.get((shape, r), {})
-            lines.append(f"mma {key[10:]}, {shape}, {r:2d} rows: best x{p['x_floor']:.2f} (f {p['f']} u {p['u']} "
+            lines.append(f"mma {key[10:]}, {shape}, {r:2d} rows: best x{p['x_floor']:.2f} (ks {p['ks']} kw {p['kw']} "
+                         f"f {p['f']} u {p['u']} "
                          f"ahead {p['ahead']} rg {p.get('rg', 1)}{' ring' if p.get('ring') else ''}"
                          f"{' xring' if p.get('xring') else ''}), the chosen "
                          f"x{mine.get('x_floor', float('nan')):.2f} (f {mine.get('f')} u {mine.get('u')} ahead "

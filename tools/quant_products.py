@@ -284,13 +284,22 @@ def mma_loads(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Sh
     return found
 
 
+# the ring launches (U, AHEAD, XRING) --sweep-mma-deep tries at every split, one row tile
+DEEP_RINGS = ((2, 2, False), (2, 3, False), (2, 1, True), (2, 2, True))
+
+
 def mma_deep(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Shape]:
     """int4_mma's own launch for `rows` first, then every split of MMA_KS x MMA_KW that mma_shapes takes with 2 and 3
-    steps loaded ahead (--sweep-mma has them with one): fewer warps an SM holding more bytes in flight each, so that a
-    product launched programmatic-dependent leaves room on the SMs for the next one's blocks (what --sweep-mma-deep
-    times; the split changes the order of a row's sums, AHEAD does not)."""
+    steps loaded ahead (--sweep-mma has them with one), and at one row tile on the ring loop with each of DEEP_RINGS,
+    whose loads stay ahead where the plain loop's do not: fewer warps an SM holding more bytes in flight each, so that
+    a product launched programmatic-dependent leaves room on the SMs for the next one's blocks (what --sweep-mma-deep
+    times; the split changes the order of a row's sums, AHEAD and the ring do not)."""
     found = mma_shapes(nout, ncols, group, sms, rows)
-    return found[:1] + [replace(base, ahead=a) for base in found for a in (2, 3)]
+    deep = found[:1] + [replace(base, ahead=a) for base in found for a in (2, 3)]
+    if row_tiles(rows) == 1:
+        deep += [replace(base, u=u, ahead=a, ring=True, xring=x) for base in found for u, a, x in DEEP_RINGS
+                 if base.unit % u == 0 and (64 * u) % group == 0]
+    return deep
 
 
 def sweep_mma(bw: float, reps: int, loads: bool = False, deep: bool = False,
