@@ -231,12 +231,14 @@ def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
     with `ring_ab` with its products' ring loop off, on, off, on (`_ring_ab`);
     with `act_order_ab` the int4-head step again with every projection act-order (`act_order`: a gather of x ahead of
     each product), after the int4-head step it is compared with. `skip` "bf16" and "fp8" leave out those forms' steps
-    (and the speed-ups over bf16): without bf16's step the 27B fits an 80 GB card."""
+    (and the speed-ups over bf16): without bf16's step the model is packed before it is fused, so the 27B fits an
+    80 GB card."""
     from ignis.model.random import random_model
 
     dev = torch.device("cuda")
     out: dict[str, Any] = {}
-    model = random_model(C, seed=0, mtp=False, device=dev, dtype=torch.bfloat16)
+    # without bf16's step the model is packed before it is fused: no fused bf16 copy of its projections
+    model = random_model(C, seed=0, mtp=False, device=dev, dtype=torch.bfloat16, fuse="bf16" not in skip)
     if "bf16" not in skip:
         out["bf16"] = decode_step("bf16", model, bw, context, iters, profile)
     t0 = time.perf_counter()
