@@ -213,3 +213,31 @@ def test_the_deep_sweep_takes_every_split_onto_the_ring_at_one_row_tile_only() -
         assert {(s.ks, s.kw, s.u, s.ahead, s.xring) for s in one if s.ring} == {
             (ks, kw, *ring) for ks, kw in splits for ring in DEEP_RINGS}
         assert not any(s.ring for s in mma_deep(nout, ncols, 128, 132, 16))
+
+
+def test_a_decode_steps_floor_counts_every_packed_byte_once() -> None:
+    """The 27B decode step's floor (step_floor_bytes): a 4-bit model's codes, scales and zero points once (round_work's
+    floor_bytes already holds them) in place of the dense weights they replace, an fp8 model's weights and scales
+    once; and a model packed before fusing (as the A/Bs without a bf16 step build it) has the fused-first one's
+    weights."""
+    from ignis.model.random import random_model
+    from ignis.quant.fp8 import Fp8Linear
+    from ignis.quant.linear import QuantLinear
+    from tools.bench_quant import step_floor_bytes
+    from tools.round_work import floor_bytes
+
+    dense = random_model(TINY, seed=0, mtp=False, device="cpu", dtype=torch.bfloat16)
+    models = []
+    for fuse in (True, False):
+        model = random_model(TINY, seed=0, mtp=False, device="cpu", dtype=torch.bfloat16, fuse=fuse)
+        to_int4(model, 64)
+        fuse_and_own(model)
+        names = [n for n, m in model.named_modules() if isinstance(m, QuantLinear)]
+        replaced = sum(dense.get_submodule(n).weight.nbytes for n in names)
+        packed = sum(b.nbytes for n in names for b in model.get_submodule(n).buffers())
+        assert names and step_floor_bytes(model, 1, 1) == floor_bytes(dense, 1, 1) - replaced + packed
+        models.append(model)
+    assert all(torch.equal(a, b) for a, b in zip(models[0].state_dict().values(), models[1].state_dict().values()))
+    assert to_fp8(dense) > 0
+    fp8 = sum(b.nbytes for m in dense.modules() if isinstance(m, Fp8Linear) for b in m.buffers())
+    assert fp8 > 0 and step_floor_bytes(dense, 1, 1) == floor_bytes(dense, 1, 1) + fp8

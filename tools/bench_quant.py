@@ -119,6 +119,15 @@ def fuse_and_own(model: HybridModel) -> None:
     torch.cuda.empty_cache()
 
 
+def step_floor_bytes(model: HybridModel, lanes: int, cols: int) -> int:
+    """Bytes a round of `lanes` x `cols` must move: round_work.floor_bytes (parameters, a 4-bit projection's codes,
+    scales and zero points, the lanes' state and K/V) and an fp8 projection's weight and scales, buffers it does not
+    count; each byte once."""
+    fp8_bytes = sum(b.nbytes for n, m in model.named_modules() if isinstance(m, Fp8Linear)
+                    and not n.startswith("mtp.") for b in m.buffers())
+    return floor_bytes(model, lanes, cols) + fp8_bytes
+
+
 def decode_step(label: str, model: HybridModel, bw: float, context: int, iters: int,
                 profile: bool = False, lanes: int = 1, k: int = 0) -> dict[str, Any]:
     """The model's round of `lanes` lanes x k + 1 columns (k drafts that cost nothing: a verify; 0: a decode step) in a
@@ -145,10 +154,7 @@ def decode_step(label: str, model: HybridModel, bw: float, context: int, iters: 
     kernel_s, top = 0.0, list[dict[str, Any]]()
     if profile:
         kernel_s, _, top = gpu_profile(dr.graphs[(bucket, span, False)].replay, top=40)
-    # floor_bytes counts parameters; a converted projection's codes and scales are buffers
-    packed = sum(b.nbytes for n, m in model.named_modules() if isinstance(m, (QuantLinear, Fp8Linear))
-                 and not n.startswith("mtp.") for b in m.buffers())
-    floor = (floor_bytes(model, lanes, k + 1) + packed) / bw
+    floor = step_floor_bytes(model, lanes, k + 1) / bw
     print(f"27B {lanes} x {k + 1} round  {label:5s}  graph {1e3 * graph:7.2f} ms  followed {1e3 * followed:7.2f} ms  "
           f"replay {1e3 * replay:7.2f} ms  kernels "
           f"{1e3 * kernel_s:7.2f} ms  eager {1e3 * eager:7.2f} ms  floor {1e3 * floor:6.2f} ms  x{graph / floor:5.2f}",
