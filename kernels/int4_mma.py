@@ -170,11 +170,12 @@ ROW_SPLIT = 4
 ROW_SPLIT_BELOW = 4  # feature blocks an SM
 # Weight shapes [out, in] -> (U, AHEAD, XRING) of their one-row-tile launches (1 to 8 rows) on the ring loop: the
 # step loop unrolled over its ring with each step's loads kept above its compute (the kernel's RING), x in the ring
-# too with XRING. On an H100, U 2 AHEAD 2 took the 27B's o_proj / gdn out_proj product (5,120 x 6,144, 3 units a warp)
-# from 1.49 to 1.32x its floor at one row and 1.71 to 1.33 at 8 and left the other four 27B products as fast or
-# slower (down 1.21 -> 1.72: BENCHMARKS.md, "Where the 4-bit product's warps wait"); none of it has been timed on an
-# H200 or in a decode step, so no shape takes it yet (tools.bench_quant --ring-ab times the step with shapes on it).
-RING_LAUNCHES: dict[tuple[int, int], tuple[int, int, bool]] = {}
+# too with XRING. On an H100 (BENCHMARKS.md, "x in the ring's slots"), the 27B's o_proj / gdn out_proj (5,120 x
+# 6,144) went from 1.49 to 1.34x its floor at one row and 1.72 to 1.35 at 8 at U 2 AHEAD 2, its gdn in_proj qkv+z
+# (16,384 x 5,120) from 1.11 to 1.07 and 1.18 to 1.09 with x in the ring at U 2 AHEAD 1, and the 27B int4-head
+# decode step with both 6.75 -> 6.68 ms a replay (twice, off and on). mlp down, attention qkv and gate_up (its 1-8
+# rows store SwiGLU) keep the plain loop, as fast or faster there.
+RING_LAUNCHES: dict[tuple[int, int], tuple[int, int, bool]] = {(5120, 6144): (2, 2, False), (16384, 5120): (2, 1, True)}
 
 
 def launch(base: Shape, nt: int) -> Shape:

@@ -86,6 +86,7 @@ def _leads(loop: list[str], opcode: str = "LDG.E.NA.128") -> list[int]:
 def test_the_ring_goes_to_the_shapes_named_at_one_row_tile_without_the_swiglu_store(
         monkeypatch: pytest.MonkeyPatch) -> None:
     base = launch(choose(*O_PROJ, 128, SMS), 1)
+    monkeypatch.setattr(int4_mma, "RING_LAUNCHES", {})
     assert ringed(base, 1, *O_PROJ, 128) == base  # RING_LAUNCHES empty: nothing changes
     monkeypatch.setattr(int4_mma, "RING_LAUNCHES", {O_PROJ: RING, DOWN: (2, 1, True)})
     assert ringed(base, 1, *O_PROJ, 128) == replace(base, u=2, ahead=2, ring=True)
@@ -114,6 +115,12 @@ def test_ring_launches_compile_for_sm90_without_spills() -> None:
             s = replace(base, u=u, ahead=ahead, ring=True, xring=True)
             cubin = compile_cubin(SOURCE, "int4_mma", "sm_90", _defines(s))
             assert cubin.spills == 0 and 0 < cubin.registers <= 255, (shape, s, cubin.registers)
+    for (nout, ncols), (u, ahead, xring) in int4_mma.RING_LAUNCHES.items():  # what ships
+        s = ringed(launch(choose(nout, ncols, 128, SMS), 1), 1, nout, ncols, 128)
+        assert (s.ring, s.u, s.ahead, s.xring) == (True, u, ahead, xring)
+        cubin = compile_cubin(SOURCE, "int4_mma", "sm_90", _defines(s))
+        # at most 80 registers: one wave on 132 SMs (o_proj 3 blocks of 8 warps an SM, in_proj 8 blocks of 3)
+        assert cubin.spills == 0 and cubin.registers <= 80, (nout, ncols, s, cubin.registers)
 
 
 def test_the_ring_issues_each_steps_codes_well_before_their_first_use(tmp_path: Path) -> None:
