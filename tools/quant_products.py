@@ -23,6 +23,7 @@ from ignis.kernels.int4_mma import SHARED as MMA_SHARED
 from ignis.kernels.int4_mma import MmaCodes, Shape, int4_mma, pack, row_tiles
 from ignis.kernels.int4_mma import choose as mma_choose
 from ignis.kernels.int4_mma import launch as mma_launch
+from ignis.kernels.int4_mma import ringed
 from ignis.kernels.int4_triton import Config, check, choose, int4_triton
 from ignis.kernels.gemv_triton import fp8_gemv
 from ignis.kernels.launch import SPLIT_COUNTERS
@@ -233,15 +234,23 @@ MMA_KS = (1, 2, 3, 4)  # blocks of threads along the input --sweep-mma tries
 MMA_KW = (2, 4, 6, 8, 12, 16)  # warps along a block's part of the input
 
 
+def shipped(nout: int, ncols: int, group: int, sms: int, rows: int) -> Shape:
+    """The launch int4_mma takes for `rows` rows of a weight [nout, ncols] without the SwiGLU store: choose's split,
+    launch's shape for the row tiles, on the ring where int4_mma.RING_LAUNCHES names the weight (1-8 rows)."""
+    nt = row_tiles(rows)
+    return ringed(mma_launch(mma_choose(nout, ncols, group, sms), nt), nt, nout, ncols, group)
+
+
 def mma_shapes(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Shape]:
-    """int4_mma's own launch for `rows` first, then its input split changed to every KS x KW of MMA_KS and MMA_KW
-    that the kernel takes: each part at least one unit of the input, at most 1,024 threads a block, the blocks'
-    counters within SPLIT_COUNTERS (the rest of each launch as int4_mma.launch makes it). What --sweep-mma times:
+    """int4_mma's own launch for `rows` first (`shipped`; then its plain loop where that is on the ring), then its input
+    split changed to every KS x KW of MMA_KS and MMA_KW that the kernel takes: each part at least one unit of the
+    input, at most 1,024 threads a block, the blocks' counters within SPLIT_COUNTERS (the rest of each launch as
+    int4_mma.launch makes it, on the plain loop). What --sweep-mma times:
     the split is what leaves the 5,120-row products' last wave part-empty on 132 SMs."""
     nt = row_tiles(rows)
     base = mma_choose(nout, ncols, group, sms)
     units = ncols // (64 * base.unit)
-    found = [mma_launch(base, nt)]
+    found = list(dict.fromkeys((shipped(nout, ncols, group, sms, rows), mma_launch(base, nt))))  # and its plain loop
     for ks in MMA_KS:
         for kw in MMA_KW:
             s = mma_launch(replace(base, ks=ks, kw=kw), nt)
@@ -253,7 +262,7 @@ def mma_shapes(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[S
 
 
 def mma_loads(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Shape]:
-    """int4_mma's own launch for `rows` first, then with its step's chunks U (the unit's divisors that hold whole
+    """int4_mma's own launch for `rows` first (`shipped`), then the plain loop's with its step's chunks U (the unit's divisors that hold whole
     groups), the steps it loads ahead (AHEAD, 0 to 3) and its feature blocks a warp (F: the launch's, or 1, which
     spills no registers at 64 rows) changed; above 8 rows also RG 2, 4 and 8 (blocks of threads that split the row
     tiles of the same features, each holding fewer sums) at F 1 and 2, where the warps' partial sums fit; at one row
@@ -262,8 +271,8 @@ def mma_loads(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Sh
     measured never to pay: BENCHMARKS.md.) What --sweep-mma-loads times: none of them changes the order of a row's
     sums, so a faster launch changes no result."""
     nt = row_tiles(rows)
-    base = mma_launch(mma_choose(nout, ncols, group, sms), nt)
-    found = [base]
+    base = mma_launch(mma_choose(nout, ncols, group, sms), nt)  # the plain loop's launch, which the variants change
+    found = [shipped(nout, ncols, group, sms, rows)]
     for f in sorted({base.f, 1}, reverse=True):
         for u in (1, 2, 4):
             for ahead in (0, 1, 2, 3):
@@ -289,17 +298,18 @@ DEEP_RINGS = ((2, 2, False), (2, 3, False), (2, 1, True), (2, 2, True))
 
 
 def mma_deep(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Shape]:
-    """int4_mma's own launch for `rows` first, then every split of MMA_KS x MMA_KW that mma_shapes takes with 2 and 3
-    steps loaded ahead (--sweep-mma has them with one), and at one row tile on the ring loop with each of DEEP_RINGS,
-    whose loads stay ahead where the plain loop's do not: fewer warps an SM holding more bytes in flight each, so that
-    a product launched programmatic-dependent leaves room on the SMs for the next one's blocks (what --sweep-mma-deep
-    times; the split changes the order of a row's sums, AHEAD and the ring do not)."""
+    """int4_mma's own launch for `rows` first (`shipped`), then every split that mma_shapes takes, on the plain loop
+    with 2 and 3 steps loaded ahead (--sweep-mma has them with one), and at one row tile on the ring loop with each of
+    DEEP_RINGS, whose loads stay ahead where the plain loop's do not: fewer warps an SM holding more bytes in flight
+    each, so that a product launched programmatic-dependent leaves room on the SMs for the next one's blocks (what
+    --sweep-mma-deep times; the split changes the order of a row's sums, AHEAD and the ring do not)."""
     found = mma_shapes(nout, ncols, group, sms, rows)
-    deep = found[:1] + [replace(base, ahead=a) for base in found for a in (2, 3)]
+    plain = [s for s in found if not s.ring]  # every split's plain-loop launch
+    deep = found[:1] + [replace(base, ahead=a) for base in plain for a in (2, 3)]
     if row_tiles(rows) == 1:
-        deep += [replace(base, u=u, ahead=a, ring=True, xring=x) for base in found for u, a, x in DEEP_RINGS
+        deep += [replace(base, u=u, ahead=a, ring=True, xring=x) for base in plain for u, a, x in DEEP_RINGS
                  if base.unit % u == 0 and (64 * u) % group == 0]
-    return deep
+    return list(dict.fromkeys(deep))
 
 
 def sweep_mma(bw: float, reps: int, loads: bool = False, deep: bool = False,
