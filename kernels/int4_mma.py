@@ -2,12 +2,13 @@
 repacked into the register order of mma.m16n8k16, for the 1 to 64 rows of decode and verify rounds.
 
 Owns: `pack` (the format's codes, scales and zero points -> `MmaCodes`, on any device), `unpack` (back to the
-format's codes, for the dequantized reference and prefill), the launch shape `Shape`, `choose` and `ringed` (which
-weights' launches take the kernel's ring loop: RING_LAUNCHES), and `int4_mma` (the launch on torch's current stream,
-capturable; from ignis.kernels.int4_tile.TILE_ROWS rows it may hand the call to that module's kernel, which stages x
-in shared memory and gives the same bits). Does not own: the format (ignis.quant.format), the kernel source and its
-layout's definition (ignis.kernels.int4_mma_kernel), compiling (ignis.kernels.nvrtc), or when this kernel runs
-(ignis.quant.linear). docs/adr/0005-int4-gemv.md has the why and the measurements.
+format's codes, for the dequantized reference and prefill), the launch shape `Shape`, `choose`, `split` (SPLITS'
+weights' own input splits) and `ringed` (which weights' launches take the kernel's ring loop: RING_LAUNCHES), and
+`int4_mma` (the launch on torch's current stream, capturable; from ignis.kernels.int4_tile.TILE_ROWS rows it may
+hand the call to that module's kernel, which stages x in shared memory and gives the same bits). Does not own: the
+format (ignis.quant.format), the kernel source and its layout's definition (ignis.kernels.int4_mma_kernel),
+compiling (ignis.kernels.nvrtc), or when this kernel runs (ignis.quant.linear). docs/adr/0005-int4-gemv.md has the
+why and the measurements.
 
 Numerics: q - z and x are exact bf16/fp16 operands, every product exact and every sum fp32 (tensor cores within a
 group of the weight, then fp32 fused multiply-adds by the group's scale); the result is rounded once to x's dtype. It
@@ -176,6 +177,19 @@ ROW_SPLIT_BELOW = 4  # feature blocks an SM
 # decode step with both 6.75 -> 6.68 ms a replay (twice, off and on). mlp down, attention qkv and gate_up (its 1-8
 # rows store SwiGLU) keep the plain loop, as fast or faster there.
 RING_LAUNCHES: dict[tuple[int, int], tuple[int, int, bool]] = {(5120, 6144): (2, 2, False), (16384, 5120): (2, 1, True)}
+# 4-bit weight shapes [out, in] -> the input split (KS, KW) they take instead of choose's, at every row count (the
+# split orders a row's sums, so it cannot change with the rows). Empty: on an H100 mlp down (5,120 x 17,408) ran
+# 1.21 -> 1.15x its floor at one row and 1.31 -> 1.17 at 8 on KS 1 x KW 8 with the ring (U 2 AHEAD 2), against
+# choose's KS 2 x KW 5 on the plain loop, but neither its 9-64-row calls nor an H200 have timed it
+# (tools.bench_quant --splits sets it for a run; --ring-ab's items may name a split).
+SPLITS: dict[tuple[int, int], tuple[int, int]] = {}
+
+
+def split(nout: int, ncols: int, group: int, sms: int) -> Shape:
+    """choose's launch for a 4-bit weight, with the input split SPLITS names for its shape where it names one."""
+    base = choose(nout, ncols, group, sms)
+    ks_kw = SPLITS.get((nout, ncols))
+    return base if ks_kw is None else replace(base, ks=ks_kw[0], kw=ks_kw[1])
 
 
 def launch(base: Shape, nt: int) -> Shape:
@@ -255,7 +269,7 @@ def int4_mma(x: torch.Tensor, w: MmaCodes, shape: Shape | None = None, swiglu: b
     nt = row_tiles(nrows)
     early = pdl(x.device)  # programmatic dependent launch (launch.PDL): the codes load while the kernel before ends
     sms = sm_count(x.device)
-    base = choose(nout, ncols, w.group, sms)  # the input's split: the order of a row's sums, whichever kernel runs
+    base = split(nout, ncols, w.group, sms)  # the input's split: the order of a row's sums, whichever kernel runs
     tile = None if shape is not None else int4_tile.tile_for(nrows, nout, sms, swiglu)
     if tile is not None:  # x staged in shared memory once a block of threads: the same sums
         int4_tile.run(rows, w.codes, w.zs, out, nout=nout, ncols=ncols, group=w.group, ks=base.ks, kw=base.kw,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from tiny import TINY
 
@@ -244,3 +245,34 @@ def test_a_decode_steps_floor_counts_every_packed_byte_once() -> None:
     assert to_fp8(dense) > 0
     fp8 = sum(b.nbytes for m in dense.modules() if isinstance(m, Fp8Linear) for b in m.buffers())
     assert fp8 > 0 and step_floor_bytes(dense, 1, 1) == floor_bytes(dense, 1, 1) + fp8
+
+
+def test_the_ring_ab_switches_only_its_products_and_puts_the_policy_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--ring-ab "off": the spec's products on the plain loop and choose's split, every other product as shipped;
+    "on": the spec's ring launches and splits too; the shipped policy in force again after, whatever the steps did."""
+    from ignis.kernels import int4_mma
+    from tools.bench_quant import _ring_ab, ring_launches, splits
+
+    shipped_rings, shipped_splits = {(5120, 6144): (2, 2, False), (16384, 5120): (2, 1, True)}, {(14336, 5120): (1, 4)}
+    monkeypatch.setattr(int4_mma, "RING_LAUNCHES", shipped_rings)
+    monkeypatch.setattr(int4_mma, "SPLITS", shipped_splits)
+    seen = []
+
+    def step(label: str) -> dict[str, float]:
+        seen.append((label, dict(int4_mma.RING_LAUNCHES), dict(int4_mma.SPLITS)))
+        return {"graph_ms": 1.0, "replay_ms": 1.0}
+
+    out = _ring_ab(step, "o_proj:2:1:1,mlp down:2:2:0:1:8")
+    assert list(out) == ["int4_head_ring_off", "int4_head_ring_on", "int4_head_ring_off_again",
+                         "int4_head_ring_on_again"]
+    off = ({(16384, 5120): (2, 1, True)}, {(14336, 5120): (1, 4)})
+    on = ({(16384, 5120): (2, 1, True), (5120, 6144): (2, 1, True), (5120, 17408): (2, 2, False)},
+          {(14336, 5120): (1, 4), (5120, 17408): (1, 8)})
+    assert [state[1:] for state in seen] == [off, on, off, on]
+    assert int4_mma.RING_LAUNCHES is shipped_rings and int4_mma.SPLITS is shipped_splits
+    assert splits("mlp down:1:8,attn:1:2") == {(5120, 17408): (1, 8), (14336, 5120): (1, 2)}
+    for bad in ("o_proj:2:2", "nothing:2:2:0"):
+        with pytest.raises(ValueError):
+            ring_launches(bad)
+    with pytest.raises(ValueError):
+        splits("mlp down:1")

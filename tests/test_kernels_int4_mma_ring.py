@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ignis.kernels import int4_mma
-from ignis.kernels.int4_mma import Shape, choose, launch, ringed
+from ignis.kernels.int4_mma import Shape, choose, launch, ringed, split
 from ignis.kernels.int4_mma_kernel import SOURCE
 from ignis.kernels.nvrtc import compile_cubin
 from test_kernels_int4_mma import _defines as int4_mma_defines
@@ -147,3 +147,15 @@ def test_x_in_the_ring_is_issued_well_before_its_first_use(tmp_path: Path) -> No
         assert min(leads) >= ahead * len(loop) / (ahead + 1) / 2, (u, ahead, len(loop), leads)
     loop = _loop(_sass(_defines(replace(base, u=2, ahead=2, ring=True)), tmp_path))
     assert max(_leads(loop, "LDG.E.128")) < len(loop) / (2 + 1) / 3  # three steps in the loop
+
+
+def test_a_split_named_for_a_shape_replaces_chooses_at_every_row_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """int4_mma.SPLITS: a weight's own (KS, KW), the unit and the rest of choose's launch kept; other shapes
+    unchanged."""
+    assert split(*DOWN, 128, SMS) == choose(*DOWN, 128, SMS)  # SPLITS empty
+    monkeypatch.setattr(int4_mma, "SPLITS", {DOWN: (1, 8)})
+    assert split(*DOWN, 128, SMS) == replace(choose(*DOWN, 128, SMS), ks=1, kw=8)
+    assert split(*O_PROJ, 128, SMS) == choose(*O_PROJ, 128, SMS)
+    for nt in (1, 2, 4, 8):
+        s = launch(split(*DOWN, 128, SMS), nt)
+        assert (s.ks, s.kw, s.unit) == (1, 8, 4)

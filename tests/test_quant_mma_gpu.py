@@ -95,6 +95,22 @@ def test_a_shape_on_the_ring_gives_the_plain_loops_bits_eagerly_replayed_and_asi
     check(side, xs)
 
 
+def test_a_split_named_for_a_shape_gives_every_row_count_a_rows_own_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """int4_mma.SPLITS (here mlp down on KS 1 x KW 8, on the ring at 1-8 rows): one order of the sums for 1 to 64
+    rows, through int4_mma's loops and the tiled kernel alike, within the reference's tolerance."""
+    from ignis.kernels import int4_mma as module
+
+    monkeypatch.setattr(module, "SPLITS", {(5120, 17408): (1, 8)})
+    monkeypatch.setattr(module, "RING_LAUNCHES", {**module.RING_LAUNCHES, (5120, 17408): (2, 2, False)})
+    qw, s, z = _int4_weight(5120, 17408, 128, seed=17)
+    w = pack(qw, s, z, torch.bfloat16)
+    x = torch.randn(64, 17408, device="cuda").bfloat16()
+    alone = torch.cat([int4_mma(x[i : i + 1], w) for i in range(64)])
+    for rows in (5, 8, 9, 17, 33, 64):
+        assert torch.equal(int4_mma(x[:rows], w), alone[:rows]), rows
+    assert _rel(alone, x, qw, s, z) < 1e-2
+
+
 def test_int4_mma_under_cuda_graph_replay_and_on_a_side_stream() -> None:
     from ignis.kernels.launch import _counters
 

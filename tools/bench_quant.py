@@ -166,41 +166,77 @@ def decode_step(label: str, model: HybridModel, bw: float, context: int, iters: 
             "eager_ms": 1e3 * eager, "floor_ms": 1e3 * floor, "x_floor": graph / floor, "graph_top_kernels": top}
 
 
-def _ab(step: Callable[..., dict[str, Any]], key: str, module: Any, switch: str, values: tuple[Any, ...],
-        what: str, names: tuple[str, ...] | None = None) -> dict[str, Any]:
-    """The int4-head decode step once with each of `values` set on module.`switch` (the same model), the switch put
-    back after: {f"{key}_{name}": the step's figures}, a value's name its `names` entry or the value itself (a name
-    met again gets "_again")."""
-    kept, out = getattr(module, switch), {}
+def _ab(step: Callable[..., dict[str, Any]], key: str, module: Any, switch: str | tuple[str, ...],
+        values: tuple[Any, ...], what: str, names: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The int4-head decode step once with each of `values` set on module.`switch` (the same model; with a tuple of
+    switches, each value a tuple of theirs), the switches put back after: {f"{key}_{name}": the step's figures}, a
+    value's name its `names` entry or the value itself (a name met again gets "_again")."""
+    switches = (switch,) if isinstance(switch, str) else switch
+    kept, out = tuple(getattr(module, name) for name in switches), {}
     labels = names or tuple(str(v) for v in values)
     try:
         for v, label in zip(values, labels):
-            setattr(module, switch, type(kept)(v))
+            for name, value, old in zip(switches, (v,) if isinstance(switch, str) else v, kept):
+                setattr(module, name, type(old)(value))
             name = f"{key}_{label}" if f"{key}_{label}" not in out else f"{key}_{label}_again"
             out[name] = step(f"int4 head, {what} {label}")
     finally:
-        setattr(module, switch, kept)
+        for name, old in zip(switches, kept):
+            setattr(module, name, old)
     print(f"{what}: " + ", ".join(f"{label}: {r['graph_ms']:.3f} ms (replay {r['replay_ms']:.3f})"
                                    for label, r in zip(labels, out.values())), flush=True)
     return out
 
 
-def ring_launches(spec: str) -> dict[tuple[int, int], tuple[int, int, bool]]:
-    """--ring-ab's "name:U:AHEAD:XRING,..." (a name: the start of one of SHAPES', as "o_proj" or "mlp down") as
-    int4_mma.RING_LAUNCHES."""
-    found = {}
+Launches = tuple[dict[tuple[int, int], tuple[int, int, bool]], dict[tuple[int, int], tuple[int, int]]]
+
+
+def _shape_named(name: str, flag: str) -> tuple[int, int]:
+    """The [out, in] of the one of SHAPES whose name starts with `name`."""
+    shape = next(((n, k) for label, n, k in SHAPES if label.startswith(name)), None)
+    if shape is None:
+        raise ValueError(f"{flag}: {name!r} starts none of {[label for label, _, _ in SHAPES]}")
+    return shape
+
+
+def ring_launches(spec: str) -> Launches:
+    """--ring-ab's "name:U:AHEAD:XRING[:KS:KW],..." (a name: the start of one of SHAPES', as "o_proj" or "mlp down")
+    as int4_mma.RING_LAUNCHES and int4_mma.SPLITS (the items that name a split)."""
+    rings, split_of = {}, {}
     for item in filter(None, spec.split(",")):
-        name, u, ahead, xring = item.split(":")
-        nout, ncols = next((n, k) for label, n, k in SHAPES if label.startswith(name))
-        found[(nout, ncols)] = (int(u), int(ahead), bool(int(xring)))
-    return found
+        name, *numbers = item.split(":")
+        if len(numbers) not in (3, 5):
+            raise ValueError(f"--ring-ab takes name:U:AHEAD:XRING[:KS:KW] items, got {item!r}")
+        shape = _shape_named(name, "--ring-ab")
+        u, ahead, xring, *split = map(int, numbers)
+        rings[shape] = (u, ahead, bool(xring))
+        if split:
+            split_of[shape] = (split[0], split[1])
+    return rings, split_of
 
 
 def _ring_ab(step: Callable[..., dict[str, Any]], spec: str) -> dict[str, Any]:
-    """The int4-head decode step with int4_mma.RING_LAUNCHES empty and holding `spec`'s launches (ring_launches),
-    off, on, off, on, on one model."""
-    return _ab(step, "int4_head_ring", mma_kernel, "RING_LAUNCHES", ({}, ring_launches(spec)) * 2, f"ring {spec}",
+    """The int4-head decode step with `spec`'s products (ring_launches) on the plain loop and choose's split ("off"),
+    then on the ring launches and splits `spec` names ("on"), off, on, off, on, on one model; every other product as
+    int4_mma.RING_LAUNCHES and SPLITS hold it."""
+    rings, split_of = ring_launches(spec)
+    kept_rings, kept_splits = mma_kernel.RING_LAUNCHES, mma_kernel.SPLITS
+    off = ({k: v for k, v in kept_rings.items() if k not in rings},
+           {k: v for k, v in kept_splits.items() if k not in rings})
+    on = ({**off[0], **rings}, {**off[1], **split_of})
+    return _ab(step, "int4_head_ring", mma_kernel, ("RING_LAUNCHES", "SPLITS"), (off, on) * 2, f"ring {spec}",
                ("off", "on") * 2)
+
+
+def splits(spec: str) -> dict[tuple[int, int], tuple[int, int]]:
+    """--splits' "name:KS:KW,..." as int4_mma.SPLITS."""
+    split_of = {}
+    for item in filter(None, spec.split(",")):
+        name, *numbers = item.split(":")
+        if len(numbers) != 2:
+            raise ValueError(f"--splits takes name:KS:KW items, got {item!r}")
+        split_of[_shape_named(name, "--splits")] = (int(numbers[0]), int(numbers[1]))
+    return split_of
 
 
 # --gdn-pdl-ab's arms: (launch.GDN_PDL, gdn.CUDA_NORMED), None as shipped (the round decides); the first again last
@@ -489,8 +525,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trigger-ab", action="store_true",
                     help="time the int4-head decode step with launch.EARLY_TRIGGER off, on, off (one model)")
     ap.add_argument("--ring-ab", nargs="?", const="o_proj:2:2:0", default=None,
-                    help="time the int4-head decode step with these products on the ring loop (int4_mma.RING_LAUNCHES; "
-                         "name:U:AHEAD:XRING,..., default o_proj:2:2:0) off, on, off, on (one model)")
+                    help="time the int4-head decode step with these products on the ring loop (int4_mma.RING_LAUNCHES "
+                         "and, for an item with KS:KW, int4_mma.SPLITS; name:U:AHEAD:XRING[:KS:KW],..., default "
+                         "o_proj:2:2:0) and on the plain loop and choose's split, off, on, off, on (one model)")
+    ap.add_argument("--splits", default=None,
+                    help="4-bit products' input splits for the whole run (int4_mma.SPLITS; name:KS:KW,...)")
     ap.add_argument("--act-order-ab", action="store_true",
                     help="time the int4-head decode step again with every projection act-order (a gather of x ahead "
                          "of each product, as for a GPTQ desc_act checkpoint)")
@@ -527,12 +566,14 @@ def main(argv: list[str] | None = None) -> int:
     rows = tuple(int(n) for n in args.sweep_rows.split(",")) if args.sweep_rows else None
     if args.ring_ab is not None:
         ring_launches(args.ring_ab)  # a spec that names no product fails here, before any GPU work
+    if args.splits is not None:
+        mma_kernel.SPLITS = splits(args.splits)
     t0 = time.perf_counter()
     bw = copy_bandwidth(torch.device("cuda"))
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}", flush=True)
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                               "copy_tb_s": bw / 1e12, "group": GROUP, "int4_kernel": args.int4_kernel,
-                              "pdl": args.pdl, "swiglu_rows": quant_linear.SWIGLU_ROWS}
+                              "pdl": args.pdl, "swiglu_rows": quant_linear.SWIGLU_ROWS, "splits": args.splits}
     out = Path(args.out)
     steps = [("products", lambda: products(bw, args.reps)), ("tunings", lambda: tunings(bw, args.reps)),
              ("sweep_triton", lambda: sweep_triton(bw, args.reps)),

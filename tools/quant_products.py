@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from ignis.kernels.int4_gemv import Tuning, int4_gemv, kernel, row_tile
 from ignis.kernels.int4_mma import SHARED as MMA_SHARED
 from ignis.kernels.int4_mma import MmaCodes, Shape, int4_mma, pack, row_tiles
-from ignis.kernels.int4_mma import choose as mma_choose
+from ignis.kernels.int4_mma import split as mma_split
 from ignis.kernels.int4_mma import launch as mma_launch
 from ignis.kernels.int4_mma import ringed
 from ignis.kernels.int4_triton import Config, check, choose, int4_triton
@@ -235,10 +235,10 @@ MMA_KW = (2, 4, 6, 8, 12, 16)  # warps along a block's part of the input
 
 
 def shipped(nout: int, ncols: int, group: int, sms: int, rows: int) -> Shape:
-    """The launch int4_mma takes for `rows` rows of a weight [nout, ncols] without the SwiGLU store: choose's split,
+    """The launch int4_mma takes for `rows` rows of a weight [nout, ncols] without the SwiGLU store: its split,
     launch's shape for the row tiles, on the ring where int4_mma.RING_LAUNCHES names the weight (1-8 rows)."""
     nt = row_tiles(rows)
-    return ringed(mma_launch(mma_choose(nout, ncols, group, sms), nt), nt, nout, ncols, group)
+    return ringed(mma_launch(mma_split(nout, ncols, group, sms), nt), nt, nout, ncols, group)
 
 
 def mma_shapes(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Shape]:
@@ -248,7 +248,7 @@ def mma_shapes(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[S
     int4_mma.launch makes it, on the plain loop). What --sweep-mma times:
     the split is what leaves the 5,120-row products' last wave part-empty on 132 SMs."""
     nt = row_tiles(rows)
-    base = mma_choose(nout, ncols, group, sms)
+    base = mma_split(nout, ncols, group, sms)
     units = ncols // (64 * base.unit)
     found = list(dict.fromkeys((shipped(nout, ncols, group, sms, rows), mma_launch(base, nt))))  # and its plain loop
     for ks in MMA_KS:
@@ -262,16 +262,16 @@ def mma_shapes(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[S
 
 
 def mma_loads(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Shape]:
-    """int4_mma's own launch for `rows` first (`shipped`), then the plain loop's with its step's chunks U (the unit's divisors that hold whole
-    groups), the steps it loads ahead (AHEAD, 0 to 3) and its feature blocks a warp (F: the launch's, or 1, which
-    spills no registers at 64 rows) changed; above 8 rows also RG 2, 4 and 8 (blocks of threads that split the row
-    tiles of the same features, each holding fewer sums) at F 1 and 2, where the warps' partial sums fit; at one row
-    tile also the ring loop (RING) at U 4 and 2, AHEAD 1 to 3, and with x in the ring (XRING) at U 4 AHEAD 1 and U 2
-    AHEAD 1 and 2. (RB, warps of a block that read the same x, was
-    measured never to pay: BENCHMARKS.md.) What --sweep-mma-loads times: none of them changes the order of a row's
+    """int4_mma's own launch for `rows` first (`shipped`), then the plain loop's with its step's chunks U (the unit's
+    divisors that hold whole groups), the steps it loads ahead (AHEAD, 0 to 3) and its feature blocks a warp (F: the
+    launch's, or 1, which spills no registers at 64 rows) changed; above 8 rows also RG 2, 4 and 8 (blocks of threads
+    that split the row tiles of the same features, each holding fewer sums) at F 1 and 2, where the warps' partial
+    sums fit; at one row tile also the ring loop (RING) at U 4 and 2, AHEAD 1 to 3, and with x in the ring (XRING) at
+    U 4 AHEAD 1 and U 2 AHEAD 1 and 2. (RB, warps of a block that read the same x, was measured never to pay:
+    BENCHMARKS.md.) What --sweep-mma-loads times: none of them changes the order of a row's
     sums, so a faster launch changes no result."""
     nt = row_tiles(rows)
-    base = mma_launch(mma_choose(nout, ncols, group, sms), nt)  # the plain loop's launch, which the variants change
+    base = mma_launch(mma_split(nout, ncols, group, sms), nt)  # the plain loop's launch, which the variants change
     found = [shipped(nout, ncols, group, sms, rows)]
     for f in sorted({base.f, 1}, reverse=True):
         for u in (1, 2, 4):
@@ -334,7 +334,8 @@ def sweep_mma(bw: float, reps: int, loads: bool = False, deep: bool = False,
                 said = _timed(row, [partial(int4_mma, x, p, s) for p in cm], reps, floor)
                 rows_out.append(row)
                 print(f"mma {name:22s} rows {r:2d}  {'chosen' if i == 0 else '      '} ks {s.ks} kw {s.kw:2d} f {s.f} "
-                      f"u {s.u} ahead {s.ahead} rg {s.rg}{' ring' if s.ring else ''}{' xring' if s.xring else ''}  {said}", flush=True)
+                      f"u {s.u} ahead {s.ahead} rg {s.rg}{' ring' if s.ring else ''}{' xring' if s.xring else ''}  "
+                      f"{said}", flush=True)
         del cm
         torch.cuda.empty_cache()
     return rows_out

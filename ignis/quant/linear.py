@@ -153,7 +153,7 @@ def packed_swiglu(x: torch.Tensor, weight: PackedWeight | MmaCodes) -> torch.Ten
         return None
     nout, ncols = weight.shape
     nt = int4_mma.row_tiles(max(1, x.numel() // x.shape[-1]))
-    base = int4_mma.launch(int4_mma.choose(nout, ncols, weight.group, sm_count(x.device)), nt)
+    base = int4_mma.launch(int4_mma.split(nout, ncols, weight.group, sm_count(x.device)), nt)
     if int4_mma.swiglu_launch(base, nt) is None:
         return None
     return int4_mma.int4_mma(x, weight, swiglu=True)
