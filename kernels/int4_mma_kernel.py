@@ -43,7 +43,7 @@ ignis.kernels.launch.EARLY_TRIGGER; 0: once the loop is done), RING (1: the step
 slots of codes and scales, so no copies move them between slots, with each step's loads, x's among them, above a
 branch that always holds but that ptxas cannot resolve; 0, the default: the plain loop, whose loads ptxas moves: the
 next step's codes to the loop's end, where the copies between slots wait on them, and each x load next to the mma
-that reads it. The same sums either way; ignis.kernels.int4_mma.RING_SHAPES says which weights take it), XRING
+that reads it. The same sums either way; ignis.kernels.int4_mma.RING_LAUNCHES says which weights take it), XRING
 (with RING, where a step's x fits in registers: x in the ring's slots as well, each step's loaded AHEAD steps before
 its sums, with its codes; 0 by default).
 """

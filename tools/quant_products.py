@@ -279,7 +279,7 @@ def mma_loads(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Sh
                 s = replace(base, f=f, u=u, ahead=ahead)
                 if base.unit % u == 0 and (64 * u) % group == 0 and s not in found:
                     found.append(s)
-    if nt == 1:  # the step loop unrolled over its ring, loads kept above each step's compute (int4_mma.RING_SHAPES)
+    if nt == 1:  # the step loop unrolled over its ring, loads kept above each step's compute (int4_mma.RING_LAUNCHES)
         for u, ahead, xring in ((4, 1, False), (4, 2, False), (2, 1, False), (2, 2, False), (2, 3, False),
                                 (4, 1, True), (2, 1, True), (2, 2, True)):
             s = replace(base, u=u, ahead=ahead, ring=True, xring=xring)
