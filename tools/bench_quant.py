@@ -444,7 +444,8 @@ def summary(result: dict[str, Any]) -> list[str]:
                          f"ahead {p['ahead']} rg {p.get('rg', 1)}{' ring' if p.get('ring') else ''}"
                          f"{' xring' if p.get('xring') else ''}), the chosen "
                          f"x{mine.get('x_floor', float('nan')):.2f} (f {mine.get('f')} u {mine.get('u')} ahead "
-                         f"{mine.get('ahead')} rg {mine.get('rg', 1)})")
+                         f"{mine.get('ahead')} rg {mine.get('rg', 1)}{' ring' if mine.get('ring') else ''}"
+                         f"{' xring' if mine.get('xring') else ''})")
     hot: dict[tuple[str, int], dict[str, float]] = {}
     for p in result.get("sweep_hot", []):
         if "ms" in p:
