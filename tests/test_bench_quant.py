@@ -205,7 +205,7 @@ def test_the_mma_loads_sweep_changes_only_what_leaves_the_sums_alone() -> None:
     line, = summary({"sweep_mma_loads": sweep})
     assert line == (f"mma loads, o_proj,  1 rows: best x1.50 (ks {s1.ks} kw {s1.kw} f {s1.f} u {s1.u} ahead "
                     f"{s1.ahead} rg 1), the chosen "
-                    f"x2.00 (f {s0.f} u {s0.u} ahead {s0.ahead} rg 1)")
+                    f"x2.00 (f {s0.f} u {s0.u} ahead {s0.ahead} rg 1 ring)")  # o_proj ships on the ring
 
 
 def test_the_deep_sweep_takes_every_split_onto_the_ring_at_one_row_tile_only() -> None:
