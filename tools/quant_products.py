@@ -245,8 +245,8 @@ def mma_shapes(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[S
     """int4_mma's own launch for `rows` first (`shipped`; then its plain loop where that is on the ring), then its input
     split changed to every KS x KW of MMA_KS and MMA_KW that the kernel takes: each part at least one unit of the
     input, at most 1,024 threads a block, the blocks' counters within SPLIT_COUNTERS (the rest of each launch as
-    int4_mma.launch makes it, on the plain loop). What --sweep-mma times:
-    the split is what leaves the 5,120-row products' last wave part-empty on 132 SMs."""
+    int4_mma.launch makes it, on the plain loop). What --sweep-mma times: the split is what leaves the 5,120-row
+    products' last wave part-empty on 132 SMs."""
     nt = row_tiles(rows)
     base = mma_split(nout, ncols, group, sms)
     units = ncols // (64 * base.unit)
@@ -268,8 +268,8 @@ def mma_loads(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Sh
     that split the row tiles of the same features, each holding fewer sums) at F 1 and 2, where the warps' partial
     sums fit; at one row tile also the ring loop (RING) at U 4 and 2, AHEAD 1 to 3, and with x in the ring (XRING) at
     U 4 AHEAD 1 and U 2 AHEAD 1 and 2. (RB, warps of a block that read the same x, was measured never to pay:
-    BENCHMARKS.md.) What --sweep-mma-loads times: none of them changes the order of a row's
-    sums, so a faster launch changes no result."""
+    BENCHMARKS.md.) What --sweep-mma-loads times: none of them changes the order of a row's sums, so a faster launch
+    changes no result."""
     nt = row_tiles(rows)
     base = mma_launch(mma_split(nout, ncols, group, sms), nt)  # the plain loop's launch, which the variants change
     found = [shipped(nout, ncols, group, sms, rows)]
