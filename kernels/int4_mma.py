@@ -138,6 +138,11 @@ class Shape:
     xring: bool = False  # with `ring`, x in the ring's slots too: each step's x loaded AHEAD steps ahead
 
 
+def step_fits(unit: int, u: int, group: int) -> bool:
+    """Whether steps of U chunks fit a split in units of `unit` chunks (U divides it) and hold whole groups."""
+    return unit % u == 0 and (64 * u) % group == 0
+
+
 def _step_chunks(ncols: int, group: int) -> int:
     """U: the most 64-column chunks a step (4, 2 or 1) that divides the input and holds whole groups."""
     return next(u for u in (4, 2, 1) if (ncols // 64) % u == 0 and (64 * u) % group == 0)
@@ -227,7 +232,7 @@ def ringed(s: Shape, nt: int, nout: int, ncols: int, group: int, swiglu: bool = 
     if ring is None or nt != 1 or swiglu:
         return s
     u, ahead, xring = ring
-    if s.unit % u or (64 * u) % group:
+    if not step_fits(s.unit, u, group):
         return s
     return replace(s, u=u, ahead=ahead, ring=True, xring=xring)
 

@@ -232,6 +232,10 @@ SOURCE = PRELUDE + r"""
             _Pragma("unroll") \
             for (int u = 0; u < U; ++u) load_xs(xs[XAHEAD ? u : 0], xp + u * 64, sx, g, M); \
         }
+// XRING: the x of the step D steps on into the ring's slot SLOT
+#define LOAD_STEP_X(SLOT, D) \
+        _Pragma("unroll") \
+        for (int u = 0; u < U; ++u) load_xs(xr[SLOT][u], xp + ((D) * U + u) * 64, sx, g, M);
 // the warp's pointers to the next step
 #define NEXT_STEP \
         _Pragma("unroll") \
@@ -255,10 +259,10 @@ SOURCE = PRELUDE + r"""
                 const u32 nz0 = __byte_perm(z.x, 0, 0x3232), nz1 = __byte_perm(z.y, 0, 0x3232); \
                 const float sg = scale_of(z.x), sg8 = scale_of(z.y); \
                 u32 h0[4], h1[4], h2[4], h3[4]; \
-                dequant(w.x, nz0, h0); \
-                dequant(w.y, nz1, h1); \
-                dequant(w.z, nz0, h2); \
-                dequant(w.w, nz1, h3); \
+                dequant(w.x, nz0, h0);  /* feature g, columns 0-7 */ \
+                dequant(w.y, nz1, h1);  /* feature g + 8, columns 0-7 */ \
+                dequant(w.z, nz0, h2);  /* feature g, columns 8-15 */ \
+                dequant(w.w, nz1, h3);  /* feature g + 8, columns 8-15 */ \
                 _Pragma("unroll") \
                 for (int n = 0; n < NT; ++n) { \
                     const uint4 xa = X[XAHEAD ? u : 0][n][0], xb = X[XAHEAD ? u : 0][n][1]; \
@@ -350,9 +354,7 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
         uint4 xr[AHEAD + 1][U][NT][2];
 #pragma unroll
         for (int a = 0; a < AHEAD; ++a) {
-            const int d = min(s0 + a, s1 - 1) - s0;
-#pragma unroll
-            for (int u = 0; u < U; ++u) load_xs(xr[a][u], xp + (d * U + u) * 64, sx, g, M);
+            LOAD_STEP_X(a, min(s0 + a, s1 - 1) - s0)
         }
 #endif
         for (;;) {
@@ -361,8 +363,7 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
                 if (s >= s1) goto ring_done;
                 LOAD_STEP((i + AHEAD) % (AHEAD + 1))  // into the slot step s - 1 freed
 #if XRING
-#pragma unroll
-                for (int u = 0; u < U; ++u) load_xs(xr[(i + AHEAD) % (AHEAD + 1)][u], xp + (d * U + u) * 64, sx, g, M);
+                LOAD_STEP_X((i + AHEAD) % (AHEAD + 1), d)  // with its codes (LOAD_STEP's d)
                 if (unit > 0) {
                     STEP_SUMS(wq[i], zq[i], xr[i])
                 }

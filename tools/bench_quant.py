@@ -45,7 +45,7 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -67,8 +67,8 @@ from tools.round_work import POSITION, build_backend, decodes, floor_bytes
 from tools.variants import PDL_SWITCH, TRIGGERS
 from tools.quant_rounds import LANES, tile_rounds
 from tools.quant_tile import sweep_tile
-from tools.quant_products import (C, GROUP, ROWS, SHAPES, layouts, policies, products, sweep_hot, sweep_mma,
-                                  sweep_triton, tunings)
+from tools.quant_products import (C, GROUP, ROWS, SHAPES, layouts, loop_tag, policies, products, sweep_hot,
+                                  sweep_mma, sweep_triton, tunings)
 
 def to_int4(model: nn.Module, group: int, head: bool = False) -> int:
     """Pack every projection `ignis quantize` would pack (with `head`, as `--head` does: the output head too), in place
@@ -199,16 +199,21 @@ def _shape_named(name: str, flag: str) -> tuple[int, int]:
     return shape
 
 
+def _items(spec: str, flag: str, form: str, counts: tuple[int, ...]) -> Iterator[tuple[tuple[int, int], list[int]]]:
+    """A "name:n:n...,..." option's items as (the named one of SHAPES' [out, in], its numbers), each item `counts`
+    numbers long, or ValueError naming the option."""
+    for item in filter(None, spec.split(",")):
+        name, *numbers = item.split(":")
+        if len(numbers) not in counts:
+            raise ValueError(f"{flag} takes {form} items, got {item!r}")
+        yield _shape_named(name, flag), [int(n) for n in numbers]
+
+
 def ring_launches(spec: str) -> Launches:
     """--ring-ab's "name:U:AHEAD:XRING[:KS:KW],..." (a name: the start of one of SHAPES', as "o_proj" or "mlp down")
     as int4_mma.RING_LAUNCHES and int4_mma.SPLITS (the items that name a split)."""
     rings, split_of = {}, {}
-    for item in filter(None, spec.split(",")):
-        name, *numbers = item.split(":")
-        if len(numbers) not in (3, 5):
-            raise ValueError(f"--ring-ab takes name:U:AHEAD:XRING[:KS:KW] items, got {item!r}")
-        shape = _shape_named(name, "--ring-ab")
-        u, ahead, xring, *split = map(int, numbers)
+    for shape, (u, ahead, xring, *split) in _items(spec, "--ring-ab", "name:U:AHEAD:XRING[:KS:KW]", (3, 5)):
         rings[shape] = (u, ahead, bool(xring))
         if split:
             split_of[shape] = (split[0], split[1])
@@ -230,13 +235,7 @@ def _ring_ab(step: Callable[..., dict[str, Any]], spec: str) -> dict[str, Any]:
 
 def splits(spec: str) -> dict[tuple[int, int], tuple[int, int]]:
     """--splits' "name:KS:KW,..." as int4_mma.SPLITS."""
-    split_of = {}
-    for item in filter(None, spec.split(",")):
-        name, *numbers = item.split(":")
-        if len(numbers) != 2:
-            raise ValueError(f"--splits takes name:KS:KW items, got {item!r}")
-        split_of[_shape_named(name, "--splits")] = (int(numbers[0]), int(numbers[1]))
-    return split_of
+    return {shape: (ks, kw) for shape, (ks, kw) in _items(spec, "--splits", "name:KS:KW", (2,))}
 
 
 # --gdn-pdl-ab's arms: (launch.GDN_PDL, gdn.CUDA_NORMED), None as shipped (the round decides); the first again last
@@ -440,12 +439,10 @@ def summary(result: dict[str, Any]) -> list[str]:
         for (shape, r), p in fastest.items():
             mine = chosen.get((shape, r), {})
             lines.append(f"mma {key[10:]}, {shape}, {r:2d} rows: best x{p['x_floor']:.2f} (ks {p['ks']} kw {p['kw']} "
-                         f"f {p['f']} u {p['u']} "
-                         f"ahead {p['ahead']} rg {p.get('rg', 1)}{' ring' if p.get('ring') else ''}"
-                         f"{' xring' if p.get('xring') else ''}), the chosen "
+                         f"f {p['f']} u {p['u']} ahead {p['ahead']} rg {p.get('rg', 1)}"
+                         f"{loop_tag(p.get('ring'), p.get('xring'))}), the chosen "
                          f"x{mine.get('x_floor', float('nan')):.2f} (f {mine.get('f')} u {mine.get('u')} ahead "
-                         f"{mine.get('ahead')} rg {mine.get('rg', 1)}{' ring' if mine.get('ring') else ''}"
-                         f"{' xring' if mine.get('xring') else ''})")
+                         f"{mine.get('ahead')} rg {mine.get('rg', 1)}{loop_tag(mine.get('ring'), mine.get('xring'))})")
     hot: dict[tuple[str, int], dict[str, float]] = {}
     for p in result.get("sweep_hot", []):
         if "ms" in p:

@@ -23,7 +23,7 @@ from ignis.kernels.int4_mma import SHARED as MMA_SHARED
 from ignis.kernels.int4_mma import MmaCodes, Shape, int4_mma, pack, row_tiles
 from ignis.kernels.int4_mma import split as mma_split
 from ignis.kernels.int4_mma import launch as mma_launch
-from ignis.kernels.int4_mma import ringed
+from ignis.kernels.int4_mma import ringed, step_fits
 from ignis.kernels.int4_triton import Config, check, choose, int4_triton
 from ignis.kernels.gemv_triton import fp8_gemv
 from ignis.kernels.launch import SPLIT_COUNTERS
@@ -230,6 +230,11 @@ def sweep_triton(bw: float, reps: int) -> list[dict[str, Any]]:
     return rows_out
 
 
+def loop_tag(ring: bool | None, xring: bool | None) -> str:
+    """How a launch's step loop is printed: "" (the plain loop), " ring", or " ring xring" (x in the ring too)."""
+    return (" ring" if ring else "") + (" xring" if xring else "")
+
+
 MMA_KS = (1, 2, 3, 4)  # blocks of threads along the input --sweep-mma tries
 MMA_KW = (2, 4, 6, 8, 12, 16)  # warps along a block's part of the input
 
@@ -277,13 +282,13 @@ def mma_loads(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Sh
         for u in (1, 2, 4):
             for ahead in (0, 1, 2, 3):
                 s = replace(base, f=f, u=u, ahead=ahead)
-                if base.unit % u == 0 and (64 * u) % group == 0 and s not in found:
+                if step_fits(base.unit, u, group) and s not in found:
                     found.append(s)
     if nt == 1:  # the step loop unrolled over its ring, loads kept above each step's compute (int4_mma.RING_LAUNCHES)
         for u, ahead, xring in ((4, 1, False), (4, 2, False), (2, 1, False), (2, 2, False), (2, 3, False),
                                 (4, 1, True), (2, 1, True), (2, 2, True)):
             s = replace(base, u=u, ahead=ahead, ring=True, xring=xring)
-            if base.unit % u == 0 and (64 * u) % group == 0 and s not in found:
+            if step_fits(base.unit, u, group) and s not in found:
                 found.append(s)
     for rg in (r for r in (2, 4, 8) if r <= nt):
         for f in (2, 1):
@@ -308,7 +313,7 @@ def mma_deep(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Sha
     deep = found[:1] + [replace(base, ahead=a) for base in plain for a in (2, 3)]
     if row_tiles(rows) == 1:
         deep += [replace(base, u=u, ahead=a, ring=True, xring=x) for base in plain for u, a, x in DEEP_RINGS
-                 if base.unit % u == 0 and (64 * u) % group == 0]
+                 if step_fits(base.unit, u, group)]
     return list(dict.fromkeys(deep))
 
 
@@ -334,8 +339,7 @@ def sweep_mma(bw: float, reps: int, loads: bool = False, deep: bool = False,
                 said = _timed(row, [partial(int4_mma, x, p, s) for p in cm], reps, floor)
                 rows_out.append(row)
                 print(f"mma {name:22s} rows {r:2d}  {'chosen' if i == 0 else '      '} ks {s.ks} kw {s.kw:2d} f {s.f} "
-                      f"u {s.u} ahead {s.ahead} rg {s.rg}{' ring' if s.ring else ''}{' xring' if s.xring else ''}  "
-                      f"{said}", flush=True)
+                      f"u {s.u} ahead {s.ahead} rg {s.rg}{loop_tag(s.ring, s.xring)}  {said}", flush=True)
         del cm
         torch.cuda.empty_cache()
     return rows_out
