@@ -136,7 +136,6 @@ class Shape:
     rg: int = 1  # blocks of threads over the rows, NT / RG row tiles each (at most NT); choose's is NT 8's RG
     ring: bool = False  # the step loop unrolled over its AHEAD + 1 slots, each step's loads kept above its compute
     xring: bool = False  # with `ring`, x in the ring's slots too: each step's x loaded AHEAD steps ahead
-    prefetch: int = 0  # steps of codes and scales a warp keeps requested into L2 past its AHEAD in registers
 
 
 def step_fits(unit: int, u: int, group: int) -> bool:
@@ -189,10 +188,6 @@ RING_LAUNCHES: dict[tuple[int, int], tuple[int, int, bool]] = {(5120, 6144): (2,
 # choose's KS 2 x KW 5 on the plain loop, but neither its 9-64-row calls nor an H200 have timed it
 # (tools.bench_quant --splits sets it for a run; --ring-ab's items may name a split).
 SPLITS: dict[tuple[int, int], tuple[int, int]] = {}
-# Steps of codes and scales every 1-64-row launch keeps requested into L2 past those in registers (the kernel's
-# PREFETCH: one bulk prefetch a warp's feature block; launched programmatic-dependent, the first ones before the wait,
-# while the kernel before ends). 0: none.
-PREFETCH = 0
 
 
 def split(nout: int, ncols: int, group: int, sms: int) -> Shape:
@@ -225,7 +220,7 @@ def _function(device: torch.device, nt: int, shape: Shape, gpc: int, dtype: torc
                ("GPC", gpc), ("F16", int(dtype == torch.float16)),
                ("SBF16", int(scale_dtype == torch.bfloat16)), ("SWIGLU", int(swiglu)), ("PDL", int(early)),
                ("TRIGGER", int(early and launches.EARLY_TRIGGER)), ("RING", int(shape.ring)),
-               ("XRING", int(shape.xring)), ("PREFETCH", shape.prefetch))
+               ("XRING", int(shape.xring)))
     return load(SOURCE, "int4_mma", defines, device)
 
 
@@ -286,8 +281,7 @@ def int4_mma(x: torch.Tensor, w: MmaCodes, shape: Shape | None = None, swiglu: b
                       unit=base.unit, nt=-(-nrows // 8), dtype=w.dtype, scale_dtype=w.scale_dtype, swiglu=swiglu,
                       early=early, tile=tile)
         return out.reshape(*lead, width)
-    s = shape if shape is not None else replace(ringed(launch(base, nt), nt, nout, ncols, w.group, swiglu),
-                                                prefetch=PREFETCH)
+    s = shape if shape is not None else ringed(launch(base, nt), nt, nout, ncols, w.group, swiglu)
     if swiglu:
         fused = swiglu_launch(s, nt)
         if fused is None:

@@ -118,13 +118,6 @@ __device__ __forceinline__ void dequant(u32 w, u32 nz, u32 h[4]) {
     }
 }
 
-// `bytes` (a multiple of 16) from p (16-byte aligned) into L2, no registers or shared memory held (sm_90)
-__device__ __forceinline__ void prefetch_l2(const void* p, u32 bytes) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
-#endif
-}
-
 // a lane's 16 activations of one chunk (two 16-byte pieces) for each of its NT rows n * 8 + g
 __device__ __forceinline__ void load_xs(uint4 xs[NT][2], const u16* p, int sx, int g, int M) {
 #pragma unroll
@@ -218,9 +211,6 @@ SOURCE = PRELUDE + r"""
 #ifndef XRING
 #define XRING 0
 #endif
-#ifndef PREFETCH
-#define PREFETCH 0
-#endif
 #if XRING && !(RING && XAHEAD)
 #error "XRING holds a step's x in the ring's slots: RING, and NT * U <= 8"
 #endif
@@ -246,16 +236,6 @@ SOURCE = PRELUDE + r"""
 #define LOAD_STEP_X(SLOT, D) \
         _Pragma("unroll") \
         for (int u = 0; u < U; ++u) load_xs(xr[SLOT][u], xp + ((D) * U + u) * 64, sx, g, M);
-// PREFETCH: lane 0 asks L2 for the codes and scales of steps A .. B - 1 on from the warp's step (one bulk prefetch a
-// feature block each; none where B <= A)
-#define PREFETCH_STEPS(A, B) \
-        if (lane == 0 && (A) < (B)) { \
-            _Pragma("unroll") \
-            for (int f = 0; f < F; ++f) { \
-                prefetch_l2(wp[f] + (A) * U * 32, ((B) - (A)) * U * 512); \
-                prefetch_l2(zp[f] + (A) * GS * 8, ((B) - (A)) * GS * 64); \
-            } \
-        }
 // the warp's pointers to the next step
 #define NEXT_STEP \
         _Pragma("unroll") \
@@ -356,10 +336,6 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
                 for (int q = 0; q < GS; ++q) zq[a][f][q] = load_scales(zp[f] + (d * GS + q) * 8);
             }
         }
-#if PREFETCH
-        // the PREFETCH steps past those in registers, into L2: with PDL they stream while the previous kernel ends
-        PREFETCH_STEPS(AHEAD, min(AHEAD + PREFETCH, s1 - s0))
-#endif
 #if PDL
 #if TRIGGER
         asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // the next kernel may launch and load now
@@ -385,9 +361,6 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
 #pragma unroll
             for (int i = 0; i < AHEAD + 1; ++i) {
                 if (s >= s1) goto ring_done;
-#if PREFETCH
-                PREFETCH_STEPS(AHEAD + PREFETCH, min(AHEAD + PREFETCH + 1, s1 - s))  // keep PREFETCH steps in L2
-#endif
                 LOAD_STEP((i + AHEAD) % (AHEAD + 1))  // into the slot step s - 1 freed
 #if XRING
                 LOAD_STEP_X((i + AHEAD) % (AHEAD + 1), d)  // with its codes (LOAD_STEP's d)
@@ -407,9 +380,6 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
 ring_done:;
 #else
         for (int s = s0; s < s1; ++s) {
-#if PREFETCH
-            PREFETCH_STEPS(AHEAD + PREFETCH, min(AHEAD + PREFETCH + 1, s1 - s))
-#endif
             LOAD_STEP(AHEAD)
             LOAD_X
             STEP_SUMS(wq[0], zq[0], xs)

@@ -264,13 +264,12 @@ def _gdn_pdl_ab(step: Callable[..., dict[str, Any]]) -> dict[str, Any]:
 def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
                  profile: bool = False, gdn_pdl_ab: bool = False,
                  trigger_ab: bool = False, act_order_ab: bool = False, ring_ab: str | None = None,
-                 prefetch_ab: int = 0, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+                 skip: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The 27B decode step in bf16, int4, int4 with the output head packed and fp8 (its products through the kernel
     ignis.quant.fp8.FP8_KERNEL names, then through the Triton one: "fp8_triton"); with `swiglu_ab` the int4-head
     step again with SwiGLU in the gate | up product's store (SWIGLU_ROWS 8) and without (0), on the same model; with
     `gdn_pdl_ab` the int4-head step with each of GDN_PDL_ARMS; with `trigger_ab` with launch.EARLY_TRIGGER off, on, off;
-    with `ring_ab` with its products' ring loop off, on, off, on (`_ring_ab`); with `prefetch_ab` with
-    int4_mma.PREFETCH 0, prefetch_ab, 0, prefetch_ab;
+    with `ring_ab` with its products' ring loop off, on, off, on (`_ring_ab`);
     with `act_order_ab` the int4-head step again with every projection act-order (`act_order`: a gather of x ahead of
     each product), after the int4-head step it is compared with. `skip` "bf16" and "fp8" leave out those forms' steps
     (and the speed-ups over bf16): without bf16's step the model is packed before it is fused, so the 27B fits an
@@ -303,9 +302,6 @@ def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
         out.update(_ab(step, "int4_head_trigger", launch, "EARLY_TRIGGER", (0, 1, 0), "early trigger"))
     if ring_ab:
         out.update(_ring_ab(step, ring_ab))
-    if prefetch_ab:
-        out.update(_ab(step, "int4_head_prefetch", mma_kernel, "PREFETCH", (0, prefetch_ab) * 2,
-                       "steps prefetched into L2"))
     if act_order_ab:  # last: it changes the model
         out["int4_head_act_order_packed"] = act_order(model)
         out["int4_head_act_order"] = step("int4 head, act-order")
@@ -530,11 +526,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="time the int4-head decode step with these products on the ring loop (int4_mma.RING_LAUNCHES "
                          "and, for an item with KS:KW, int4_mma.SPLITS; name:U:AHEAD:XRING[:KS:KW],..., default "
                          "o_proj:2:2:0) and on the plain loop and choose's split, off, on, off, on (one model)")
-    ap.add_argument("--prefetch-ab", type=int, default=0,
-                    help="time the int4-head decode step with int4_mma.PREFETCH 0 and this many steps, twice (one "
-                         "model)")
-    ap.add_argument("--prefetch", type=int, default=None,
-                    help="int4_mma.PREFETCH for the whole run: steps of codes a warp keeps requested into L2")
     ap.add_argument("--splits", default=None,
                     help="4-bit products' input splits for the whole run (int4_mma.SPLITS; name:KS:KW,...)")
     ap.add_argument("--act-order-ab", action="store_true",
@@ -575,15 +566,12 @@ def main(argv: list[str] | None = None) -> int:
         ring_launches(args.ring_ab)  # a spec that names no product fails here, before any GPU work
     if args.splits is not None:
         mma_kernel.SPLITS = splits(args.splits)
-    if args.prefetch is not None:
-        mma_kernel.PREFETCH = args.prefetch
     t0 = time.perf_counter()
     bw = copy_bandwidth(torch.device("cuda"))
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}", flush=True)
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                               "copy_tb_s": bw / 1e12, "group": GROUP, "int4_kernel": args.int4_kernel,
-                              "pdl": args.pdl, "swiglu_rows": quant_linear.SWIGLU_ROWS, "splits": args.splits,
-                              "prefetch": mma_kernel.PREFETCH}
+                              "pdl": args.pdl, "swiglu_rows": quant_linear.SWIGLU_ROWS, "splits": args.splits}
     out = Path(args.out)
     steps = [("products", lambda: products(bw, args.reps)), ("tunings", lambda: tunings(bw, args.reps)),
              ("sweep_triton", lambda: sweep_triton(bw, args.reps)),
@@ -598,7 +586,7 @@ def main(argv: list[str] | None = None) -> int:
              ("layouts", lambda: layouts(bw, args.reps)),
              ("decode", lambda: decode_steps(bw, args.context, args.iters, args.swiglu_ab, args.graph_profile,
                                                   args.gdn_pdl_ab, args.trigger_ab, args.act_order_ab,
-                                                  args.ring_ab, args.prefetch_ab, frozenset(skip))),
+                                                  args.ring_ab, frozenset(skip))),
              ("quality", lambda: quality(args.prompts, args.tokens, args.accept_prompts, args.max_tokens))]
     for name, step in steps:
         if name in skip:

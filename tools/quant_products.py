@@ -24,7 +24,6 @@ from ignis.kernels.int4_mma import MmaCodes, Shape, int4_mma, pack, row_tiles
 from ignis.kernels.int4_mma import split as mma_split
 from ignis.kernels.int4_mma import launch as mma_launch
 from ignis.kernels.int4_mma import ringed, step_fits
-from ignis.kernels import int4_mma as mma_kernel
 from ignis.kernels.int4_triton import Config, check, choose, int4_triton
 from ignis.kernels.gemv_triton import fp8_gemv
 from ignis.kernels.launch import SPLIT_COUNTERS
@@ -242,11 +241,9 @@ MMA_KW = (2, 4, 6, 8, 12, 16)  # warps along a block's part of the input
 
 def shipped(nout: int, ncols: int, group: int, sms: int, rows: int) -> Shape:
     """The launch int4_mma takes for `rows` rows of a weight [nout, ncols] without the SwiGLU store: its split,
-    launch's shape for the row tiles, on the ring where int4_mma.RING_LAUNCHES names the weight (1-8 rows), with
-    int4_mma.PREFETCH's steps into L2."""
+    launch's shape for the row tiles, on the ring where int4_mma.RING_LAUNCHES names the weight (1-8 rows)."""
     nt = row_tiles(rows)
-    s = ringed(mma_launch(mma_split(nout, ncols, group, sms), nt), nt, nout, ncols, group)
-    return replace(s, prefetch=mma_kernel.PREFETCH)
+    return ringed(mma_launch(mma_split(nout, ncols, group, sms), nt), nt, nout, ncols, group)
 
 
 def mma_shapes(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Shape]:
