@@ -179,15 +179,18 @@ ROW_SPLIT_BELOW = 4  # feature blocks an SM
 # too with XRING. On an H100 (BENCHMARKS.md, "x in the ring's slots"), the 27B's o_proj / gdn out_proj (5,120 x
 # 6,144) went from 1.49 to 1.34x its floor at one row and 1.72 to 1.35 at 8 at U 2 AHEAD 2, its gdn in_proj qkv+z
 # (16,384 x 5,120) from 1.11 to 1.07 and 1.18 to 1.09 with x in the ring at U 2 AHEAD 1, and the 27B int4-head
-# decode step with both 6.75 -> 6.68 ms a replay (twice, off and on). mlp down, attention qkv and gate_up (its 1-8
-# rows store SwiGLU) keep the plain loop, as fast or faster there.
-RING_LAUNCHES: dict[tuple[int, int], tuple[int, int, bool]] = {(5120, 6144): (2, 2, False), (16384, 5120): (2, 1, True)}
+# decode step with both 6.75 -> 6.68 ms a replay (twice, off and on). mlp down (5,120 x 17,408) takes U 2 AHEAD 2
+# on its SPLITS split. Attention qkv and gate_up (its 1-8 rows store SwiGLU) keep the plain loop, as fast or faster.
+RING_LAUNCHES: dict[tuple[int, int], tuple[int, int, bool]] = {
+    (5120, 6144): (2, 2, False), (16384, 5120): (2, 1, True), (5120, 17408): (2, 2, False)}
 # 4-bit weight shapes [out, in] -> the input split (KS, KW) they take instead of choose's, at every row count (the
-# split orders a row's sums, so it cannot change with the rows). Empty: on an H100 mlp down (5,120 x 17,408) ran
-# 1.21 -> 1.15x its floor at one row and 1.31 -> 1.17 at 8 on KS 1 x KW 8 with the ring (U 2 AHEAD 2), against
-# choose's KS 2 x KW 5 on the plain loop, but neither its 9-64-row calls nor an H200 have timed it
-# (tools.bench_quant --splits sets it for a run; --ring-ab's items may name a split).
-SPLITS: dict[tuple[int, int], tuple[int, int]] = {}
+# split orders a row's sums, so it cannot change with the rows; tools.bench_quant --splits sets it for a run,
+# --ring-ab's items may name one). mlp down on KS 1 x KW 8 against choose's KS 2 x KW 5 on an H100 (BENCHMARKS.md,
+# "mlp down on one block of threads a feature block"), as int4_mma runs it, PDL on, us: 1 row 19.2 -> 18.1 and 8 rows
+# 21.1 -> 18.7 (with its ring launch), 16 rows 29.9 -> 27.0, and on the tiled kernel at F 2
+# (int4_tile.SHAPE_TILES) 17 rows 42.7 -> 35.8, 32 rows 51.8 -> 43.9, 64 rows 86.0 -> 84.3; the 27B int4-head
+# decode step 6.70 -> 6.63 ms a replay (twice).
+SPLITS: dict[tuple[int, int], tuple[int, int]] = {(5120, 17408): (1, 8)}
 
 
 def split(nout: int, ncols: int, group: int, sms: int) -> Shape:
@@ -275,7 +278,7 @@ def int4_mma(x: torch.Tensor, w: MmaCodes, shape: Shape | None = None, swiglu: b
     early = pdl(x.device)  # programmatic dependent launch (launch.PDL): the codes load while the kernel before ends
     sms = sm_count(x.device)
     base = split(nout, ncols, w.group, sms)  # the input's split: the order of a row's sums, whichever kernel runs
-    tile = None if shape is not None else int4_tile.tile_for(nrows, nout, sms, swiglu)
+    tile = None if shape is not None else int4_tile.tile_for(nrows, nout, ncols, sms, swiglu)
     if tile is not None:  # x staged in shared memory once a block of threads: the same sums
         int4_tile.run(rows, w.codes, w.zs, out, nout=nout, ncols=ncols, group=w.group, ks=base.ks, kw=base.kw,
                       unit=base.unit, nt=-(-nrows // 8), dtype=w.dtype, scale_dtype=w.scale_dtype, swiglu=swiglu,

@@ -2,9 +2,9 @@
 staged once a block of threads in shared memory (ignis.kernels.int4_tile_kernel has the why).
 
 Owns: the launch shape `Tile`, `tile_for` (which calls of ignis.kernels.int4_mma come here, with which launch: from
-TILE_ROWS rows) and `run` (the launch on torch's current stream, capturable). Does not own: the weight's layout or
-the input split (the split is int4_mma.choose's: it fixes the order of a row's sums), argument checks
-(int4_mma.int4_mma makes them) or the kernel source.
+TILE_ROWS rows; SHAPE_TILES, the weights that take their own) and `run` (the launch on torch's current stream,
+capturable). Does not own: the weight's layout or the input split (the split is int4_mma.split's: it fixes the order
+of a row's sums), argument checks (int4_mma.int4_mma makes them) or the kernel source.
 """
 
 from __future__ import annotations
@@ -47,12 +47,18 @@ class Tile:
 # A launch every call from TILE_ROWS rows takes instead of `tile_for`'s (tools.bench_quant --sweep-tile sets one for a
 # run; None: choose).
 TILE: Tile | None = None
+# Weight shapes [out, in] -> the launch they take where `tile_for` tiles, over its rule's. mlp down on its
+# int4_mma.SPLITS split (KS 1 x KW 8) at F 2 against the narrow weights' F 1 on an H100 (BENCHMARKS.md, "mlp down on
+# one block of threads a feature block"), PDL on, us: 17 rows 34.2 -> 35.8, 24 rows 40.5 -> 38.9, 32 rows 57.7 -> 43.9,
+# 48 rows 75.0 -> 58.6, 64 rows 85.2 -> 84.3. o_proj keeps F 1 (17 rows 16.9 against 19.9, 64 rows 38.6 against 49.3).
+SHAPE_TILES: dict[tuple[int, int], Tile] = {(5120, 17408): Tile()}
 
 
-def tile_for(rows: int, nout: int, sms: int, swiglu: bool) -> Tile | None:
-    """The launch for `rows` rows of a weight of `nout` outputs, or None where int4_mma's own warps are the faster:
-    below TILE_ROWS, and past WIDE_ROWS for a wide weight. A narrow weight takes one feature block a warp (more warps
-    for its few blocks; the SwiGLU store needs two), a wide one two (x read once for both)."""
+def tile_for(rows: int, nout: int, ncols: int, sms: int, swiglu: bool) -> Tile | None:
+    """The launch for `rows` rows of a weight [nout, ncols], or None where int4_mma's own warps are the faster:
+    below TILE_ROWS, and past WIDE_ROWS for a wide weight. SHAPE_TILES's launch where it names the weight; else a
+    narrow weight takes one feature block a warp (more warps for its few blocks; the SwiGLU store needs two), a wide
+    one two (x read once for both)."""
     narrow = nout // 16 < NARROW_BLOCKS_PER_SM * sms
     if TILE_ROWS is None or rows < TILE_ROWS:
         return None
@@ -60,6 +66,8 @@ def tile_for(rows: int, nout: int, sms: int, swiglu: bool) -> Tile | None:
         return TILE
     if rows > WIDE_ROWS and not narrow:
         return None
+    if (nout, ncols) in SHAPE_TILES:
+        return SHAPE_TILES[(nout, ncols)]
     return Tile(f=1) if narrow and not swiglu else Tile(f=2)
 
 

@@ -127,7 +127,7 @@ def test_mma_sweep_splits_and_summary() -> None:
     import math
     from dataclasses import asdict
 
-    from ignis.kernels.int4_mma import choose, launch, ringed, row_tiles
+    from ignis.kernels.int4_mma import launch, ringed, row_tiles, split
     from ignis.kernels.launch import SPLIT_COUNTERS
     from tools.bench_quant import summary
     from tools.quant_products import SHAPES, mma_shapes
@@ -135,7 +135,7 @@ def test_mma_sweep_splits_and_summary() -> None:
     for _, nout, ncols in SHAPES:
         for rows in (1, 8):
             shapes = mma_shapes(nout, ncols, 128, 132, rows)
-            plain = launch(choose(nout, ncols, 128, 132), row_tiles(rows))
+            plain = launch(split(nout, ncols, 128, 132), row_tiles(rows))
             assert shapes[0] == ringed(plain, row_tiles(rows), nout, ncols, 128)  # what int4_mma runs
             assert plain in shapes and not any(s.ring for s in shapes[1:])  # the rest on the plain loop
             assert len(set(shapes)) == len(shapes) > 6
@@ -171,13 +171,13 @@ def test_the_mma_loads_sweep_changes_only_what_leaves_the_sums_alone() -> None:
     times changes a row's bits. The summary names the fastest beside the chosen one."""
     from dataclasses import asdict
 
-    from ignis.kernels.int4_mma import SHARED, choose, launch, ringed, row_tiles
+    from ignis.kernels.int4_mma import SHARED, launch, ringed, row_tiles, split
     from tools.bench_quant import summary
     from tools.quant_products import SHAPES, mma_loads
 
     for _, nout, ncols in SHAPES:
         for rows in (1, 8, 16, 64):
-            base = launch(choose(nout, ncols, 128, 132), row_tiles(rows))
+            base = launch(split(nout, ncols, 128, 132), row_tiles(rows))
             shapes = mma_loads(nout, ncols, 128, 132, rows)
             assert shapes[0] == ringed(base, row_tiles(rows), nout, ncols, 128)  # what int4_mma runs
             assert base in shapes and len(set(shapes)) == len(shapes) >= 4

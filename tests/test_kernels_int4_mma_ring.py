@@ -115,11 +115,11 @@ def test_ring_launches_compile_for_sm90_without_spills() -> None:
             s = replace(base, u=u, ahead=ahead, ring=True, xring=True)
             cubin = compile_cubin(SOURCE, "int4_mma", "sm_90", _defines(s))
             assert cubin.spills == 0 and 0 < cubin.registers <= 255, (shape, s, cubin.registers)
-    for (nout, ncols), (u, ahead, xring) in int4_mma.RING_LAUNCHES.items():  # what ships
-        s = ringed(launch(choose(nout, ncols, 128, SMS), 1), 1, nout, ncols, 128)
+    for (nout, ncols), (u, ahead, xring) in int4_mma.RING_LAUNCHES.items():  # what ships, on its split
+        s = ringed(launch(split(nout, ncols, 128, SMS), 1), 1, nout, ncols, 128)
         assert (s.ring, s.u, s.ahead, s.xring) == (True, u, ahead, xring)
         cubin = compile_cubin(SOURCE, "int4_mma", "sm_90", _defines(s))
-        # at most 80 registers: one wave on 132 SMs (o_proj 3 blocks of 8 warps an SM, in_proj 8 blocks of 3)
+        # at most 80 registers: one wave on 132 SMs (o_proj and down 3 blocks of 8 warps an SM, in_proj 8 blocks of 3)
         assert cubin.spills == 0 and cubin.registers <= 80, (nout, ncols, s, cubin.registers)
 
 
@@ -152,6 +152,7 @@ def test_x_in_the_ring_is_issued_well_before_its_first_use(tmp_path: Path) -> No
 def test_a_split_named_for_a_shape_replaces_chooses_at_every_row_count(monkeypatch: pytest.MonkeyPatch) -> None:
     """int4_mma.SPLITS: a weight's own (KS, KW), the unit and the rest of choose's launch kept; other shapes
     unchanged."""
+    monkeypatch.setattr(int4_mma, "SPLITS", {})
     assert split(*DOWN, 128, SMS) == choose(*DOWN, 128, SMS)  # SPLITS empty
     monkeypatch.setattr(int4_mma, "SPLITS", {DOWN: (1, 8)})
     assert split(*DOWN, 128, SMS) == replace(choose(*DOWN, 128, SMS), ks=1, kw=8)

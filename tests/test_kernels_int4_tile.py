@@ -5,7 +5,8 @@ fp16 activations. The kernel runs on a GPU only: tests/test_quant_mma_gpu.py che
 from __future__ import annotations
 
 import pytest
-from ignis.kernels.int4_mma import choose, row_tiles
+from ignis.kernels import int4_tile
+from ignis.kernels.int4_mma import choose, row_tiles, split
 from ignis.kernels.int4_tile import TILE_ROWS, Tile, defines, tile_for
 from ignis.kernels.int4_tile_kernel import SOURCE
 from ignis.kernels.nvrtc import compile_cubin
@@ -17,19 +18,30 @@ SHAPES = [(34816, 5120), (5120, 17408), (16384, 5120), (14336, 5120), (5120, 614
 
 def test_the_tiled_kernel_takes_the_rows_and_weights_int4_mmas_own_warps_are_slow_at() -> None:
     assert TILE_ROWS is not None and 9 <= TILE_ROWS <= 33 and row_tiles(TILE_ROWS) >= 2
-    assert tile_for(TILE_ROWS - 1, 5120, SMS, False) is None
-    assert tile_for(48, 34816, SMS, False) == Tile(f=2) and tile_for(49, 34816, SMS, False) is None  # wide
-    assert tile_for(64, 5120, SMS, False) == Tile(f=1)  # narrow: a feature block a warp
-    assert tile_for(64, 5120, SMS, True) == Tile(f=2)  # the SwiGLU store: a gate block and its up partner
+    assert tile_for(TILE_ROWS - 1, 5120, 6144, SMS, False) is None
+    assert tile_for(48, 34816, 5120, SMS, False) == Tile(f=2) and tile_for(49, 34816, 5120, SMS, False) is None  # wide
+    assert tile_for(64, 5120, 6144, SMS, False) == Tile(f=1)  # narrow: a feature block a warp
+    assert tile_for(64, 5120, 6144, SMS, True) == Tile(f=2)  # the SwiGLU store: a gate block and its up partner
+
+
+def test_a_weight_named_in_shape_tiles_takes_its_own_launch_where_the_rows_are_tiled(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert int4_tile.SHAPE_TILES[(5120, 17408)] == Tile()  # what ships: mlp down at F 2
+    monkeypatch.setattr(int4_tile, "SHAPE_TILES", {(5120, 6144): Tile(stages=6)})
+    assert tile_for(17, 5120, 6144, SMS, False) == Tile(stages=6)
+    assert tile_for(TILE_ROWS - 1, 5120, 6144, SMS, False) is None  # still int4_mma's own warps below TILE_ROWS
+    assert tile_for(64, 5120, 17408, SMS, False) == Tile(f=1)  # not named: the narrow weights' rule
+    monkeypatch.setattr(int4_tile, "SHAPE_TILES", {(34816, 5120): Tile(f=1)})
+    assert tile_for(49, 34816, 5120, SMS, False) is None  # a wide weight past WIDE_ROWS is not tiled, named or not
 
 
 @pytest.mark.parametrize("swiglu", [False, True])
 def test_every_tiled_launch_compiles_for_sm90_without_spills(swiglu: bool) -> None:
     seen = set()
     for nout, ncols in SHAPES:
-        base = choose(nout, ncols, 128, SMS)
+        base = split(nout, ncols, 128, SMS)  # the split the engine's calls take
         for rows in range(TILE_ROWS or 64, 65):
-            tile = tile_for(rows, nout, SMS, swiglu)
+            tile = tile_for(rows, nout, ncols, SMS, swiglu)
             if tile is not None:
                 seen.add(defines(-(-rows // 8), tile, base.ks, base.kw, 2, swiglu))  # NT: the rows' tiles
     for d in sorted(seen):

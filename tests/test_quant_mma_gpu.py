@@ -14,7 +14,7 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
-from ignis.kernels.int4_mma import Shape, choose, int4_mma, launch, pack, row_tiles
+from ignis.kernels.int4_mma import Shape, int4_mma, launch, pack, row_tiles, split
 from test_quant_gpu import INT4_SHAPES, _int4_weight, _rel, _replayed_then_side
 
 
@@ -43,13 +43,20 @@ def test_int4_mma_fp16_activations_bf16_scales_and_group_64(group: int, rows: in
         assert torch.equal(out, torch.cat([int4_mma(xr[i : i + 1], w) for i in range(rows)]))  # a row alone
 
 
-def test_a_rows_result_depends_on_neither_the_batch_nor_the_launch() -> None:
-    """choose's split fixes the order of the sums; the rows, and F, U, RB, RG and AHEAD, must not change a bit."""
+@pytest.mark.parametrize("named", [True, False])
+def test_a_rows_result_depends_on_neither_the_batch_nor_the_launch(named: bool,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The split int4_mma takes (split: SPLITS's for the weight, or choose's, which splits mlp down over blocks of
+    threads and warps) fixes the order of the sums; the rows, and F, U, RB, RG and AHEAD, must not change a bit."""
+    from ignis.kernels import int4_mma as module
+
+    if not named:
+        monkeypatch.setattr(module, "SPLITS", {})
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for nout, ncols in ((5120, 17408), (14336, 5120), (5120, 6144)):  # split over blocks and warps, warps, 8 warps
+    for nout, ncols in ((5120, 17408), (14336, 5120), (5120, 6144)):  # down, warps, 8 warps
         qw, s, z = _int4_weight(nout, ncols, 128, seed=7)
         w = pack(qw, s, z, torch.bfloat16)
-        base = choose(nout, ncols, 128, sms)
+        base = split(nout, ncols, 128, sms)
         x = torch.randn(64, ncols, device="cuda").bfloat16()
         alone = torch.cat([int4_mma(x[i : i + 1], w) for i in range(64)])
         for rows in (2, 8, 9, 17, 33, 64):
@@ -167,7 +174,7 @@ def test_every_launch_the_engine_makes_fits_the_device() -> None:
         for rows in (1, 16, 17, 32, 64):
             x = torch.randn(rows, ncols, device="cuda").bfloat16()
             assert row_tiles(rows) * 8 >= rows
-            int4_mma(x, w, launch(choose(nout, ncols, 128, sms), row_tiles(rows)))
+            int4_mma(x, w, launch(split(nout, ncols, 128, sms), row_tiles(rows)))
             int4_mma(x, w)  # the launch a round makes: int4_tile's where tile_for gives one
     torch.cuda.synchronize()
 
