@@ -276,3 +276,26 @@ def test_the_ring_ab_switches_only_its_products_and_puts_the_policy_back(monkeyp
             ring_launches(bad)
     with pytest.raises(ValueError):
         splits("mlp down:1")
+
+
+def test_the_shape_ab_takes_one_shapes_entries_away_and_puts_them_back() -> None:
+    """--shape-ab's "without" arm: the product's shape missing from RING_LAUNCHES, SPLITS and SHAPE_TILES, every other
+    entry kept; the shipped dicts themselves in force again after, also when the timing fails; a name that is no
+    product is refused before any GPU work. --sweep-fixed's line is the least-squares one."""
+    from ignis.kernels import int4_mma, int4_tile
+    from tools.bench_quant import main
+    from tools.quant_launch import _line, product_shape, without
+
+    down = product_shape("mlp down")
+    assert down == (5120, 17408)
+    kept = int4_mma.RING_LAUNCHES, int4_mma.SPLITS, int4_tile.SHAPE_TILES
+    assert all(down in d for d in kept)  # what ships for mlp down
+    with pytest.raises(RuntimeError), without(down):
+        assert not any(down in d for d in (int4_mma.RING_LAUNCHES, int4_mma.SPLITS, int4_tile.SHAPE_TILES))
+        assert int4_mma.RING_LAUNCHES == {k: v for k, v in kept[0].items() if k != down} != {}
+        raise RuntimeError("a timing that fails")
+    assert (int4_mma.RING_LAUNCHES, int4_mma.SPLITS, int4_tile.SHAPE_TILES) == kept
+    assert all(a is b for a, b in zip((int4_mma.RING_LAUNCHES, int4_mma.SPLITS, int4_tile.SHAPE_TILES), kept))
+    with pytest.raises(ValueError, match="no 27B product named 'down'"):
+        main(["--out", "unused.json", "--shape-ab", "down"])
+    assert _line([(1.0, 3.0), (2.0, 5.0), (4.0, 9.0)]) == pytest.approx((1.0, 2.0))

@@ -19,6 +19,8 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
    --sweep-hot, the mma kernel at 1 to 64 rows with its weight read from DRAM and from L2.
    --tile-rounds, the 27B's 4-bit verify rounds of 1 to 8 lanes x 8 columns with the tiled kernel on and off, and bf16.
    --sweep-tile, the tiled kernel (int4_tile) against int4_mma's own warps and bf16 at 1 to 64 rows, bits checked.
+   --shape-ab NAME, one product as int4_mma runs it and without its shape's own launch entries, 1 to 64 rows, twice;
+   --sweep-fixed, the fixed time of a launch (o_proj's over 3,072-24,576 columns, beside a copy and a bf16 GEMV).
 3. A decode step of one lane at a 512-token context (random weights built on the GPU, as tools.bench_round does)
    through DeviceRound with CUDA graphs, bf16 then the same weights packed to int4 (group 128, products through the
    kernel --int4-kernel names), then with the output head packed too (`ignis quantize --head`), then converted to
@@ -36,6 +38,8 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
     python -m tools.bench_quant --out tile.json --skip products,tunings,decode,quality --sweep-tile
     python -m tools.bench_quant --out rounds.json --skip products,tunings,decode,quality --tile-rounds
     python -m tools.bench_quant --out ring.json --skip products,tunings,quality,bf16,fp8 --ring-ab "o_proj:2:2:0"
+    python -m tools.bench_quant --out ab.json --skip products,tunings,decode,quality --shape-ab "mlp down" --pdl on
+    python -m tools.bench_quant --out fixed.json --skip products,tunings,decode,quality --sweep-fixed
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ from tools.round_timing import copy_bandwidth, gpu_profile, time_followed, time_
 from tools.round_work import POSITION, build_backend, decodes, floor_bytes
 from tools.variants import PDL_SWITCH, TRIGGERS
 from tools.quant_rounds import LANES, tile_rounds
+from tools.quant_launch import product_shape, shape_ab, sweep_fixed
 from tools.quant_tile import sweep_tile
 from tools.quant_products import (C, GROUP, ROWS, SHAPES, layouts, loop_tag, policies, products, sweep_hot,
                                   sweep_mma, sweep_triton, tunings)
@@ -526,6 +531,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="time the int4-head decode step with these products on the ring loop (int4_mma.RING_LAUNCHES "
                          "and, for an item with KS:KW, int4_mma.SPLITS; name:U:AHEAD:XRING[:KS:KW],..., default "
                          "o_proj:2:2:0) and on the plain loop and choose's split, off, on, off, on (one model)")
+    ap.add_argument("--shape-ab", default=None, metavar="NAME",
+                    help="time one 27B product (tools.quant_products.SHAPES' name) as int4_mma runs it and without its "
+                         "shape's RING_LAUNCHES, SPLITS and SHAPE_TILES entries, 1 to 64 rows, twice (tools.quant_launch)")
+    ap.add_argument("--sweep-fixed", action="store_true",
+                    help="the time a 4-bit launch pays whatever its bytes: o_proj's launch over 3,072-24,576 columns, "
+                         "PDL on and off, beside a copy and a bf16 GEMV of the same bytes (tools.quant_launch)")
     ap.add_argument("--splits", default=None,
                     help="4-bit products' input splits for the whole run (int4_mma.SPLITS; name:KS:KW,...)")
     ap.add_argument("--act-order-ab", action="store_true",
@@ -560,6 +571,12 @@ def main(argv: list[str] | None = None) -> int:
         skip.add("policies")
     if not args.layouts:
         skip.add("layouts")
+    if args.shape_ab is None:
+        skip.add("shape_ab")
+    else:
+        product_shape(args.shape_ab)  # a name that is no product fails here, before any GPU work
+    if not args.sweep_fixed:
+        skip.add("sweep_fixed")
     set_kernel(args.int4_kernel)
     rows = tuple(int(n) for n in args.sweep_rows.split(",")) if args.sweep_rows else None
     if args.ring_ab is not None:
@@ -580,6 +597,8 @@ def main(argv: list[str] | None = None) -> int:
              ("sweep_mma_deep", lambda: sweep_mma(bw, args.reps, deep=True, rows=rows)),
              ("sweep_hot", lambda: sweep_hot(bw, args.reps)),
              ("sweep_tile", lambda: sweep_tile(bw, args.reps)),
+             ("shape_ab", lambda: shape_ab(bw, args.reps, args.shape_ab)),
+             ("sweep_fixed", lambda: sweep_fixed(bw, args.reps)),
              ("tile_rounds", lambda: tile_rounds(bw, args.context, args.iters,
                                                  tuple(int(n) for n in (args.tile_rounds or "").split(",")))),
              ("policies", lambda: policies(bw, args.reps)),

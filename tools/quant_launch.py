@@ -1,0 +1,133 @@
+"""Two measurements of the 4-bit product's launches as the engine makes them, what tools.bench_quant --shape-ab and
+--sweep-fixed run:
+
+- `shape_ab`: one 27B product as int4_mma runs it, against the same call without its shape's own entries
+  (int4_mma.RING_LAUNCHES and SPLITS, int4_tile.SHAPE_TILES), at 1 to 64 rows, alternated twice. A split changes the
+  order of the sums, so the two arms' bits may differ; each arm's are its own at every row count (the GPU tests).
+- `sweep_fixed`: the time a launch pays whatever its bytes. o_proj's launch over weights of its 5,120 outputs and
+  3,072 to 24,576 columns, launched programmatic-dependent and not, beside a device copy and a bf16 cuBLAS GEMV of the
+  same bytes; a line through each form's (floor, time) points, whose intercept is that fixed time and whose slope is
+  how near the copy bandwidth the bytes stream.
+
+Timed as tools.quant_products times the products: CUDA graphs cycling over weight copies that L2 cannot hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from ignis.kernels import int4_mma as mma_kernel
+from ignis.kernels import int4_tile, launch
+from ignis.kernels.int4_mma import int4_mma
+
+from tools.quant_products import GROUP, SHAPES, _timed, mma_copies, shipped, weight_copies
+
+AB_ROWS = (1, 8, 16, 17, 24, 32, 48, 64)
+FIXED_COLUMNS = (3072, 6144, 12288, 24576)  # o_proj's 6,144 halved and doubled twice
+O_PROJ = (5120, 6144)
+
+
+@contextmanager
+def without(shape: tuple[int, int]) -> Iterator[None]:
+    """int4_mma's calls for a weight of `shape` [out, in] as if RING_LAUNCHES, SPLITS and SHAPE_TILES did not name
+    it; the three put back after."""
+    kept = mma_kernel.RING_LAUNCHES, mma_kernel.SPLITS, int4_tile.SHAPE_TILES
+    mma_kernel.RING_LAUNCHES, mma_kernel.SPLITS, int4_tile.SHAPE_TILES = (
+        {k: v for k, v in d.items() if k != shape} for d in kept)
+    try:
+        yield
+    finally:
+        mma_kernel.RING_LAUNCHES, mma_kernel.SPLITS, int4_tile.SHAPE_TILES = kept
+
+
+def product_shape(name: str) -> tuple[int, int]:
+    """A 27B product's [out, in] by its tools.quant_products.SHAPES name."""
+    for shape_name, nout, ncols in SHAPES:
+        if shape_name == name:
+            return nout, ncols
+    raise ValueError(f"no 27B product named {name!r}; the products: {', '.join(s[0] for s in SHAPES)}")
+
+
+def shape_ab(bw: float, reps: int, name: str) -> list[dict[str, Any]]:
+    """The product `name` as shipped and without its shape's entries ("own"), own, shipped, own, shipped at each of
+    AB_ROWS: us and x floor each."""
+    nout, ncols = product_shape(name)
+    dev = torch.device("cuda")
+    nm, cm = mma_copies(nout, ncols, dev)
+    rows_out = []
+    for r in AB_ROWS:
+        x = torch.randn(r, ncols, device=dev).bfloat16()
+        floor = (nm + 2 * r * (ncols + nout)) / bw * 1e3
+        said = []
+        for form in ("without", "shipped") * 2:
+            row: dict[str, Any] = {"shape": name, "rows": r, "form": form}
+            with without((nout, ncols)) if form == "without" else nullcontext():
+                said.append(f"{form} {_timed(row, [partial(int4_mma, x, w) for w in cm], reps, floor).strip()}")
+            rows_out.append(row)
+        print(f"shape ab {name} rows {r:2d}: " + ", ".join(said), flush=True)
+    return rows_out
+
+
+def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line through (x, y) points."""
+    n = len(points)
+    mx, my = sum(p[0] for p in points) / n, sum(p[1] for p in points) / n
+    slope = sum((a - mx) * (b - my) for a, b in points) / sum((a - mx) ** 2 for a, _ in points)
+    return my - slope * mx, slope
+
+
+def sweep_fixed(bw: float, reps: int) -> dict[str, Any]:
+    """o_proj's launch (its split and ring, as int4_mma takes it at 1-8 rows) at 1 and 8 rows over FIXED_COLUMNS,
+    launch.PDL on and off, and a copy and a bf16 GEMV of each weight's bytes: {"rows": each timing, "fits": a line
+    through each form's (floor us, us)}."""
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    s = shipped(*O_PROJ, GROUP, sms, 1)
+    rows_out: list[dict[str, Any]] = []
+    kept = launch.PDL
+    try:
+        for ncols in FIXED_COLUMNS:
+            nm, cm = mma_copies(O_PROJ[0], ncols, dev)
+            for r in (1, 8):
+                x = torch.randn(r, ncols, device=dev).bfloat16()
+                floor = (nm + 2 * r * (ncols + O_PROJ[0])) / bw * 1e3
+                for pdl in (True, False):
+                    launch.PDL = pdl
+                    row: dict[str, Any] = {"columns": ncols, "rows": r, "form": f"o_proj launch, pdl {int(pdl)}",
+                                           "floor_ms": floor}
+                    _timed(row, [partial(int4_mma, x, w, s) for w in cm], reps, floor)
+                    rows_out.append(row)
+            del cm
+            floor = nm / bw * 1e3
+            src = weight_copies(nm // 2, lambda: torch.randn(nm // 8, device=dev))  # noqa: B023 - nm // 2 bytes read, as many written
+            dst = [torch.empty_like(a) for a in src]
+            row = {"columns": ncols, "form": "copy", "floor_ms": floor}
+            _timed(row, [partial(d.copy_, a) for a, d in zip(src, dst)], reps, floor)
+            rows_out.append(row)
+            del src, dst
+            k = nm // 2 // O_PROJ[0]  # a bf16 weight of nm bytes
+            ws = weight_copies(nm, lambda: torch.randn(O_PROJ[0], k, device=dev).bfloat16())  # noqa: B023
+            v = torch.randn(1, k, device=dev).bfloat16()
+            row = {"columns": ncols, "form": "bf16 gemv", "floor_ms": floor}
+            _timed(row, [partial(F.linear, v, w) for w in ws], reps, floor)
+            rows_out.append(row)
+            del ws
+            torch.cuda.empty_cache()
+    finally:
+        launch.PDL = kept
+    fits = []
+    for form, r in dict.fromkeys((p["form"], p.get("rows")) for p in rows_out):
+        timed = [p for p in rows_out if p["form"] == form and p.get("rows") == r and "ms" in p]
+        if len(timed) < 2:
+            continue
+        fixed, slope = _line([(1e3 * p["floor_ms"], 1e3 * p["ms"]) for p in timed])
+        fits.append({"form": form, "rows": r, "fixed_us": fixed, "slope": slope})
+        at = ", ".join(f"{p['columns']} x{p['x_floor']:.2f}" for p in timed)
+        print(f"fixed {form}{'' if r is None else f', {r} rows'}: {fixed:.2f} us + {slope:.3f} x floor ({at})",
+              flush=True)
+    return {"rows": rows_out, "fits": fits}
