@@ -185,11 +185,10 @@ RING_LAUNCHES: dict[tuple[int, int], tuple[int, int, bool]] = {
     (5120, 6144): (2, 2, False), (16384, 5120): (2, 1, True), (5120, 17408): (2, 2, False)}
 # 4-bit weight shapes [out, in] -> the input split (KS, KW) they take instead of choose's, at every row count (the
 # split orders a row's sums, so it cannot change with the rows; tools.bench_quant --splits sets it for a run,
-# --ring-ab's items may name one). mlp down on KS 1 x KW 8 against choose's KS 2 x KW 5 on an H100 (BENCHMARKS.md,
-# "mlp down on one block of threads a feature block"), as int4_mma runs it, PDL on, us: 1 row 19.2 -> 18.1 and 8 rows
-# 21.1 -> 18.7 (with its ring launch), 16 rows 29.9 -> 27.0, and on the tiled kernel at F 2
-# (int4_tile.SHAPE_TILES) 17 rows 42.7 -> 35.8, 32 rows 51.8 -> 43.9, 64 rows 86.0 -> 84.3; the 27B int4-head
-# decode step 6.70 -> 6.63 ms a replay (twice).
+# --ring-ab's items may name one). mlp down on KS 1 x KW 8, its ring launch and its F 2 tiles against choose's KS 2 x
+# KW 5, the plain loop and F 1 tiles on an H100 (BENCHMARKS.md, "mlp down on KS 1 x KW 8"; tools.bench_quant
+# --shape-ab), PDL on, us: 1 row 19.1 -> 18.0, 8 rows 20.9 -> 18.5, 16 rows 29.5 -> 26.7, 17 rows 42.3 -> 36.0,
+# 32 rows 51.6 -> 43.3, 64 rows 86 -> 84; the 27B int4-head decode step 6.58 -> 6.48 ms a replay (twice).
 SPLITS: dict[tuple[int, int], tuple[int, int]] = {(5120, 17408): (1, 8)}
 
 

@@ -49,8 +49,8 @@ class Tile:
 TILE: Tile | None = None
 # Weight shapes [out, in] -> the launch they take where `tile_for` tiles, over its rule's. mlp down on its
 # int4_mma.SPLITS split (KS 1 x KW 8) at F 2 against the narrow weights' F 1 on an H100 (BENCHMARKS.md, "mlp down on
-# one block of threads a feature block"), PDL on, us: 17 rows 34.2 -> 35.8, 24 rows 40.5 -> 38.9, 32 rows 57.7 -> 43.9,
-# 48 rows 75.0 -> 58.6, 64 rows 85.2 -> 84.3. o_proj keeps F 1 (17 rows 16.9 against 19.9, 64 rows 38.6 against 49.3).
+# KS 1 x KW 8"), PDL on, us: 17 rows 35.8 against 34.2, 24 rows 38.9 against 40.5, 32 rows 43.9 against 57.7, 48 rows
+# 58.6 against 75.0, 64 rows 84.3 against 85.2. o_proj keeps F 1 (17 rows 16.9 against 19.9, 64 rows 38.6 against 49.3).
 SHAPE_TILES: dict[tuple[int, int], Tile] = {(5120, 17408): Tile()}
 
 
