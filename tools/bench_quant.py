@@ -533,7 +533,8 @@ def main(argv: list[str] | None = None) -> int:
                          "o_proj:2:2:0) and on the plain loop and choose's split, off, on, off, on (one model)")
     ap.add_argument("--shape-ab", default=None, metavar="NAME",
                     help="time one 27B product (tools.quant_products.SHAPES' name) as int4_mma runs it and without its "
-                         "shape's RING_LAUNCHES, SPLITS and SHAPE_TILES entries, 1 to 64 rows, twice (tools.quant_launch)")
+                         "shape's RING_LAUNCHES, SPLITS and SHAPE_TILES entries, 1 to 64 rows, twice "
+                         "(tools.quant_launch)")
     ap.add_argument("--sweep-fixed", action="store_true",
                     help="the time a 4-bit launch pays whatever its bytes: o_proj's launch over 3,072-24,576 columns, "
                          "PDL on and off, beside a copy and a bf16 GEMV of the same bytes (tools.quant_launch)")

@@ -104,7 +104,8 @@ def sweep_fixed(bw: float, reps: int) -> dict[str, Any]:
                     rows_out.append(row)
             del cm
             floor = nm / bw * 1e3
-            src = weight_copies(nm // 2, lambda: torch.randn(nm // 8, device=dev))  # noqa: B023 - nm // 2 bytes read, as many written
+            # a copy of nm bytes: nm // 2 read, as many written
+            src = weight_copies(nm // 2, lambda: torch.randn(nm // 8, device=dev))  # noqa: B023
             dst = [torch.empty_like(a) for a in src]
             row = {"columns": ncols, "form": "copy", "floor_ms": floor}
             _timed(row, [partial(d.copy_, a) for a, d in zip(src, dst)], reps, floor)
@@ -121,13 +122,13 @@ def sweep_fixed(bw: float, reps: int) -> dict[str, Any]:
     finally:
         launch.PDL = kept
     fits = []
-    for form, r in dict.fromkeys((p["form"], p.get("rows")) for p in rows_out):
-        timed = [p for p in rows_out if p["form"] == form and p.get("rows") == r and "ms" in p]
+    for form, nrows in dict.fromkeys((p["form"], p.get("rows")) for p in rows_out):
+        timed = [p for p in rows_out if p["form"] == form and p.get("rows") == nrows and "ms" in p]
         if len(timed) < 2:
             continue
         fixed, slope = _line([(1e3 * p["floor_ms"], 1e3 * p["ms"]) for p in timed])
-        fits.append({"form": form, "rows": r, "fixed_us": fixed, "slope": slope})
+        fits.append({"form": form, "rows": nrows, "fixed_us": fixed, "slope": slope})
         at = ", ".join(f"{p['columns']} x{p['x_floor']:.2f}" for p in timed)
-        print(f"fixed {form}{'' if r is None else f', {r} rows'}: {fixed:.2f} us + {slope:.3f} x floor ({at})",
+        print(f"fixed {form}{'' if nrows is None else f', {nrows} rows'}: {fixed:.2f} us + {slope:.3f} x floor ({at})",
               flush=True)
     return {"rows": rows_out, "fits": fits}
