@@ -54,8 +54,8 @@ def product_shape(name: str) -> tuple[int, int]:
 
 
 def shape_ab(bw: float, reps: int, name: str) -> list[dict[str, Any]]:
-    """The product `name` as shipped and without its shape's entries ("own"), own, shipped, own, shipped at each of
-    AB_ROWS: us and x floor each."""
+    """The product `name` without its shape's entries ("without") and as shipped, twice over, at each of AB_ROWS:
+    us and x floor each."""
     nout, ncols = product_shape(name)
     dev = torch.device("cuda")
     nm, cm = mma_copies(nout, ncols, dev)
