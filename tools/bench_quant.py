@@ -70,9 +70,9 @@ from tools.round_timing import copy_bandwidth, gpu_profile, time_followed, time_
 from tools.round_work import POSITION, build_backend, decodes, floor_bytes
 from tools.variants import PDL_SWITCH, TRIGGERS
 from tools.quant_rounds import LANES, tile_rounds
-from tools.quant_launch import product_shape, shape_ab, sweep_fixed
+from tools.quant_launch import shape_ab, sweep_fixed
 from tools.quant_tile import sweep_tile
-from tools.quant_products import (C, GROUP, ROWS, SHAPES, layouts, loop_tag, policies, products, sweep_hot,
+from tools.quant_products import (C, GROUP, ROWS, layouts, loop_tag, policies, product_shape, products, sweep_hot,
                                   sweep_mma, sweep_triton, tunings)
 
 def to_int4(model: nn.Module, group: int, head: bool = False) -> int:
@@ -196,14 +196,6 @@ def _ab(step: Callable[..., dict[str, Any]], key: str, module: Any, switch: str 
 Launches = tuple[dict[tuple[int, int], tuple[int, int, bool]], dict[tuple[int, int], tuple[int, int]]]
 
 
-def _shape_named(name: str, flag: str) -> tuple[int, int]:
-    """The [out, in] of the one of SHAPES whose name starts with `name`."""
-    shape = next(((n, k) for label, n, k in SHAPES if label.startswith(name)), None)
-    if shape is None:
-        raise ValueError(f"{flag}: {name!r} starts none of {[label for label, _, _ in SHAPES]}")
-    return shape
-
-
 def _items(spec: str, flag: str, form: str, counts: tuple[int, ...]) -> Iterator[tuple[tuple[int, int], list[int]]]:
     """A "name:n:n...,..." option's items as (the named one of SHAPES' [out, in], its numbers), each item `counts`
     numbers long, or ValueError naming the option."""
@@ -211,7 +203,7 @@ def _items(spec: str, flag: str, form: str, counts: tuple[int, ...]) -> Iterator
         name, *numbers = item.split(":")
         if len(numbers) not in counts:
             raise ValueError(f"{flag} takes {form} items, got {item!r}")
-        yield _shape_named(name, flag), [int(n) for n in numbers]
+        yield product_shape(name, flag), [int(n) for n in numbers]
 
 
 def ring_launches(spec: str) -> Launches:
@@ -532,8 +524,8 @@ def main(argv: list[str] | None = None) -> int:
                          "and, for an item with KS:KW, int4_mma.SPLITS; name:U:AHEAD:XRING[:KS:KW],..., default "
                          "o_proj:2:2:0) and on the plain loop and choose's split, off, on, off, on (one model)")
     ap.add_argument("--shape-ab", default=None, metavar="NAME",
-                    help="time one 27B product (tools.quant_products.SHAPES' name) as int4_mma runs it and without its "
-                         "shape's RING_LAUNCHES, SPLITS and SHAPE_TILES entries, 1 to 64 rows, twice "
+                    help="time one 27B product (a tools.quant_products.SHAPES name or its start) as int4_mma runs it "
+                         "and without its shape's RING_LAUNCHES, SPLITS and SHAPE_TILES entries, 1 to 64 rows, twice "
                          "(tools.quant_launch)")
     ap.add_argument("--sweep-fixed", action="store_true",
                     help="the time a 4-bit launch pays whatever its bytes: o_proj's launch over 3,072-24,576 columns, "

@@ -25,7 +25,7 @@ from ignis.kernels import int4_mma as mma_kernel
 from ignis.kernels import int4_tile, launch
 from ignis.kernels.int4_mma import int4_mma
 
-from tools.quant_products import GROUP, SHAPES, _timed, mma_copies, shipped, weight_copies
+from tools.quant_products import GROUP, _timed, mma_copies, product_shape, shipped, weight_copies
 
 AB_ROWS = (1, 8, 16, 17, 24, 32, 48, 64)
 FIXED_COLUMNS = (3072, 6144, 12288, 24576)  # o_proj's 6,144 halved and doubled twice
@@ -43,14 +43,6 @@ def without(shape: tuple[int, int]) -> Iterator[None]:
         yield
     finally:
         mma_kernel.RING_LAUNCHES, mma_kernel.SPLITS, int4_tile.SHAPE_TILES = kept
-
-
-def product_shape(name: str) -> tuple[int, int]:
-    """A 27B product's [out, in] by its tools.quant_products.SHAPES name."""
-    for shape_name, nout, ncols in SHAPES:
-        if shape_name == name:
-            return nout, ncols
-    raise ValueError(f"no 27B product named {name!r}; the products: {', '.join(s[0] for s in SHAPES)}")
 
 
 def shape_ab(bw: float, reps: int, name: str) -> list[dict[str, Any]]:

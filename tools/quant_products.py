@@ -45,6 +45,16 @@ FLUSH = 256 * 2**20  # bytes of weight copies a timed graph cycles over (the H20
 GROUP = 128
 
 
+def product_shape(name: str, flag: str = "") -> tuple[int, int]:
+    """The [out, in] of the one of SHAPES whose name starts with `name` ("o_proj", "mlp down"), or ValueError naming
+    the option `flag` that gave it."""
+    for label, nout, ncols in SHAPES:
+        if label.startswith(name):
+            return nout, ncols
+    raise ValueError(f"{flag + ': ' if flag else ''}no 27B product named {name!r} or starting so; the products: "
+                     f"{', '.join(label for label, _, _ in SHAPES)}")
+
+
 def graph_ms(calls: list[Callable[[], object]], reps: int) -> float:
     """ms per call of `calls` (each on its own weight copy), replayed as one CUDA graph of at least 32 calls."""
     for c in calls:
