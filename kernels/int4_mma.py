@@ -214,7 +214,7 @@ def launch(base: Shape, nt: int) -> Shape:
 
 
 def _function(device: torch.device, nt: int, shape: Shape, gpc: int, dtype: torch.dtype,
-              scale_dtype: torch.dtype, early: bool = False, swiglu: bool = False) -> object:
+              scale_dtype: torch.dtype, early: bool = False, swiglu: bool = False, window: int = 0) -> object:
     from ignis.kernels.nvrtc import load
 
     defines = (("NT", nt // shape.rg), ("F", shape.f), ("U", shape.u), ("AHEAD", shape.ahead),
@@ -222,7 +222,7 @@ def _function(device: torch.device, nt: int, shape: Shape, gpc: int, dtype: torc
                ("GPC", gpc), ("F16", int(dtype == torch.float16)),
                ("SBF16", int(scale_dtype == torch.bfloat16)), ("SWIGLU", int(swiglu)), ("PDL", int(early)),
                ("TRIGGER", int(early and launches.EARLY_TRIGGER)), ("RING", int(shape.ring)),
-               ("XRING", int(shape.xring)))
+               ("XRING", int(shape.xring))) + ((("WINDOW", window),) if window else ())
     return load(SOURCE, "int4_mma", defines, device)
 
 
@@ -251,12 +251,15 @@ def swiglu_launch(s: Shape, nt: int) -> Shape | None:
     return s if (s.kw - 1) * s.rb * s.f * (nt // min(s.rg, nt)) * 512 <= SHARED else None
 
 
-def int4_mma(x: torch.Tensor, w: MmaCodes, shape: Shape | None = None, swiglu: bool = False) -> torch.Tensor:
+def int4_mma(x: torch.Tensor, w: MmaCodes, shape: Shape | None = None, swiglu: bool = False,
+             window: int = 0) -> torch.Tensor:
     """x [..., in] (w.dtype, CUDA, at most MAX_ROWS rows) @ W^T -> [..., out] in x.dtype. `shape` overrides `choose`
     (benchmarks; its KW and U change the order of the sums). With `swiglu`, W is an MLP's fused gate | up [2 I, in]
     (I a multiple of 16) and the result is silu(gate) * up [..., I], as the SwiGLU kernel makes it from the product's
-    output. Without `shape`, a call of int4_tile.tile_for's rows runs the tiled kernel, the same sums. Asynchronous,
-    on torch's current stream; no host read; allocates the output."""
+    output. Without `shape` or `window`, a call of int4_tile.tile_for's rows runs the tiled kernel, the same sums.
+    `window` (benchmarks only: tools.quant_products) makes every feature block read the codes and scales of its
+    block modulo `window`, which L2 then holds: this kernel's launch at its own grid and instructions, wrong sums.
+    Asynchronous, on torch's current stream; no host read; allocates the output."""
     nout, ncols = w.shape
     lead = x.shape[:-1]
     rows = x.reshape(-1, x.shape[-1])
@@ -277,7 +280,7 @@ def int4_mma(x: torch.Tensor, w: MmaCodes, shape: Shape | None = None, swiglu: b
     early = pdl(x.device)  # programmatic dependent launch (launch.PDL): the codes load while the kernel before ends
     sms = sm_count(x.device)
     base = split(nout, ncols, w.group, sms)  # the input's split: the order of a row's sums, whichever kernel runs
-    tile = None if shape is not None else int4_tile.tile_for(nrows, nout, ncols, sms, swiglu)
+    tile = None if shape is not None or window else int4_tile.tile_for(nrows, nout, ncols, sms, swiglu)
     if tile is not None:  # x staged in shared memory once a block of threads: the same sums
         int4_tile.run(rows, w.codes, w.zs, out, nout=nout, ncols=ncols, group=w.group, ks=base.ks, kw=base.kw,
                       unit=base.unit, nt=-(-nrows // 8), dtype=w.dtype, scale_dtype=w.scale_dtype, swiglu=swiglu,
@@ -292,7 +295,7 @@ def int4_mma(x: torch.Tensor, w: MmaCodes, shape: Shape | None = None, swiglu: b
     s = replace(s, rg=min(s.rg, nt))  # no block of threads without rows
     if s.rg not in ROW_TILES:
         raise ValueError(f"int4_mma splits the rows over 1, 2, 4 or 8 blocks of threads, got RG {s.rg}")
-    fn = _function(x.device, nt, s, w.group // 64, w.dtype, w.scale_dtype, early, swiglu)
+    fn = _function(x.device, nt, s, w.group // 64, w.dtype, w.scale_dtype, early, swiglu, window)
     grid = (math.ceil(width // 16 / (s.rb * (s.f // 2 if swiglu else s.f))) * s.rg, s.ks, 1)
     if s.ks > 1:
         if grid[0] > SPLIT_COUNTERS:

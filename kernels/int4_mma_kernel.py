@@ -45,7 +45,9 @@ branch that always holds but that ptxas cannot resolve; 0, the default: the plai
 next step's codes to the loop's end, where the copies between slots wait on them, and each x load next to the mma
 that reads it. The same sums either way; ignis.kernels.int4_mma.RING_LAUNCHES says which weights take it), XRING
 (with RING, where a step's x fits in registers: x in the ring's slots as well, each step's loaded AHEAD steps before
-its sums, with its codes; 0 by default).
+its sums, with its codes; 0 by default), WINDOW (benchmarks only, 0 by default: every warp reads the codes and
+scales of its feature block modulo WINDOW, so a launch at its own grid and instructions reads its codes from L2, and
+its sums are not the product's; ignis.kernels.int4_mma's `window`).
 """
 
 # The macros' defaults, the types and the device functions the 4-bit kernels share (ignis.kernels.int4_tile_kernel
@@ -211,6 +213,9 @@ SOURCE = PRELUDE + r"""
 #ifndef XRING
 #define XRING 0
 #endif
+#ifndef WINDOW
+#define WINDOW 0
+#endif
 #if XRING && !(RING && XAHEAD)
 #error "XRING holds a step's x in the ring's slots: RING, and NT * U <= 8"
 #endif
@@ -317,7 +322,7 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
         const uint2* zp[F];
 #pragma unroll
         for (int f = 0; f < F; ++f) {
-            const int rb = BLOCK_OF(f);
+            const int rb = WINDOW ? BLOCK_OF(f) % WINDOW : BLOCK_OF(f);  // the block whose codes it reads
             wp[f] = codes + ((size_t)rb * chunks + (size_t)s0 * U) * 32 + lane;
             zp[f] = zs + ((size_t)rb * groups + (size_t)s0 * GS) * 8 + g;
         }

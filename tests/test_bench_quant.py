@@ -154,14 +154,17 @@ def test_mma_sweep_splits_and_summary() -> None:
                     f"{s0.kw})")
 
 
-def test_the_hot_sweep_is_summarised_cold_then_hot() -> None:
-    """--sweep-hot's rows (a failed launch left out) become one line a (shape, rows): x floor from DRAM, then from L2."""
+def test_the_hot_sweep_is_summarised_cold_one_copy_then_windowed() -> None:
+    """--sweep-hot's rows (a failed launch left out) become one line a (shape, rows): x floor from DRAM, from one copy,
+    then windowed."""
     from tools.bench_quant import summary
 
-    sweep = [{"shape": "o_proj", "rows": 1, "form": "cold", "ms": 0.0074, "x_floor": 1.86},
-             {"shape": "o_proj", "rows": 1, "form": "hot", "ms": 0.0067, "x_floor": 1.67},
+    sweep = [{"shape": "o_proj", "rows": 1, "form": "cold", "ms": 0.0072, "x_floor": 1.31},
+             {"shape": "o_proj", "rows": 1, "form": "one copy", "ms": 0.0066, "x_floor": 1.19},
+             {"shape": "o_proj", "rows": 1, "form": "window", "ms": 0.0059, "x_floor": 1.07},
              {"shape": "o_proj", "rows": 8, "form": "cold", "error": "out of resources"}]
-    assert summary({"sweep_hot": sweep}) == ["mma from DRAM and from L2, o_proj,  1 rows: cold x1.86, hot x1.67"]
+    assert summary({"sweep_hot": sweep}) == [
+        "mma from DRAM, one copy and windowed, o_proj,  1 rows: cold x1.31, one copy x1.19, window x1.07"]
 
 
 def test_the_mma_loads_sweep_changes_only_what_leaves_the_sums_alone() -> None:

@@ -132,6 +132,18 @@ def test_every_launch_at_the_27b_and_builtin_shapes_compiles_for_sm90_without_sp
         assert cubin.spills <= (512 if spilt else 0) and 0 < cubin.registers <= 255, (dict(defines), cubin.spills)
 
 
+def test_a_windowed_build_differs_from_the_products_only_where_it_finds_the_codes() -> None:
+    """WINDOW (benchmarks: the codes of a block modulo the window, from L2) compiles at the shipped launches with the
+    product's registers; undefined, the source builds the product itself."""
+    for nout, ncols in SHAPES:
+        defines = _defines(launch(choose(nout, ncols, 128, SMS), 1), 1)
+        product = compile_cubin(SOURCE, "int4_mma", "sm_90", defines)
+        windowed = compile_cubin(SOURCE, "int4_mma", "sm_90", (*defines, ("WINDOW", 16)))
+        assert windowed.image != product.image and windowed.spills == 0
+        assert abs(windowed.registers - product.registers) <= 8, (nout, ncols)
+        assert compile_cubin(SOURCE, "int4_mma", "sm_90", (*defines, ("WINDOW", 0))).image == product.image
+
+
 def test_64_rows_split_over_blocks_of_threads_compile_without_spills() -> None:
     """RG 2 or 4 blocks of threads a feature block's rows: each holds NT / RG row tiles' sums, which at 64 rows leaves
     the registers that one block holding all eight spills (the test above allows it that)."""

@@ -14,7 +14,7 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
-from ignis.kernels.int4_mma import Shape, int4_mma, launch, pack, row_tiles, split
+from ignis.kernels.int4_mma import Shape, int4_mma, launch, pack, ringed, row_tiles, split
 from test_quant_gpu import INT4_SHAPES, _int4_weight, _rel, _replayed_then_side
 
 
@@ -162,6 +162,23 @@ def test_programmatic_dependent_launch_keeps_the_4bit_chain_bit_for_bit(rows: in
     same_bits_with_pdl(chain, x, inputs, monkeypatch)
     same_bits_with_pdl(chain, x, inputs, monkeypatch, early=True)  # the next kernel launched before the wait
     assert bool((launches.split_counters(x.device) == 0).all())  # every split met and reset its counter
+
+
+@pytest.mark.parametrize("rows", [1, 8, 33])
+def test_a_windowed_launch_reads_its_blocks_codes_modulo_the_window(rows: int) -> None:
+    """`window` (benchmarks) gives what the same launch gives on a weight whose every 16-feature block holds the
+    codes and scales of its block modulo the window, at the rows the shipped launch takes and past the tiled kernel's
+    first row count (a windowed call always runs int4_mma's own launch)."""
+    nout, ncols, window = 5120, 6144, 16
+    w = pack(*_int4_weight(nout, ncols, 128, seed=5), torch.bfloat16)
+    blocks = torch.arange(nout // 16, device="cuda") % window
+    wrapped = replace(w, codes=w.codes[blocks].contiguous(), zs=w.zs[blocks].contiguous())
+    x = torch.randn(rows, ncols, device="cuda").bfloat16()
+    nt = row_tiles(rows)
+    base = split(nout, ncols, 128, torch.cuda.get_device_properties(0).multi_processor_count)
+    s = ringed(launch(base, nt), nt, nout, ncols, 128)
+    assert torch.equal(int4_mma(x, w, window=window), int4_mma(x, wrapped, s))
+    assert not torch.equal(int4_mma(x, w, window=window), int4_mma(x, w, s))
 
 
 def test_every_launch_the_engine_makes_fits_the_device() -> None:

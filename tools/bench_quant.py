@@ -16,11 +16,13 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
    summed as a decode step runs them; the best stays in force for the decode step below. With --sweep-mma, the mma
    kernel's splits of the input (blocks of threads and warps along it) at all five products, 1 and 8 rows; with
    --sweep-mma-loads, its step sizes and steps loaded ahead (which change no sums) at 1, 8, 16 and 64 rows. With
-   --sweep-hot, the mma kernel at 1 to 64 rows with its weight read from DRAM and from L2.
+   --sweep-hot, the mma kernel at 1 to 64 rows with its weight read from DRAM, from one copy (L2 where it fits) and,
+   to 16 rows, windowed (every block reading a few blocks' codes, which L2 holds: the launch without DRAM's wait).
    --tile-rounds, the 27B's 4-bit verify rounds of 1 to 8 lanes x 8 columns with the tiled kernel on and off, and bf16.
    --sweep-tile, the tiled kernel (int4_tile) against int4_mma's own warps and bf16 at 1 to 64 rows, bits checked.
    --shape-ab NAME, one product as int4_mma runs it and without its shape's own launch entries, 1 to 64 rows, twice;
-   --sweep-fixed, the fixed time of a launch (o_proj's over 3,072-24,576 columns, beside a copy and a bf16 GEMV).
+   --sweep-fixed, the fixed time of a launch (o_proj's over 3,072-24,576 columns, also windowed, beside a copy and
+   a bf16 GEMV).
 3. A decode step of one lane at a 512-token context (random weights built on the GPU, as tools.bench_round does)
    through DeviceRound with CUDA graphs, bf16 then the same weights packed to int4 (group 128, products through the
    kernel --int4-kernel names), then with the output head packed too (`ignis quantize --head`), then converted to
@@ -445,7 +447,7 @@ def summary(result: dict[str, Any]) -> list[str]:
         if "ms" in p:
             hot.setdefault((p["shape"], p["rows"]), {})[p["form"]] = p["x_floor"]
     for (shape, r), forms in hot.items():
-        lines.append(f"mma from DRAM and from L2, {shape}, {r:2d} rows: "
+        lines.append(f"mma from DRAM, one copy and windowed, {shape}, {r:2d} rows: "
                      + ", ".join(f"{k} x{v:.2f}" for k, v in forms.items()))
     pol = result.get("policies")
     if pol:

@@ -5,9 +5,10 @@
   (int4_mma.RING_LAUNCHES and SPLITS, int4_tile.SHAPE_TILES), at 1 to 64 rows, alternated twice. A split changes the
   order of the sums, so the two arms' bits may differ; each arm's are its own at every row count (the GPU tests).
 - `sweep_fixed`: the time a launch pays whatever its bytes. o_proj's launch over weights of its 5,120 outputs and
-  3,072 to 24,576 columns, launched programmatic-dependent and not, beside a device copy and a bf16 cuBLAS GEMV of the
-  same bytes; a line through each form's (floor, time) points, whose intercept is that fixed time and whose slope is
-  how near the copy bandwidth the bytes stream.
+  3,072 to 24,576 columns, launched programmatic-dependent and not, and windowed (its codes from L2, so what it pays
+  without DRAM's wait), beside a device copy and a bf16 cuBLAS GEMV of the same bytes; a line through each form's
+  (floor, time) points, whose intercept is that fixed time and whose slope is how near the copy bandwidth the bytes
+  stream.
 
 Timed as tools.quant_products times the products: CUDA graphs cycling over weight copies that L2 cannot hold.
 """
@@ -25,7 +26,7 @@ from ignis.kernels import int4_mma as mma_kernel
 from ignis.kernels import int4_tile, launch
 from ignis.kernels.int4_mma import int4_mma
 
-from tools.quant_products import GROUP, _timed, mma_copies, product_shape, shipped, weight_copies
+from tools.quant_products import GROUP, WINDOW, _timed, mma_copies, product_shape, shipped, weight_copies
 
 AB_ROWS = (1, 8, 16, 17, 24, 32, 48, 64)
 FIXED_COLUMNS = (3072, 6144, 12288, 24576)  # o_proj's 6,144 halved and doubled twice
@@ -75,8 +76,8 @@ def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
 
 def sweep_fixed(bw: float, reps: int) -> dict[str, Any]:
     """o_proj's launch (its split and ring, as int4_mma takes it at 1-8 rows) at 1 and 8 rows over FIXED_COLUMNS,
-    launch.PDL on and off, and a copy and a bf16 GEMV of each weight's bytes: {"rows": each timing, "fits": a line
-    through each form's (floor us, us)}."""
+    launch.PDL on and off and windowed with PDL (its codes from L2: quant_products.sweep_hot), and a copy and a bf16
+    GEMV of each weight's bytes: {"rows": each timing, "fits": a line through each form's (floor us, us)}."""
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     s = shipped(*O_PROJ, GROUP, sms, 1)
@@ -88,11 +89,11 @@ def sweep_fixed(bw: float, reps: int) -> dict[str, Any]:
             for r in (1, 8):
                 x = torch.randn(r, ncols, device=dev).bfloat16()
                 floor = (nm + 2 * r * (ncols + O_PROJ[0])) / bw * 1e3
-                for pdl in (True, False):
+                for pdl, window in ((True, 0), (False, 0), (True, WINDOW)):
                     launch.PDL = pdl
-                    row: dict[str, Any] = {"columns": ncols, "rows": r, "form": f"o_proj launch, pdl {int(pdl)}",
-                                           "floor_ms": floor}
-                    _timed(row, [partial(int4_mma, x, w, s) for w in cm], reps, floor)
+                    form = f"o_proj launch, pdl {int(pdl)}" + (", windowed" if window else "")
+                    row: dict[str, Any] = {"columns": ncols, "rows": r, "form": form, "floor_ms": floor}
+                    _timed(row, [partial(int4_mma, x, w, s, window=window) for w in cm], reps, floor)
                     rows_out.append(row)
             del cm
             floor = nm / bw * 1e3

@@ -355,22 +355,33 @@ def sweep_mma(bw: float, reps: int, loads: bool = False, deep: bool = False,
     return rows_out
 
 
+WINDOW = 16  # feature blocks whose codes a windowed launch reads (int4_mma's `window`): under a MB, held by L2
+
+
 def sweep_hot(bw: float, reps: int) -> list[dict[str, Any]]:
     """int4_mma's own launch at the five 27B products at 1, 8, 16, 32 and 64 rows over weight copies that defeat L2
-    ("cold"), then over one copy, which L2 holds after the first call ("hot"): a product no faster hot is bound by
-    its own instructions and their latency, not by DRAM."""
+    ("cold"), over one copy ("one copy": L2 holds it after the first call only where it fits, `fits_l2`), and at 1,
+    8 and 16 rows windowed ("window": the same grid and instructions with every block reading the codes of its block
+    modulo WINDOW, which L2 holds, int4_mma's `window`): a product whose windowed launch is no faster than its cold one
+    is bound by its own instructions and their latency, not by DRAM; one that is faster has that much room on a card
+    with faster memory."""
     rows_out = []
     dev = torch.device("cuda")
+    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
     for name, nout, ncols in SHAPES:
         nm, cm = mma_copies(nout, ncols, dev)
+        fits = nm <= l2 // 2
+        print(f"hot {name:22s} {nm / 2**20:.1f} MiB against an L2 of {l2 / 2**20:.0f} MiB: one copy "
+              f"{'fits' if fits else 'does not fit'}", flush=True)
         for r in (1, 8, 16, 32, 64):
             x = torch.randn(r, ncols, device=dev).bfloat16()
             floor = (nm + 2 * r * (ncols + nout)) / bw * 1e3
-            for form, weights in (("cold", cm), ("hot", cm[:1])):
-                row: dict[str, Any] = {"shape": name, "rows": r, "form": form}
-                said = _timed(row, [partial(int4_mma, x, p) for p in weights], reps, floor)
+            forms = [("cold", cm, 0), ("one copy", cm[:1], 0)] + ([("window", cm, WINDOW)] if r <= 16 else [])
+            for form, weights, window in forms:
+                row: dict[str, Any] = {"shape": name, "rows": r, "form": form, "fits_l2": fits}
+                said = _timed(row, [partial(int4_mma, x, p, window=window) for p in weights], reps, floor)
                 rows_out.append(row)
-                print(f"hot {name:22s} rows {r:2d}  {form:4s} {said}", flush=True)
+                print(f"hot {name:22s} rows {r:2d}  {form:8s} {said}", flush=True)
         del cm
         torch.cuda.empty_cache()
     return rows_out
