@@ -211,6 +211,26 @@ def test_the_mma_loads_sweep_changes_only_what_leaves_the_sums_alone() -> None:
                     f"x2.00 (f {s0.f} u {s0.u} ahead {s0.ahead} rg 1 ring)")  # o_proj ships on the ring
 
 
+def test_a_windowed_sweep_names_the_fastest_launch_from_l2_beside_its_cold_figure() -> None:
+    """With --window each swept launch carries its windowed figures too; the summary adds, a (shape, rows), the
+    launch fastest windowed with its cold figure, beside the chosen one's (a launch timed cold only is left out)."""
+    from dataclasses import asdict
+
+    from tools.bench_quant import summary
+    from tools.quant_products import mma_loads
+
+    s0, s1, s2 = mma_loads(5120, 6144, 128, 132, 1)[:3]
+    sweep = [{"shape": "o_proj", "rows": 1, "chosen": True, **asdict(s0), "ms": 0.007, "x_floor": 1.3,
+              "ms_window": 0.006, "x_floor_window": 1.07},
+             {"shape": "o_proj", "rows": 1, "chosen": False, **asdict(s1), "ms": 0.009, "x_floor": 1.6,
+              "ms_window": 0.005, "x_floor_window": 0.9},
+             {"shape": "o_proj", "rows": 1, "chosen": False, **asdict(s2), "ms": 0.004, "x_floor": 0.8}]
+    windowed, cold = summary({"sweep_mma_loads": sweep})
+    assert windowed == (f"mma loads windowed, o_proj,  1 rows: best x0.90 (cold x1.60; ks {s1.ks} kw {s1.kw} f {s1.f} "
+                        f"u {s1.u} ahead {s1.ahead} rg 1), the chosen x1.07 (cold x1.30)")
+    assert cold.startswith("mma loads, o_proj,  1 rows: best x0.80")
+
+
 def test_the_deep_sweep_takes_every_split_onto_the_ring_at_one_row_tile_only() -> None:
     from tools.quant_products import DEEP_RINGS, SHAPES, mma_deep, mma_shapes
 

@@ -15,7 +15,8 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
    policies of the Triton kernel (its 16-row tile and the split's target) over all five products at 1 and 8 rows,
    summed as a decode step runs them; the best stays in force for the decode step below. With --sweep-mma, the mma
    kernel's splits of the input (blocks of threads and warps along it) at all five products, 1 and 8 rows; with
-   --sweep-mma-loads, its step sizes and steps loaded ahead (which change no sums) at 1, 8, 16 and 64 rows. With
+   --sweep-mma-loads, its step sizes and steps loaded ahead (which change no sums) at 1, 8, 16 and 64 rows; with
+   --window as well, each of these sweeps' launches also windowed (its codes from L2, as --sweep-hot's). With
    --sweep-hot, the mma kernel at 1 to 64 rows with its weight read from DRAM, from one copy (L2 where it fits) and,
    to 16 rows, windowed (every block reading a few blocks' codes, which L2 holds: the launch without DRAM's wait).
    --tile-rounds, the 27B's 4-bit verify rounds of 1 to 8 lanes x 8 columns with the tiled kernel on and off, and bf16.
@@ -36,6 +37,7 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
     python -m tools.bench_quant --out policies.json --skip products,tunings,quality --policies --int4-kernel triton
     python -m tools.bench_quant --out mma.json --skip products,tunings,decode,quality --sweep-mma
     python -m tools.bench_quant --out loads.json --skip products,tunings,decode,quality --sweep-mma-loads
+    python -m tools.bench_quant --out loads.json --skip products,tunings,decode,quality --sweep-mma-loads --window
     python -m tools.bench_quant --out hot.json --skip products,tunings,decode,quality --sweep-hot
     python -m tools.bench_quant --out tile.json --skip products,tunings,decode,quality --sweep-tile
     python -m tools.bench_quant --out rounds.json --skip products,tunings,decode,quality --tile-rounds
@@ -398,6 +400,12 @@ def _fastest(sweep: list[dict[str, Any]], mark: str) -> tuple[dict[tuple[str, in
     return fastest, marked
 
 
+def _launch_of(p: dict[str, Any]) -> str:
+    """A swept mma launch as the summary names it."""
+    return (f"ks {p['ks']} kw {p['kw']} f {p['f']} u {p['u']} ahead {p['ahead']} rg {p.get('rg', 1)}"
+            f"{loop_tag(p.get('ring'), p.get('xring'))}")
+
+
 def summary(result: dict[str, Any]) -> list[str]:
     """The lines the issue's done-when asks for."""
     lines = []
@@ -433,14 +441,21 @@ def summary(result: dict[str, Any]) -> list[str]:
         mine = chosen.get((shape, r), {})
         lines.append(f"mma sweep, {shape}, {r:2d} rows: best x{p['x_floor']:.2f} (ks {p['ks']} kw {p['kw']}), the "
                      f"chosen x{mine.get('x_floor', float('nan')):.2f} (ks {mine.get('ks')} kw {mine.get('kw')})")
+    for key in ("sweep_mma", "sweep_mma_loads", "sweep_mma_deep"):
+        windowed = [{**p, "ms": p["ms_window"]} for p in result.get(key, []) if "ms_window" in p]
+        fastest, chosen = _fastest(windowed, "chosen")
+        sweep, nan = key.removeprefix("sweep_mma").lstrip("_") or "sweep", float("nan")
+        for (shape, r), p in fastest.items():
+            mine = chosen.get((shape, r), {})
+            lines.append(f"mma {sweep} windowed, {shape}, {r:2d} rows: best x{p['x_floor_window']:.2f} (cold "
+                         f"x{p['x_floor']:.2f}; {_launch_of(p)}), the chosen x{mine.get('x_floor_window', nan):.2f} "
+                         f"(cold x{mine.get('x_floor', nan):.2f})")
     for key in ("sweep_mma_loads", "sweep_mma_deep"):
         fastest, chosen = _fastest(result.get(key, []), "chosen")
         for (shape, r), p in fastest.items():
             mine = chosen.get((shape, r), {})
-            lines.append(f"mma {key[10:]}, {shape}, {r:2d} rows: best x{p['x_floor']:.2f} (ks {p['ks']} kw {p['kw']} "
-                         f"f {p['f']} u {p['u']} ahead {p['ahead']} rg {p.get('rg', 1)}"
-                         f"{loop_tag(p.get('ring'), p.get('xring'))}), the chosen "
-                         f"x{mine.get('x_floor', float('nan')):.2f} (f {mine.get('f')} u {mine.get('u')} ahead "
+            lines.append(f"mma {key[10:]}, {shape}, {r:2d} rows: best x{p['x_floor']:.2f} ({_launch_of(p)}), the "
+                         f"chosen x{mine.get('x_floor', float('nan')):.2f} (f {mine.get('f')} u {mine.get('u')} ahead "
                          f"{mine.get('ahead')} rg {mine.get('rg', 1)}{loop_tag(mine.get('ring'), mine.get('xring'))})")
     hot: dict[tuple[str, int], dict[str, float]] = {}
     for p in result.get("sweep_hot", []):
@@ -494,8 +509,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-mma-deep", action="store_true",
                     help="time the mma int4 kernel's input splits with 2 and 3 steps loaded ahead at the five 27B "
                          "products, 1 row")
+    ap.add_argument("--window", action="store_true",
+                    help="the --sweep-mma* sweeps time each launch windowed too (its codes from L2: what it takes "
+                         "when DRAM costs it nothing)")
     ap.add_argument("--sweep-hot", action="store_true",
-                    help="time int4_mma at 1 to 64 rows with its weight from DRAM and from L2")
+                    help="time int4_mma at 1 to 64 rows with its weight from DRAM, one copy and windowed")
     ap.add_argument("--tile-rounds", nargs="?", const=",".join(map(str, LANES)), default=None,
                     help="the 27B's 4-bit verify rounds with the tiled kernel on and off, and bf16, at these lanes x 8 "
                          "columns (a comma list; tools.quant_rounds)")
@@ -587,9 +605,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     steps = [("products", lambda: products(bw, args.reps)), ("tunings", lambda: tunings(bw, args.reps)),
              ("sweep_triton", lambda: sweep_triton(bw, args.reps)),
-             ("sweep_mma", lambda: sweep_mma(bw, args.reps, rows=rows)),
-             ("sweep_mma_loads", lambda: sweep_mma(bw, args.reps, loads=True, rows=rows)),
-             ("sweep_mma_deep", lambda: sweep_mma(bw, args.reps, deep=True, rows=rows)),
+             ("sweep_mma", lambda: sweep_mma(bw, args.reps, rows=rows, window=args.window)),
+             ("sweep_mma_loads", lambda: sweep_mma(bw, args.reps, loads=True, rows=rows, window=args.window)),
+             ("sweep_mma_deep", lambda: sweep_mma(bw, args.reps, deep=True, rows=rows, window=args.window)),
              ("sweep_hot", lambda: sweep_hot(bw, args.reps)),
              ("sweep_tile", lambda: sweep_tile(bw, args.reps)),
              ("shape_ab", lambda: shape_ab(bw, args.reps, args.shape_ab)),

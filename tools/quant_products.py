@@ -43,6 +43,7 @@ SHAPES = [("mlp gate_up", 2 * I, H), ("mlp down", H, I), ("gdn in_proj qkv+z", G
 ROWS = (1, 8, 16, 64)
 FLUSH = 256 * 2**20  # bytes of weight copies a timed graph cycles over (the H200's L2 is 50 MB)
 GROUP = 128
+WINDOW = 16  # feature blocks whose codes a windowed launch reads (int4_mma's `window`): under a MB, held by L2
 
 
 def product_shape(name: str, flag: str = "") -> tuple[int, int]:
@@ -328,11 +329,12 @@ def mma_deep(nout: int, ncols: int, group: int, sms: int, rows: int) -> list[Sha
 
 
 def sweep_mma(bw: float, reps: int, loads: bool = False, deep: bool = False,
-              rows: tuple[int, ...] | None = None) -> list[dict[str, Any]]:
+              rows: tuple[int, ...] | None = None, window: bool = False) -> list[dict[str, Any]]:
     """int4_mma's input splits (mma_shapes) over the five 27B products at 1 and 8 rows, or with `loads` its step
     sizes and loads ahead (mma_loads) at 1, 8, 16 and 64 rows (or `rows`): us and x floor each, its own choice marked
-    (a launch that does not compile or launch is reported, not fatal). A split changes the order of a row's sums, so
-    a faster one replaces choose's only with its tests' references."""
+    (a launch that does not compile or launch is reported, not fatal); with `window` each launch windowed as well
+    (sweep_hot's: its codes from L2, what it takes when DRAM costs it nothing), as x_window. A split changes the order
+    of a row's sums, so a faster one replaces choose's only with its tests' references."""
     rows_out = []
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -347,15 +349,17 @@ def sweep_mma(bw: float, reps: int, loads: bool = False, deep: bool = False,
             for i, s in enumerate(shapes_of(nout, ncols, GROUP, sms, r)):
                 row: dict[str, Any] = {"shape": name, "rows": r, "chosen": i == 0, **asdict(s)}
                 said = _timed(row, [partial(int4_mma, x, p, s) for p in cm], reps, floor)
+                if window and "ms" in row:
+                    windowed: dict[str, Any] = {}
+                    said += "  windowed " + _timed(windowed, [partial(int4_mma, x, p, s, window=WINDOW) for p in cm],
+                                                   reps, floor)
+                    row.update({f"{k}_window": v for k, v in windowed.items() if k in ("ms", "x_floor")})
                 rows_out.append(row)
                 print(f"mma {name:22s} rows {r:2d}  {'chosen' if i == 0 else '      '} ks {s.ks} kw {s.kw:2d} f {s.f} "
                       f"u {s.u} ahead {s.ahead} rg {s.rg}{loop_tag(s.ring, s.xring)}  {said}", flush=True)
         del cm
         torch.cuda.empty_cache()
     return rows_out
-
-
-WINDOW = 16  # feature blocks whose codes a windowed launch reads (int4_mma's `window`): under a MB, held by L2
 
 
 def sweep_hot(bw: float, reps: int) -> list[dict[str, Any]]:
