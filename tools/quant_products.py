@@ -333,8 +333,8 @@ def sweep_mma(bw: float, reps: int, loads: bool = False, deep: bool = False,
     """int4_mma's input splits (mma_shapes) over the five 27B products at 1 and 8 rows, or with `loads` its step
     sizes and loads ahead (mma_loads) at 1, 8, 16 and 64 rows (or `rows`): us and x floor each, its own choice marked
     (a launch that does not compile or launch is reported, not fatal); with `window` each launch windowed as well
-    (sweep_hot's: its codes from L2, what it takes when DRAM costs it nothing), as x_window. A split changes the order
-    of a row's sums, so a faster one replaces choose's only with its tests' references."""
+    (sweep_hot's: its codes from L2, what it takes when DRAM costs it nothing) as ms_window and x_floor_window. A split
+    changes the order of a row's sums, so a faster one replaces choose's only with its tests' references."""
     rows_out = []
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
