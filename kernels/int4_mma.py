@@ -145,7 +145,7 @@ def step_fits(unit: int, u: int, group: int) -> bool:
 
 def _step_chunks(ncols: int, group: int) -> int:
     """U: the most 64-column chunks a step (4, 2 or 1) that divides the input and holds whole groups."""
-    return next(u for u in (4, 2, 1) if (ncols // 64) % u == 0 and (64 * u) % group == 0)
+    return next(u for u in (4, 2, 1) if step_fits(ncols // 64, u, group))
 
 
 @lru_cache(maxsize=1024)

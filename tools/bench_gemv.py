@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from ignis.kernels.gemv_triton import Config, dense_gemv, fits, fp8_gemv, plan
 from ignis.model.ops import blas_library
 from ignis.quant.fp8 import quantize_fp8
-from tools.quant_products import C, SHAPES, graph_ms, weight_copies
+from tools.quant_products import C, SHAPES, floor_ms, graph_ms, weight_copies
 from tools.round_timing import copy_bandwidth
 
 # the 27B's products, its output head, and a quantized Gated DeltaNet's gates b | a (dense beside 4-bit projections)
@@ -114,7 +114,6 @@ def sweep(bw: float, reps: int, names: list[str], row_counts: list[int]) -> list
         c8 = weight_copies(n8, lambda: (f8.weight.clone(), f8.scale.clone()))
         for r in row_counts:
             x = torch.randn(r, ncols, device=dev).bfloat16()
-            io = 2 * r * (ncols + nout)
             forms: list[tuple[str, int, Config | None, list[Callable[[], object]]]] = [
                 (form, nb, None, [partial(F.linear, x, p) for p in cb])
                 for form in ("bf16 cublas", "bf16 cublaslt", "bf16 tunableop")]
@@ -123,7 +122,7 @@ def sweep(bw: float, reps: int, names: list[str], row_counts: list[int]) -> list
                 forms.append(("bf16 triton", nb, cfg, [partial(dense_gemv, x, p, cfg) for p in cb]))
                 forms.append(("fp8 triton", n8, cfg, [partial(fp8_gemv, x, q, s, cfg) for q, s in c8]))
             for form, nbytes, cfg, calls in forms:
-                floor = (nbytes + io) / bw * 1e3
+                floor = floor_ms(nbytes, r, nout, ncols, bw)
                 row: dict[str, Any] = {"product": name, "out": nout, "in": ncols, "rows": r, "form": form,
                                        "floor_ms": floor, "config": asdict(cfg) if cfg else None,
                                        "default": cfg == configs[0] if cfg else None}

@@ -26,7 +26,8 @@ from ignis.kernels import int4_mma as mma_kernel
 from ignis.kernels import int4_tile, launch
 from ignis.kernels.int4_mma import int4_mma
 
-from tools.quant_products import GROUP, WINDOW, _timed, mma_copies, product_shape, shipped, weight_copies
+from tools.quant_products import (GROUP, WINDOW, _timed, floor_ms, mma_copies, product_shape, shipped,
+                                   weight_copies)
 
 AB_ROWS = (1, 8, 16, 17, 24, 32, 48, 64)
 FIXED_COLUMNS = (3072, 6144, 12288, 24576)  # o_proj's 6,144 halved and doubled twice
@@ -55,7 +56,7 @@ def shape_ab(bw: float, reps: int, name: str) -> list[dict[str, Any]]:
     rows_out = []
     for r in AB_ROWS:
         x = torch.randn(r, ncols, device=dev).bfloat16()
-        floor = (nm + 2 * r * (ncols + nout)) / bw * 1e3
+        floor = floor_ms(nm, r, nout, ncols, bw)
         said = []
         for form in ("without", "shipped") * 2:
             row: dict[str, Any] = {"shape": name, "rows": r, "form": form}
@@ -88,7 +89,7 @@ def sweep_fixed(bw: float, reps: int) -> dict[str, Any]:
             nm, cm = mma_copies(O_PROJ[0], ncols, dev)
             for r in (1, 8):
                 x = torch.randn(r, ncols, device=dev).bfloat16()
-                floor = (nm + 2 * r * (ncols + O_PROJ[0])) / bw * 1e3
+                floor = floor_ms(nm, r, O_PROJ[0], ncols, bw)
                 for pdl, window in ((True, 0), (False, 0), (True, WINDOW)):
                     launch.PDL = pdl
                     form = f"o_proj launch, pdl {int(pdl)}" + (", windowed" if window else "")

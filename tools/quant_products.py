@@ -46,6 +46,12 @@ GROUP = 128
 WINDOW = 16  # feature blocks whose codes a windowed launch reads (int4_mma's `window`): under a MB, held by L2
 
 
+def floor_ms(weight_bytes: int, rows: int, nout: int, ncols: int, bw: float) -> float:
+    """A product's floor in ms: its weight's bytes plus its 16-bit activations in and out ([rows, ncols] and
+    [rows, nout]) at `bw` bytes a second."""
+    return (weight_bytes + 2 * rows * (ncols + nout)) / bw * 1e3
+
+
 def product_shape(name: str, flag: str = "") -> tuple[int, int]:
     """The [out, in] of the one of SHAPES whose name starts with `name` ("o_proj", "mlp down"), or ValueError naming
     the option `flag` that gave it."""
@@ -138,10 +144,9 @@ def products(bw: float, reps: int) -> list[dict[str, Any]]:
             }
             if r == ROWS[-1]:  # where the kernel meets prefill-sized inputs: what packed_linear does above 64 rows
                 forms["int4 reference"] = (n4, [partial(_int4_reference, x, *p) for p in c4])
-            io = 2 * r * (ncols + nout)
             for form, (nbytes, calls) in forms.items():
                 ms = graph_ms(calls, reps)
-                floor = (nbytes + io) / bw * 1e3
+                floor = floor_ms(nbytes, r, nout, ncols, bw)
                 rows_out.append({"shape": name, "out": nout, "in": ncols, "rows": r, "form": form, "ms": ms,
                                  "floor_ms": floor, "x_floor": ms / floor})
                 print(f"{name:22s} {nout:6d}x{ncols:<6d} rows {r:3d}  {form:15s} {1e3 * ms:8.1f} us  "
@@ -172,7 +177,7 @@ def tunings(bw: float, reps: int) -> list[dict[str, Any]]:
         n4, c4 = _int4_copies(nout, ncols, dev)
         for r in (1, 8):
             x = torch.randn(r, ncols, device=dev).bfloat16()
-            floor = (n4 + 2 * r * (ncols + nout)) / bw * 1e3
+            floor = floor_ms(n4, r, nout, ncols, bw)
             for t in TUNINGS:
                 ms = graph_ms([partial(int4_gemv, x, p[0], p[1], p[2], tuning=t) for p in c4], reps)
                 info = kernel_info(t, row_tile(r))
@@ -228,7 +233,7 @@ def sweep_triton(bw: float, reps: int) -> list[dict[str, Any]]:
         n4, c4 = _int4_copies(nout, ncols, dev)
         for r in (1, 8, 64):
             x = torch.randn(r, ncols, device=dev).bfloat16()
-            floor = (n4 + 2 * r * (ncols + nout)) / bw * 1e3
+            floor = floor_ms(n4, r, nout, ncols, bw)
             for i, c in enumerate(triton_configs(r, nout, ncols, GROUP, sms)):
                 row: dict[str, Any] = {"shape": name, "rows": r, "table": i == 0, **asdict(c)}
                 said = _timed(row, [partial(int4_triton, x, p[0], p[1], p[2], config=c) for p in c4], reps, floor)
@@ -345,7 +350,7 @@ def sweep_mma(bw: float, reps: int, loads: bool = False, deep: bool = False,
         nm, cm = mma_copies(nout, ncols, dev)
         for r in counts:
             x = torch.randn(r, ncols, device=dev).bfloat16()
-            floor = (nm + 2 * r * (ncols + nout)) / bw * 1e3
+            floor = floor_ms(nm, r, nout, ncols, bw)
             for i, s in enumerate(shapes_of(nout, ncols, GROUP, sms, r)):
                 row: dict[str, Any] = {"shape": name, "rows": r, "chosen": i == 0, **asdict(s)}
                 said = _timed(row, [partial(int4_mma, x, p, s) for p in cm], reps, floor)
@@ -379,7 +384,7 @@ def sweep_hot(bw: float, reps: int) -> list[dict[str, Any]]:
               f"{'fits' if fits else 'does not fit'}", flush=True)
         for r in (1, 8, 16, 32, 64):
             x = torch.randn(r, ncols, device=dev).bfloat16()
-            floor = (nm + 2 * r * (ncols + nout)) / bw * 1e3
+            floor = floor_ms(nm, r, nout, ncols, bw)
             forms = [("cold", cm, 0), ("one copy", cm[:1], 0)] + ([("window", cm, WINDOW)] if r <= 16 else [])
             for form, weights, window in forms:
                 row: dict[str, Any] = {"shape": name, "rows": r, "form": form, "fits_l2": fits}
@@ -422,7 +427,7 @@ def policies(bw: float, reps: int) -> dict[str, Any]:
             for r in (1, 8):
                 x = torch.randn(r, ncols, device=dev).bfloat16()
                 ms = graph_ms([partial(int4_triton, x, *p) for p in c4], reps)
-                floor = (n4 + 2 * r * (ncols + nout)) / bw * 1e3
+                floor = floor_ms(n4, r, nout, ncols, bw)
                 cfg = it.choose(r, nout, ncols, GROUP, sms)
                 rows_out.append({"policy": pol, "shape": name, "rows": r, "split_k": cfg.split_k, "ms": ms,
                                  "x_floor": ms / floor})
@@ -456,7 +461,7 @@ def layouts(bw: float, reps: int) -> list[dict[str, Any]]:
             "row-major": row_major, "k-blocked": [(k_blocked(qw, bk), s, z) for qw, s, z in row_major]}
         for r in (1, 8):
             x = torch.randn(r, ncols, device=dev).bfloat16()
-            floor = (n4 + 2 * r * (ncols + nout)) / bw * 1e3
+            floor = floor_ms(n4, r, nout, ncols, bw)
             for form, c4 in forms.items():
                 ms = graph_ms([partial(int4_triton, x, *p) for p in c4], reps)
                 rows_out.append({"shape": name, "rows": r, "layout": form, "ms": ms, "x_floor": ms / floor})

@@ -14,7 +14,7 @@ from ignis.kernels import int4_tile
 from ignis.kernels.int4_mma import int4_mma
 from ignis.kernels.int4_tile import Tile
 
-from tools.quant_products import SHAPES, _timed, mma_copies, weight_copies
+from tools.quant_products import SHAPES, _timed, floor_ms, mma_copies, weight_copies
 
 TILE_ROWS = (1, 8, 16, 17, 32, 64)  # the forced launches run at every count, below int4_tile.TILE_ROWS too
 # launches timed beside tile_for's own (F 2 and F 1; RS: a feature group's row tiles over more warps, for more warps
@@ -39,8 +39,8 @@ def sweep_tile(bw: float, reps: int) -> list[dict[str, Any]]:
         wb = weight_copies(nout * ncols * 2, lambda: torch.randn(nout, ncols, device=dev).bfloat16())  # noqa: B023
         for r in TILE_ROWS:
             x = torch.randn(r, ncols, device=dev).bfloat16()
-            floor = (nm + 2 * r * (ncols + nout)) / bw * 1e3
-            floor_bf16 = (nout * ncols * 2 + 2 * r * (ncols + nout)) / bw * 1e3
+            floor = floor_ms(nm, r, nout, ncols, bw)
+            floor_bf16 = floor_ms(nout * ncols * 2, r, nout, ncols, bw)
             want = _mma_alone(x, cm[0])
             forms: list[tuple[str, Tile | None]] = [("mma", None), ("as shipped", None)]
             forms += [(f"tile rb{t.rb} f{t.f} s{t.stages} m{t.minb} rs{t.rs}", t) for t in TILES]
