@@ -47,7 +47,13 @@ that reads it. The same sums either way; ignis.kernels.int4_mma.RING_LAUNCHES sa
 (with RING, where a step's x fits in registers: x in the ring's slots as well, each step's loaded AHEAD steps before
 its sums, with its codes; 0 by default), WINDOW (benchmarks only, 0 by default: every warp reads the codes and
 scales of its feature block modulo WINDOW, so a launch at its own grid and instructions reads its codes from L2, and
-its sums are not the product's; ignis.kernels.int4_mma's `window`).
+its sums are not the product's; ignis.kernels.int4_mma's `window`), CL (1 by default: a block's KW warps in one
+block of threads; on sm_90, up to 8 dividing KW: spread over the CL blocks of threads of a thread-block cluster, KW /
+CL warps each, whose partial sums reach the first's shared memory through distributed shared memory and meet there in
+warp order: the same sums as CL 1, over CL times the blocks of threads, so that the SMs' shares of them are more even;
+ignis.kernels.int4_mma.CLUSTERS), CLASYNC (with CL > 1, 1: the other blocks send their sums with st.async, which the
+first's mbarrier counts as they land, and leave; 0, the default: they store them and the cluster meets at its
+barrier).
 """
 
 # The macros' defaults, the types and the device functions the 4-bit kernels share (ignis.kernels.int4_tile_kernel
@@ -193,12 +199,12 @@ __device__ __forceinline__ void store_quad(u16* out, int No, int M, int row, int
 }
 
 // a split's meeting (the split-K semaphore of CUTLASS): once every thread's stores before it are visible, the block
-// of threads counts itself in at cnt[blockIdx.x]; true for the last of `parts` to arrive, which then sees the others'
-__device__ __forceinline__ bool last_to_arrive(int* cnt, int parts) {
+// of threads counts itself in at cnt[slot]; true for the last of `parts` to arrive, which then sees the others'
+__device__ __forceinline__ bool last_to_arrive(int* cnt, unsigned slot, int parts) {
     __shared__ int last;
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(cnt + blockIdx.x, 1) == parts - 1;
+    if (threadIdx.x == 0) last = atomicAdd(cnt + slot, 1) == parts - 1;
     __syncthreads();
     if (!last) return false;
     __threadfence();
@@ -216,6 +222,33 @@ SOURCE = PRELUDE + r"""
 #ifndef WINDOW
 #define WINDOW 0
 #endif
+#ifndef CL
+#define CL 1
+#endif
+#if KW % CL
+#error "CL blocks of threads of a cluster share a block's KW warps: CL divides KW"
+#endif
+#define WL (KW / CL)  /* warps along the input a block of threads */
+#ifndef CLASYNC
+#define CLASYNC 0
+#endif
+#if CL > 1
+#define CLUSTER_DIMS __cluster_dims__(CL, 1, 1)
+#else
+#define CLUSTER_DIMS
+#endif
+#if CLASYNC && !(CL > 1 && KW > 1)
+#error "CLASYNC is how a cluster's blocks of threads meet: CL > 1"
+#endif
+// with CLASYNC the first block of threads' mbarrier counts the bytes the others' warps send it with st.async
+#define CL_BYTES ((CL - 1) * WL * RB * F * NT * 4 * 32 * 4)
+
+// the shared-memory address `p` of this block of threads as the cluster's first block's
+__device__ __forceinline__ u32 in_first(const void* p) {
+    u32 to;
+    asm("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(to) : "r"((u32)__cvta_generic_to_shared(p)));
+    return to;
+}
 #if XRING && !(RING && XAHEAD)
 #error "XRING holds a step's x in the ring's slots: RING, and NT * U <= 8"
 #endif
@@ -287,22 +320,34 @@ SOURCE = PRELUDE + r"""
 // codes [N/16, K/64, 32] uint4 (ignis.kernels.int4_mma.pack); zs [N/16, K/group, 8] uint2: for lane group g, feature
 // g then g + 8, each (scale bits | -(magic + z) << 16); x [M, sx-strided rows of K] 16-bit; out [M, N] 16-bit, or
 // with SWIGLU [M, N/2]: silu(features 0..N/2-1) * features N/2..N-1
-extern "C" __global__ void __launch_bounds__(32 * RB * KW)
+extern "C" __global__ void __launch_bounds__(32 * RB * WL) CLUSTER_DIMS
 int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u16* __restrict__ x,
          u16* __restrict__ out, float* __restrict__ ws, int* __restrict__ cnt, int M, int N, int K, int sx, int unit)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int kw = warp % KW, r = warp / KW;
+    // with CL > 1 the cluster's rank (blockIdx.x % CL, the cluster being CL blocks of threads along x) holds warps
+    // rank * WL .. of the KW, and bx counts the clusters: everything below reads bx where CL 1 reads blockIdx.x
+    const unsigned rank = CL > 1 ? blockIdx.x % CL : 0, bx = blockIdx.x / CL;  // unsigned, as blockIdx.x
+    const int kw = rank * WL + warp % WL, r = warp / WL;
     const int blocks = N >> 4, chunks = K >> 6, groups = chunks / GPC, units = chunks / unit;
     const int half = SWIGLU ? blocks / 2 : blocks, No = half * 16;  // the output's feature blocks and width
-    const int rb0 = (blockIdx.x / RG * RB + r) * FO;  // the warp's first output feature block; it owns FO of them
+    const int rb0 = (bx / RG * RB + r) * FO;  // the warp's first output feature block; it owns FO of them
     // the weight's feature block of the warp's f-th: output block rb0 + f % FO (the warp's first where that is past
     // the output: its results are not stored) and, with SWIGLU, for f >= FO that block's up partner
 #define BLOCK_OF(f) ((rb0 + (f) % FO < half ? rb0 + (f) % FO : rb0) + (f) / FO * half)
     // the block's rows: row0 .. row0 + 8 NT - 1 of the call's M; x and out are moved to row0, M counts from it
-    const int row0 = blockIdx.x % RG * NT * 8;
-    if (row0 >= M) return;  // the whole block: no rows of the call here
+    const int row0 = bx % RG * NT * 8;
+    if (row0 >= M) return;  // the whole block (with CL > 1 the whole cluster): no rows of the call here
+#if CLASYNC
+    // the first block's mbarrier, ready before any warp of the cluster sends it sums (each waits on the cluster's
+    // barrier first, long after every block has arrived here)
+    __shared__ unsigned long long sent;
+    if (rank == 0 && threadIdx.x == 0)
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n\tfence.mbarrier_init.release.cluster;"
+                     :: "r"((u32)__cvta_generic_to_shared(&sent)) : "memory");
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
     x += (size_t)row0 * sx;
     out += (size_t)row0 * No;
     M -= row0;
@@ -408,16 +453,60 @@ ring_done:;
 
 #if KW > 1
     __shared__ float red[(KW - 1) * RB * F * NT * 4 * 32];
+#define RED(k, f, n, i) ((((((k) - 1) * RB + r) * F + (f)) * NT + (n)) * 4 + (i)) * 32 + lane
+#if CLASYNC
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // the first block's mbarrier is ready
+#endif
     if (kw > 0) {
+#if CL > 1
+        // into the cluster's first block of threads' red, through distributed shared memory
+        const u32 to = in_first(red);
+#if CLASYNC
+        const u32 bar = in_first(&sent);
+#endif
+#endif
 #pragma unroll
         for (int f = 0; f < F; ++f)
 #pragma unroll
             for (int n = 0; n < NT; ++n)
 #pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    red[(((((kw - 1) * RB + r) * F + f) * NT + n) * 4 + i) * 32 + lane] = acc[f][n][i];
+                for (int i = 0; i < 4; ++i) {
+#if CLASYNC
+                    if (rank > 0)  // sent, and counted by the first block's mbarrier as it lands
+                        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+                                     :: "r"(to + 4 * (RED(kw, f, n, i))), "r"(__float_as_uint(acc[f][n][i])),
+                                        "r"(bar) : "memory");
+                    else
+                        red[RED(kw, f, n, i)] = acc[f][n][i];
+#elif CL > 1
+                    asm volatile("st.shared::cluster.f32 [%0], %1;"
+                                 :: "r"(to + 4 * (RED(kw, f, n, i))), "f"(acc[f][n][i]) : "memory");
+#else
+                    red[RED(kw, f, n, i)] = acc[f][n][i];
+#endif
+                }
     }
+#if CLASYNC
+    // the other blocks are done once their sums are sent; the first waits for all CL_BYTES of them to land
+    if (rank > 0) return;
+    if (threadIdx.x == 0)
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                     :: "r"((u32)__cvta_generic_to_shared(&sent)), "n"(CL_BYTES) : "memory");
     __syncthreads();
+    if (kw == 0) {
+        u32 landed = 0;
+        while (!landed)
+            asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
+                         : "=r"(landed) : "r"((u32)__cvta_generic_to_shared(&sent)) : "memory");
+    }
+#elif CL > 1
+    // the cluster's barrier: every warp's stores above (release) are seen by the first block's (acquire), which alone
+    // goes on; the others have nothing left to do, and no one reads their shared memory
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    if (rank > 0) return;
+#else
+    __syncthreads();
+#endif
     if (kw == 0) {
         for (int k = 1; k < KW; ++k) {  // warp order, whichever finished first
 #pragma unroll
@@ -426,7 +515,7 @@ ring_done:;
                 for (int n = 0; n < NT; ++n)
 #pragma unroll
                     for (int i = 0; i < 4; ++i)
-                        acc[f][n][i] += red[(((((k - 1) * RB + r) * F + f) * NT + n) * 4 + i) * 32 + lane];
+                        acc[f][n][i] += red[RED(k, f, n, i)];
         }
     }
 #endif
@@ -447,7 +536,7 @@ ring_done:;
                         ws[((size_t)blockIdx.y * Mall + row0 + row) * N + feature] = acc[f][n][i];
                 }
     }
-    if (!last_to_arrive(cnt, KS)) return;
+    if (!last_to_arrive(cnt, bx, KS)) return;
     if (kw == 0) {
 #pragma unroll
         for (int f = 0; f < F; ++f)
@@ -464,7 +553,7 @@ ring_done:;
                     }
                 }
     }
-    if (threadIdx.x == 0) cnt[blockIdx.x] = 0;
+    if (threadIdx.x == 0) cnt[bx] = 0;
 #endif
     if (kw > 0) return;
 #pragma unroll

@@ -23,11 +23,14 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
    --sweep-tile, the tiled kernel (int4_tile) against int4_mma's own warps and bf16 at 1 to 64 rows, bits checked.
    --shape-ab NAME, one product as int4_mma runs it and without its shape's own launch entries, 1 to 64 rows, twice;
    --sweep-fixed, the fixed time of a launch (o_proj's over 3,072-24,576 columns, also windowed, beside a copy and
-   a bf16 GEMV).
+   a bf16 GEMV). --sweep-cluster, o_proj's and mlp down's launches with a block's warps over a thread-block cluster
+   (int4_mma's Shape.cl), cold and windowed, against the shipped ones, bits compared.
 3. A decode step of one lane at a 512-token context (random weights built on the GPU, as tools.bench_round does)
    through DeviceRound with CUDA graphs, bf16 then the same weights packed to int4 (group 128, products through the
    kernel --int4-kernel names), then with the output head packed too (`ignis quantize --head`), then converted to
    fp8; speed-ups are bf16 ms over int4 or fp8 ms, floors are each model's weight bytes plus the lane's state and K/V.
+   --cluster-ab "name:CL:ASYNC,...", the int4-head step with those products over clusters (int4_mma.CLUSTERS) and
+   without, off, on, off, on.
 4. The built-in model in bf16 on the GPU, as shipped, int4 (group 128; and with its head, `--head`) and fp8:
    perplexity, greedy agreement and logit error against bf16 (tools.quant_quality.compare) over held-out prompts, and
    dflash2 tokens a round (ignis.acceptance.measure, 7 drafts, greedy, eager rounds) with each target.
@@ -44,6 +47,8 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
     python -m tools.bench_quant --out ring.json --skip products,tunings,quality,bf16,fp8 --ring-ab "o_proj:2:2:0"
     python -m tools.bench_quant --out ab.json --skip products,tunings,decode,quality --shape-ab "mlp down" --pdl on
     python -m tools.bench_quant --out fixed.json --skip products,tunings,decode,quality --sweep-fixed
+    python -m tools.bench_quant --out cluster.json --skip products,tunings,decode,quality --sweep-cluster --pdl on
+    python -m tools.bench_quant --out cab.json --skip products,tunings,quality,bf16,fp8 --cluster-ab "o_proj:2:1"
 """
 
 from __future__ import annotations
@@ -74,7 +79,7 @@ from tools.round_timing import copy_bandwidth, gpu_profile, time_followed, time_
 from tools.round_work import POSITION, build_backend, decodes, floor_bytes
 from tools.variants import PDL_SWITCH, TRIGGERS
 from tools.quant_rounds import LANES, tile_rounds
-from tools.quant_launch import shape_ab, sweep_fixed
+from tools.quant_launch import shape_ab, sweep_cluster, sweep_fixed
 from tools.quant_tile import sweep_tile
 from tools.quant_products import (C, GROUP, ROWS, layouts, loop_tag, policies, product_shape, products, sweep_hot,
                                   sweep_mma, sweep_triton, tunings)
@@ -234,6 +239,11 @@ def _ring_ab(step: Callable[..., dict[str, Any]], spec: str) -> dict[str, Any]:
                ("off", "on") * 2)
 
 
+def clusters(spec: str) -> dict[tuple[int, int], tuple[int, bool]]:
+    """--cluster-ab's "name:CL:ASYNC,..." as int4_mma.CLUSTERS."""
+    return {shape: (cl, bool(a)) for shape, (cl, a) in _items(spec, "--cluster-ab", "name:CL:ASYNC", (2,))}
+
+
 def splits(spec: str) -> dict[tuple[int, int], tuple[int, int]]:
     """--splits' "name:KS:KW,..." as int4_mma.SPLITS."""
     return {shape: (ks, kw) for shape, (ks, kw) in _items(spec, "--splits", "name:KS:KW", (2,))}
@@ -265,12 +275,13 @@ def _gdn_pdl_ab(step: Callable[..., dict[str, Any]]) -> dict[str, Any]:
 def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
                  profile: bool = False, gdn_pdl_ab: bool = False,
                  trigger_ab: bool = False, act_order_ab: bool = False, ring_ab: str | None = None,
-                 skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+                 skip: frozenset[str] = frozenset(), cluster_ab: str | None = None) -> dict[str, Any]:
     """The 27B decode step in bf16, int4, int4 with the output head packed and fp8 (its products through the kernel
     ignis.quant.fp8.FP8_KERNEL names, then through the Triton one: "fp8_triton"); with `swiglu_ab` the int4-head
     step again with SwiGLU in the gate | up product's store (SWIGLU_ROWS 8) and without (0), on the same model; with
     `gdn_pdl_ab` the int4-head step with each of GDN_PDL_ARMS; with `trigger_ab` with launch.EARLY_TRIGGER off, on, off;
-    with `ring_ab` with its products' ring loop off, on, off, on (`_ring_ab`);
+    with `ring_ab` with its products' ring loop off, on, off, on (`_ring_ab`); with `cluster_ab` with its products'
+    launches over thread-block clusters (int4_mma.CLUSTERS, `clusters`) off, on, off, on;
     with `act_order_ab` the int4-head step again with every projection act-order (`act_order`: a gather of x ahead of
     each product), after the int4-head step it is compared with. `skip` "bf16" and "fp8" leave out those forms' steps
     (and the speed-ups over bf16): without bf16's step the model is packed before it is fused, so the 27B fits an
@@ -303,6 +314,10 @@ def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
         out.update(_ab(step, "int4_head_trigger", launch, "EARLY_TRIGGER", (0, 1, 0), "early trigger"))
     if ring_ab:
         out.update(_ring_ab(step, ring_ab))
+    if cluster_ab:
+        named = clusters(cluster_ab)
+        out.update(_ab(step, "int4_head_cluster", mma_kernel, "CLUSTERS", ({}, named) * 2, f"cluster {cluster_ab}",
+                       ("off", "on") * 2))
     if act_order_ab:  # last: it changes the model
         out["int4_head_act_order_packed"] = act_order(model)
         out["int4_head_act_order"] = step("int4 head, act-order")
@@ -464,6 +479,14 @@ def summary(result: dict[str, Any]) -> list[str]:
     for (shape, r), forms in hot.items():
         lines.append(f"mma from DRAM, one copy and windowed, {shape}, {r:2d} rows: "
                      + ", ".join(f"{k} x{v:.2f}" for k, v in forms.items()))
+    cl: dict[tuple[str, int], dict[str, list[float]]] = {}
+    for p in result.get("sweep_cluster", []):
+        if "ms" in p:
+            form = p["form"] + (" windowed" if p["windowed"] else "") + ("" if p["same_bits"] else " (bits differ)")
+            cl.setdefault((p["shape"], p["rows"]), {}).setdefault(form, []).append(p["x_floor"])
+    for (shape, r), timed in cl.items():
+        lines.append(f"mma over clusters, {shape}, {r:2d} rows: "
+                     + ", ".join(f"{form} x{sum(xs) / len(xs):.2f}" for form, xs in timed.items()))
     pol = result.get("policies")
     if pol:
         b, table = pol["best"], pol["sums"][0]
@@ -550,6 +573,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-fixed", action="store_true",
                     help="the time a 4-bit launch pays whatever its bytes: o_proj's launch over 3,072-24,576 columns, "
                          "PDL on and off, beside a copy and a bf16 GEMV of the same bytes (tools.quant_launch)")
+    ap.add_argument("--sweep-cluster", action="store_true",
+                    help="o_proj's and mlp down's launches with a block's warps over a thread-block cluster, cold and "
+                         "windowed, against the shipped ones, 1, 8 and 16 rows (tools.quant_launch)")
+    ap.add_argument("--cluster-ab", default=None, metavar="SPEC",
+                    help="time the int4-head decode step with these products' launches over clusters "
+                         "(int4_mma.CLUSTERS; name:CL:ASYNC,...) and without, off, on, off, on (one model)")
     ap.add_argument("--splits", default=None,
                     help="4-bit products' input splits for the whole run (int4_mma.SPLITS; name:KS:KW,...)")
     ap.add_argument("--act-order-ab", action="store_true",
@@ -590,6 +619,10 @@ def main(argv: list[str] | None = None) -> int:
         product_shape(args.shape_ab)  # a name that is no product fails here, before any GPU work
     if not args.sweep_fixed:
         skip.add("sweep_fixed")
+    if not args.sweep_cluster:
+        skip.add("sweep_cluster")
+    if args.cluster_ab is not None:
+        clusters(args.cluster_ab)  # a spec that names no product fails here, before any GPU work
     set_kernel(args.int4_kernel)
     rows = tuple(int(n) for n in args.sweep_rows.split(",")) if args.sweep_rows else None
     if args.ring_ab is not None:
@@ -612,13 +645,14 @@ def main(argv: list[str] | None = None) -> int:
              ("sweep_tile", lambda: sweep_tile(bw, args.reps)),
              ("shape_ab", lambda: shape_ab(bw, args.reps, args.shape_ab)),
              ("sweep_fixed", lambda: sweep_fixed(bw, args.reps)),
+             ("sweep_cluster", lambda: sweep_cluster(bw, args.reps)),
              ("tile_rounds", lambda: tile_rounds(bw, args.context, args.iters,
                                                  tuple(int(n) for n in (args.tile_rounds or "").split(",")))),
              ("policies", lambda: policies(bw, args.reps)),
              ("layouts", lambda: layouts(bw, args.reps)),
              ("decode", lambda: decode_steps(bw, args.context, args.iters, args.swiglu_ab, args.graph_profile,
                                                   args.gdn_pdl_ab, args.trigger_ab, args.act_order_ab,
-                                                  args.ring_ab, frozenset(skip))),
+                                                  args.ring_ab, frozenset(skip), args.cluster_ab)),
              ("quality", lambda: quality(args.prompts, args.tokens, args.accept_prompts, args.max_tokens))]
     for name, step in steps:
         if name in skip:
