@@ -167,6 +167,24 @@ def test_the_hot_sweep_is_summarised_cold_one_copy_then_windowed() -> None:
         "mma from DRAM, one copy and windowed, o_proj,  1 rows: cold x1.31, one copy x1.19, window x1.07"]
 
 
+def test_the_hot_sweep_sums_a_decode_steps_products_as_the_step_runs_them() -> None:
+    """Where all five products are timed in a form, the summary adds their time over their floor together, each
+    counted as often as a 27B decode step runs it (STEP_COUNTS): a form missing a product is left out."""
+    from tools.bench_quant import summary
+    from tools.quant_products import SHAPES, STEP_COUNTS
+
+    sweep = []
+    for i, (name, _, _) in enumerate(SHAPES):
+        sweep.append({"shape": name, "rows": 1, "form": "cold", "ms": 0.01 * (i + 1), "x_floor": 1.0 + 0.1 * i})
+        if i:  # the windowed form lacks the first product
+            sweep.append({"shape": name, "rows": 1, "form": "window", "ms": 0.01, "x_floor": 1.0})
+    ms = sum(STEP_COUNTS[name] * 0.01 * (i + 1) for i, (name, _, _) in enumerate(SHAPES))
+    floor = sum(STEP_COUNTS[name] * 0.01 * (i + 1) / (1.0 + 0.1 * i) for i, (name, _, _) in enumerate(SHAPES))
+    assert summary({"sweep_hot": sweep})[-1] == (
+        f"mma from DRAM, a decode step's products together,  1 rows: cold x{ms / floor:.2f}")
+    assert f"x{ms / floor:.2f}" != "x1.00" and "window" not in summary({"sweep_hot": sweep})[-1]
+
+
 def test_the_mma_loads_sweep_changes_only_what_leaves_the_sums_alone() -> None:
     """--sweep-mma-loads times int4_mma's own launch first, then its step's chunks (divisors of the unit holding whole
     groups), loads ahead (0-3), feature blocks a warp (the chosen F or 1), at one row tile the ring loop and, above 8

@@ -18,7 +18,8 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
    --sweep-mma-loads, its step sizes and steps loaded ahead (which change no sums) at 1, 8, 16 and 64 rows; with
    --window as well, each of these sweeps' launches also windowed (its codes from L2, as --sweep-hot's). With
    --sweep-hot, the mma kernel at 1 to 64 rows with its weight read from DRAM, from one copy (L2 where it fits) and,
-   to 16 rows, windowed (every block reading a few blocks' codes, which L2 holds: the launch without DRAM's wait).
+   to 16 rows, windowed (every block reading a few blocks' codes, which L2 holds: the launch without DRAM's wait);
+   its summary also weighs the five products as a decode step runs them (quant_products.STEP_COUNTS).
    --tile-rounds, the 27B's 4-bit verify rounds of 1 to 8 lanes x 8 columns with the tiled kernel on and off, and bf16.
    --sweep-tile, the tiled kernel (int4_tile) against int4_mma's own warps and bf16 at 1 to 64 rows, bits checked.
    --shape-ab NAME, one product as int4_mma runs it and without its shape's own launch entries, 1 to 64 rows, twice;
@@ -81,8 +82,8 @@ from tools.variants import PDL_SWITCH, TRIGGERS
 from tools.quant_rounds import LANES, tile_rounds
 from tools.quant_launch import shape_ab, sweep_cluster, sweep_fixed
 from tools.quant_tile import sweep_tile
-from tools.quant_products import (C, GROUP, ROWS, layouts, loop_tag, policies, product_shape, products, sweep_hot,
-                                  sweep_mma, sweep_triton, tunings)
+from tools.quant_products import (C, GROUP, ROWS, STEP_COUNTS, layouts, loop_tag, policies, product_shape, products,
+                                  sweep_hot, sweep_mma, sweep_triton, tunings)
 
 def to_int4(model: nn.Module, group: int, head: bool = False) -> int:
     """Pack every projection `ignis quantize` would pack (with `head`, as `--head` does: the output head too), in place
@@ -421,6 +422,23 @@ def _launch_of(p: dict[str, Any]) -> str:
             f"{loop_tag(p.get('ring'), p.get('xring'))}")
 
 
+def _step_products(sweep: list[dict[str, Any]]) -> list[str]:
+    """--sweep-hot's products as a 27B decode step runs them (each STEP_COUNTS times): their time over their floor
+    together, a line for each row count whose every form has all five products timed."""
+    lines = []
+    for r in dict.fromkeys(p["rows"] for p in sweep):
+        together = []
+        for form in dict.fromkeys(p["form"] for p in sweep if p["rows"] == r):
+            timed = {p["shape"]: p for p in sweep if p["rows"] == r and p["form"] == form and "ms" in p}
+            if set(timed) == set(STEP_COUNTS):
+                ms = sum(STEP_COUNTS[n] * p["ms"] for n, p in timed.items())
+                floor = sum(STEP_COUNTS[n] * p["ms"] / p["x_floor"] for n, p in timed.items())
+                together.append(f"{form} x{ms / floor:.2f}")
+        if together:
+            lines.append(f"mma from DRAM, a decode step's products together, {r:2d} rows: " + ", ".join(together))
+    return lines
+
+
 def summary(result: dict[str, Any]) -> list[str]:
     """The lines the issue's done-when asks for."""
     lines = []
@@ -479,6 +497,7 @@ def summary(result: dict[str, Any]) -> list[str]:
     for (shape, r), forms in hot.items():
         lines.append(f"mma from DRAM, one copy and windowed, {shape}, {r:2d} rows: "
                      + ", ".join(f"{k} x{v:.2f}" for k, v in forms.items()))
+    lines += _step_products(result.get("sweep_hot", []))
     cl: dict[tuple[str, int], dict[str, list[float]]] = {}
     for p in result.get("sweep_cluster", []):
         if "ms" in p:
