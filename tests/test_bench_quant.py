@@ -52,7 +52,7 @@ def test_triton_sweep_configs_and_summary() -> None:
     from dataclasses import asdict
 
     from ignis.kernels.int4_triton import check, choose
-    from tools.bench_quant import summary
+    from tools.quant_summary import summary
     from tools.quant_products import SHAPES, triton_configs
 
     for _, nout, ncols in SHAPES:
@@ -73,7 +73,7 @@ def test_policies_are_valid_launches_and_summarised() -> None:
     """--policies: every candidate is a launch the kernel takes at every 27B shape, the first is the table's, and
     the summary names the best beside it."""
     from ignis.kernels import int4_triton as it
-    from tools.bench_quant import summary
+    from tools.quant_summary import summary
     from tools.quant_products import POLICIES, SHAPES, STEP_COUNTS
 
     assert POLICIES[0] == (*it.TABLE[16], it.PROGRAMS_PER_SM) and set(STEP_COUNTS) == {n for n, _, _ in SHAPES}
@@ -129,7 +129,7 @@ def test_mma_sweep_splits_and_summary() -> None:
 
     from ignis.kernels.int4_mma import launch, ringed, row_tiles, split
     from ignis.kernels.launch import SPLIT_COUNTERS
-    from tools.bench_quant import summary
+    from tools.quant_summary import summary
     from tools.quant_products import SHAPES, mma_shapes
 
     for _, nout, ncols in SHAPES:
@@ -157,7 +157,7 @@ def test_mma_sweep_splits_and_summary() -> None:
 def test_the_hot_sweep_is_summarised_cold_one_copy_then_windowed() -> None:
     """--sweep-hot's rows (a failed launch left out) become one line a (shape, rows): x floor from DRAM, from one copy,
     then windowed."""
-    from tools.bench_quant import summary
+    from tools.quant_summary import summary
 
     sweep = [{"shape": "o_proj", "rows": 1, "form": "cold", "ms": 0.0072, "x_floor": 1.31},
              {"shape": "o_proj", "rows": 1, "form": "one copy", "ms": 0.0066, "x_floor": 1.19},
@@ -170,7 +170,7 @@ def test_the_hot_sweep_is_summarised_cold_one_copy_then_windowed() -> None:
 def test_the_hot_sweep_sums_a_decode_steps_products_as_the_step_runs_them() -> None:
     """Where all five products are timed in a form, the summary adds their time over their floor together, each
     counted as often as a 27B decode step runs it (STEP_COUNTS): a form missing a product is left out."""
-    from tools.bench_quant import summary
+    from tools.quant_summary import summary
     from tools.quant_products import SHAPES, STEP_COUNTS
 
     sweep = []
@@ -193,7 +193,7 @@ def test_the_mma_loads_sweep_changes_only_what_leaves_the_sums_alone() -> None:
     from dataclasses import asdict
 
     from ignis.kernels.int4_mma import SHARED, launch, ringed, row_tiles, split
-    from tools.bench_quant import summary
+    from tools.quant_summary import summary
     from tools.quant_products import SHAPES, mma_loads
 
     for _, nout, ncols in SHAPES:
@@ -234,7 +234,7 @@ def test_a_windowed_sweep_names_the_fastest_launch_from_l2_beside_its_cold_figur
     launch fastest windowed with its cold figure, beside the chosen one's (a launch timed cold only is left out)."""
     from dataclasses import asdict
 
-    from tools.bench_quant import summary
+    from tools.quant_summary import summary
     from tools.quant_products import mma_loads
 
     s0, s1, s2 = mma_loads(5120, 6144, 128, 132, 1)[:3]
@@ -292,7 +292,7 @@ def test_the_ring_ab_switches_only_its_products_and_puts_the_policy_back(monkeyp
     """--ring-ab "off": the spec's products on the plain loop and choose's split, every other product as shipped;
     "on": the spec's ring launches and splits too; the shipped policy in force again after, whatever the steps did."""
     from ignis.kernels import int4_mma
-    from tools.bench_quant import _ring_ab, ring_launches, splits
+    from tools.quant_arms import ring_ab, ring_launches, splits
 
     shipped_rings, shipped_splits = {(5120, 6144): (2, 2, False), (16384, 5120): (2, 1, True)}, {(14336, 5120): (1, 4)}
     monkeypatch.setattr(int4_mma, "RING_LAUNCHES", shipped_rings)
@@ -303,7 +303,7 @@ def test_the_ring_ab_switches_only_its_products_and_puts_the_policy_back(monkeyp
         seen.append((label, dict(int4_mma.RING_LAUNCHES), dict(int4_mma.SPLITS)))
         return {"graph_ms": 1.0, "replay_ms": 1.0}
 
-    out = _ring_ab(step, "o_proj:2:1:1,mlp down:2:2:0:1:8")
+    out = ring_ab(step, "o_proj:2:1:1,mlp down:2:2:0:1:8")
     assert list(out) == ["int4_head_ring_off", "int4_head_ring_on", "int4_head_ring_off_again",
                          "int4_head_ring_on_again"]
     off = ({(16384, 5120): (2, 1, True)}, {(14336, 5120): (1, 4)})
@@ -348,7 +348,9 @@ def test_the_cluster_ab_and_sweep_name_their_clusters_and_are_summarised(monkeyp
     tries the clusters that divide each product's KW (8 for o_proj and mlp down), and its summary averages both
     passes of a form and says where a cluster's bits differed from the shipped launch's."""
     from ignis.kernels import int4_mma
-    from tools.bench_quant import _ab, clusters, main, summary
+    from tools.bench_quant import main
+    from tools.quant_arms import ab, clusters
+    from tools.quant_summary import summary
     from tools.quant_launch import CLUSTER_FORMS, CLUSTER_PRODUCTS, product_shape
     from tools.quant_products import shipped
 
@@ -361,7 +363,7 @@ def test_the_cluster_ab_and_sweep_name_their_clusters_and_are_summarised(monkeyp
         seen.append(dict(int4_mma.CLUSTERS))
         return {"graph_ms": 1.0, "replay_ms": 1.0}
 
-    _ab(step, "int4_head_cluster", int4_mma, "CLUSTERS", ({}, named) * 2, "cluster", ("off", "on") * 2)
+    ab(step, "int4_head_cluster", int4_mma, "CLUSTERS", ({}, named) * 2, "cluster", ("off", "on") * 2)
     assert seen == [{}, named, {}, named] and int4_mma.CLUSTERS is kept
     for bad in ("o_proj:2", "nothing:2:1"):
         with pytest.raises(ValueError, match="--cluster-ab"):
@@ -381,3 +383,29 @@ def test_the_cluster_ab_and_sweep_name_their_clusters_and_are_summarised(monkeyp
              "error": "too many resources"}]
     assert summary({"sweep_cluster": rows}) == [
         "mma over clusters, o_proj,  1 rows: shipped x1.32, cl 2 async windowed x0.90, cl 4 async (bits differ) x1.10"]
+
+
+def test_a_candidate_launch_replaces_one_products_entries_for_its_arm_only() -> None:
+    """--candidate "U:AHEAD:XRING[:KS:KW]": `trying` gives the product that ring launch (and split, where named; its
+    shipped split where not) and leaves every other product's; both dicts are the shipped ones again after, also when
+    the arm fails; a malformed candidate, or one without --shape-ab, is refused before any GPU work."""
+    from ignis.kernels import int4_mma
+    from tools.bench_quant import main
+    from tools.quant_launch import Candidate, product_shape, trying
+
+    in_proj = product_shape("gdn in_proj")
+    kept = int4_mma.RING_LAUNCHES, int4_mma.SPLITS
+    candidate = Candidate.parse("2:2:1:1:2")
+    assert candidate == Candidate((2, 2, True), (1, 2))
+    with pytest.raises(RuntimeError), trying(in_proj, candidate):
+        assert int4_mma.RING_LAUNCHES == {**kept[0], in_proj: (2, 2, True)}
+        assert int4_mma.SPLITS == {**kept[1], in_proj: (1, 2)}
+        raise RuntimeError("a timing that fails")
+    assert int4_mma.RING_LAUNCHES is kept[0] and int4_mma.SPLITS is kept[1]
+    with trying(in_proj, Candidate.parse("2:1:0")):
+        assert int4_mma.RING_LAUNCHES[in_proj] == (2, 1, False) and int4_mma.SPLITS is kept[1]
+    for bad in ("2:2", "2:x:1", "2:2:1:1"):
+        with pytest.raises(ValueError, match="--candidate takes"):
+            Candidate.parse(bad)
+    with pytest.raises(ValueError, match="--shape-ab"):
+        main(["--out", "unused.json", "--candidate", "2:2:1"])

@@ -22,7 +22,8 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
    its summary also weighs the five products as a decode step runs them (quant_products.STEP_COUNTS).
    --tile-rounds, the 27B's 4-bit verify rounds of 1 to 8 lanes x 8 columns with the tiled kernel on and off, and bf16.
    --sweep-tile, the tiled kernel (int4_tile) against int4_mma's own warps and bf16 at 1 to 64 rows, bits checked.
-   --shape-ab NAME, one product as int4_mma runs it and without its shape's own launch entries, 1 to 64 rows, twice;
+   --shape-ab NAME, one product as int4_mma runs it and without its shape's own launch entries (with --candidate,
+   with that ring launch and split instead, and the decode step below with each), 1 to 64 rows, twice;
    --sweep-fixed, the fixed time of a launch (o_proj's over 3,072-24,576 columns, also windowed, beside a copy and
    a bf16 GEMV). --sweep-cluster, o_proj's and mlp down's launches with a block's warps over a thread-block cluster
    (int4_mma's Shape.cl), cold and windowed, against the shipped ones, bits compared.
@@ -47,6 +48,8 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
     python -m tools.bench_quant --out rounds.json --skip products,tunings,decode,quality --tile-rounds
     python -m tools.bench_quant --out ring.json --skip products,tunings,quality,bf16,fp8 --ring-ab "o_proj:2:2:0"
     python -m tools.bench_quant --out ab.json --skip products,tunings,decode,quality --shape-ab "mlp down" --pdl on
+    python -m tools.bench_quant --out c.json --skip products,tunings,quality,bf16,fp8 --shape-ab "gdn in_proj" \
+        --candidate 2:2:1:1:2 --pdl on
     python -m tools.bench_quant --out fixed.json --skip products,tunings,decode,quality --sweep-fixed
     python -m tools.bench_quant --out cluster.json --skip products,tunings,decode,quality --sweep-cluster --pdl on
     python -m tools.bench_quant --out cab.json --skip products,tunings,quality,bf16,fp8 --cluster-ab "o_proj:2:1"
@@ -59,7 +62,6 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -80,10 +82,13 @@ from tools.round_timing import copy_bandwidth, gpu_profile, time_followed, time_
 from tools.round_work import POSITION, build_backend, decodes, floor_bytes
 from tools.variants import PDL_SWITCH, TRIGGERS
 from tools.quant_rounds import LANES, tile_rounds
-from tools.quant_launch import shape_ab, sweep_cluster, sweep_fixed
+from tools import quant_arms as arms
+from tools.quant_launch import Candidate, shape_ab, sweep_cluster, sweep_fixed
+from tools.quant_summary import summary
 from tools.quant_tile import sweep_tile
-from tools.quant_products import (C, GROUP, ROWS, STEP_COUNTS, layouts, loop_tag, policies, product_shape, products,
-                                  sweep_hot, sweep_mma, sweep_triton, tunings)
+from tools.quant_products import (C, GROUP, layouts, policies, product_shape, products, sweep_hot, sweep_mma,
+                                  sweep_triton, tunings)
+
 
 def to_int4(model: nn.Module, group: int, head: bool = False) -> int:
     """Pack every projection `ignis quantize` would pack (with `head`, as `--head` does: the output head too), in place
@@ -181,108 +186,18 @@ def decode_step(label: str, model: HybridModel, bw: float, context: int, iters: 
             "eager_ms": 1e3 * eager, "floor_ms": 1e3 * floor, "x_floor": graph / floor, "graph_top_kernels": top}
 
 
-def _ab(step: Callable[..., dict[str, Any]], key: str, module: Any, switch: str | tuple[str, ...],
-        values: tuple[Any, ...], what: str, names: tuple[str, ...] | None = None) -> dict[str, Any]:
-    """The int4-head decode step once with each of `values` set on module.`switch` (the same model; with a tuple of
-    switches, each value a tuple of theirs), the switches put back after: {f"{key}_{name}": the step's figures}, a
-    value's name its `names` entry or the value itself (a name met again gets "_again")."""
-    switches = (switch,) if isinstance(switch, str) else switch
-    kept, out = tuple(getattr(module, name) for name in switches), {}
-    labels = names or tuple(str(v) for v in values)
-    try:
-        for v, label in zip(values, labels):
-            for name, value, old in zip(switches, (v,) if isinstance(switch, str) else v, kept):
-                setattr(module, name, type(old)(value))
-            name = f"{key}_{label}" if f"{key}_{label}" not in out else f"{key}_{label}_again"
-            out[name] = step(f"int4 head, {what} {label}")
-    finally:
-        for name, old in zip(switches, kept):
-            setattr(module, name, old)
-    print(f"{what}: " + ", ".join(f"{label}: {r['graph_ms']:.3f} ms (replay {r['replay_ms']:.3f})"
-                                   for label, r in zip(labels, out.values())), flush=True)
-    return out
-
-
-Launches = tuple[dict[tuple[int, int], tuple[int, int, bool]], dict[tuple[int, int], tuple[int, int]]]
-
-
-def _items(spec: str, flag: str, form: str, counts: tuple[int, ...]) -> Iterator[tuple[tuple[int, int], list[int]]]:
-    """A "name:n:n...,..." option's items as (the named one of SHAPES' [out, in], its numbers), each item `counts`
-    numbers long, or ValueError naming the option."""
-    for item in filter(None, spec.split(",")):
-        name, *numbers = item.split(":")
-        if len(numbers) not in counts:
-            raise ValueError(f"{flag} takes {form} items, got {item!r}")
-        yield product_shape(name, flag), [int(n) for n in numbers]
-
-
-def ring_launches(spec: str) -> Launches:
-    """--ring-ab's "name:U:AHEAD:XRING[:KS:KW],..." (a name: the start of one of SHAPES', as "o_proj" or "mlp down")
-    as int4_mma.RING_LAUNCHES and int4_mma.SPLITS (the items that name a split)."""
-    rings, split_of = {}, {}
-    for shape, (u, ahead, xring, *split) in _items(spec, "--ring-ab", "name:U:AHEAD:XRING[:KS:KW]", (3, 5)):
-        rings[shape] = (u, ahead, bool(xring))
-        if split:
-            split_of[shape] = (split[0], split[1])
-    return rings, split_of
-
-
-def _ring_ab(step: Callable[..., dict[str, Any]], spec: str) -> dict[str, Any]:
-    """The int4-head decode step with `spec`'s products (ring_launches) on the plain loop and choose's split ("off"),
-    then on the ring launches and splits `spec` names ("on"), off, on, off, on, on one model; every other product as
-    int4_mma.RING_LAUNCHES and SPLITS hold it."""
-    rings, split_of = ring_launches(spec)
-    kept_rings, kept_splits = mma_kernel.RING_LAUNCHES, mma_kernel.SPLITS
-    off = ({k: v for k, v in kept_rings.items() if k not in rings},
-           {k: v for k, v in kept_splits.items() if k not in rings})
-    on = ({**off[0], **rings}, {**off[1], **split_of})
-    return _ab(step, "int4_head_ring", mma_kernel, ("RING_LAUNCHES", "SPLITS"), (off, on) * 2, f"ring {spec}",
-               ("off", "on") * 2)
-
-
-def clusters(spec: str) -> dict[tuple[int, int], tuple[int, bool]]:
-    """--cluster-ab's "name:CL:ASYNC,..." as int4_mma.CLUSTERS."""
-    return {shape: (cl, bool(a)) for shape, (cl, a) in _items(spec, "--cluster-ab", "name:CL:ASYNC", (2,))}
-
-
-def splits(spec: str) -> dict[tuple[int, int], tuple[int, int]]:
-    """--splits' "name:KS:KW,..." as int4_mma.SPLITS."""
-    return {shape: (ks, kw) for shape, (ks, kw) in _items(spec, "--splits", "name:KS:KW", (2,))}
-
-
-# --gdn-pdl-ab's arms: (launch.GDN_PDL, gdn.CUDA_NORMED), None as shipped (the round decides); the first again last
-GDN_PDL_ARMS: tuple[tuple[bool | None, bool | None], ...] = ((False, False), (None, False), (None, None), (False, False))
-
-
-def _gdn_pdl_ab(step: Callable[..., dict[str, Any]]) -> dict[str, Any]:
-    """The int4-head decode step with the Gated DeltaNet's CUDA C++ conv and recurrence launched programmatic-dependent
-    and not (launch.GDN_PDL), and with the recurrence applying the gated norm itself (gdn.CUDA_NORMED), the same
-    model; the switches put back after: {"gdn_pdl_<i>": the step's figures with its arm}."""
-    from ignis.kernels import gdn
-
-    kept, out = (launch.GDN_PDL, gdn.CUDA_NORMED), {}
-    try:
-        for i, (early, normed) in enumerate(GDN_PDL_ARMS):
-            launch.GDN_PDL, gdn.CUDA_NORMED = early, normed
-            out[f"gdn_pdl_{i}"] = {**step(f"int4 head, gdn pdl {early} normed {normed}"),
-                                   "gdn_pdl": early, "normed": normed}
-    finally:
-        launch.GDN_PDL, gdn.CUDA_NORMED = kept
-    print("gdn pdl, normed: " + ", ".join(f"{r['gdn_pdl']} {r['normed']}: {r['graph_ms']:.3f} ms (replay "
-                                          f"{r['replay_ms']:.3f})" for r in out.values()), flush=True)
-    return out
-
-
 def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
                  profile: bool = False, gdn_pdl_ab: bool = False,
                  trigger_ab: bool = False, act_order_ab: bool = False, ring_ab: str | None = None,
-                 skip: frozenset[str] = frozenset(), cluster_ab: str | None = None) -> dict[str, Any]:
+                 skip: frozenset[str] = frozenset(), cluster_ab: str | None = None,
+                 candidate: tuple[str, Candidate] | None = None) -> dict[str, Any]:
     """The 27B decode step in bf16, int4, int4 with the output head packed and fp8 (its products through the kernel
     ignis.quant.fp8.FP8_KERNEL names, then through the Triton one: "fp8_triton"); with `swiglu_ab` the int4-head
     step again with SwiGLU in the gate | up product's store (SWIGLU_ROWS 8) and without (0), on the same model; with
     `gdn_pdl_ab` the int4-head step with each of GDN_PDL_ARMS; with `trigger_ab` with launch.EARLY_TRIGGER off, on, off;
-    with `ring_ab` with its products' ring loop off, on, off, on (`_ring_ab`); with `cluster_ab` with its products'
-    launches over thread-block clusters (int4_mma.CLUSTERS, `clusters`) off, on, off, on;
+    with `ring_ab` with its products' ring loop off, on, off, on (`ring_ab`); with `cluster_ab` with its products'
+    launches over thread-block clusters (int4_mma.CLUSTERS, `clusters`) off, on, off, on; with `candidate` (a
+    product's name and a quant_launch.Candidate) with that product as shipped and as the candidate has it, twice;
     with `act_order_ab` the int4-head step again with every projection act-order (`act_order`: a gather of x ahead of
     each product), after the int4-head step it is compared with. `skip` "bf16" and "fp8" leave out those forms' steps
     (and the speed-ups over bf16): without bf16's step the model is packed before it is fused, so the 27B fits an
@@ -308,16 +223,18 @@ def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
     out["int4_head"] = decode_step("int4 head", model, bw, context, iters, profile)
     step = partial(decode_step, model=model, bw=bw, context=context, iters=iters, profile=profile)
     if swiglu_ab:
-        out.update(_ab(step, "int4_head_swiglu", quant_linear, "SWIGLU_ROWS", (8, 0), "SwiGLU in the store to rows"))
+        out.update(arms.ab(step, "int4_head_swiglu", quant_linear, "SWIGLU_ROWS", (8, 0), "SwiGLU in the store to rows"))
     if gdn_pdl_ab:
-        out.update(_gdn_pdl_ab(step))
+        out.update(arms.gdn_pdl_ab(step))
     if trigger_ab:
-        out.update(_ab(step, "int4_head_trigger", launch, "EARLY_TRIGGER", (0, 1, 0), "early trigger"))
+        out.update(arms.ab(step, "int4_head_trigger", launch, "EARLY_TRIGGER", (0, 1, 0), "early trigger"))
     if ring_ab:
-        out.update(_ring_ab(step, ring_ab))
+        out.update(arms.ring_ab(step, ring_ab))
+    if candidate is not None:
+        out.update(arms.candidate_ab(step, *candidate))
     if cluster_ab:
-        named = clusters(cluster_ab)
-        out.update(_ab(step, "int4_head_cluster", mma_kernel, "CLUSTERS", ({}, named) * 2, f"cluster {cluster_ab}",
+        named = arms.clusters(cluster_ab)
+        out.update(arms.ab(step, "int4_head_cluster", mma_kernel, "CLUSTERS", ({}, named) * 2, f"cluster {cluster_ab}",
                        ("off", "on") * 2))
     if act_order_ab:  # last: it changes the model
         out["int4_head_act_order_packed"] = act_order(model)
@@ -377,8 +294,8 @@ def quality(prompts_n: int, tokens: int, accept_n: int, max_tokens: int, device:
         dtype = torch.bfloat16 if device == "cuda" else torch.float32
         ref = load_model(BUILTIN, device=device, dtype=dtype, exact=False)
         forms = {"int4": (int4, False), "int4_head": (int4_head, False), "fp8": (BUILTIN, True)}
-        for form, (path, fp8) in forms.items():
-            model = load_model(path, device=device, dtype=dtype, exact=False, fp8=fp8)
+        for form, (path, as_fp8) in forms.items():
+            model = load_model(path, device=device, dtype=dtype, exact=False, fp8=as_fp8)
             out[form] = compare(ref, model, [p[-tokens:] for p in prompts[:prompts_n]])
             del model
         del ref
@@ -400,131 +317,6 @@ def quality(prompts_n: int, tokens: int, accept_n: int, max_tokens: int, device:
     print("built-in quality:",
           json.dumps({k: out[k] for k in ("int4", "int4_head", "fp8", "dflash2_tokens_per_round")}))
     return out
-
-
-def _fastest(sweep: list[dict[str, Any]], mark: str) -> tuple[dict[tuple[str, int], dict[str, Any]],
-                                                                 dict[tuple[str, int], dict[str, Any]]]:
-    """A sweep's timed rows by (shape, rows): the fastest of each, and the one whose `mark` is set (the default)."""
-    fastest: dict[tuple[str, int], dict[str, Any]] = {}
-    marked: dict[tuple[str, int], dict[str, Any]] = {}
-    for p in sweep:
-        key = (p["shape"], p["rows"])
-        if p[mark]:
-            marked[key] = p
-        if "ms" in p and (key not in fastest or p["ms"] < fastest[key]["ms"]):
-            fastest[key] = p
-    return fastest, marked
-
-
-def _launch_of(p: dict[str, Any]) -> str:
-    """A swept mma launch as the summary names it."""
-    return (f"ks {p['ks']} kw {p['kw']} f {p['f']} u {p['u']} ahead {p['ahead']} rg {p.get('rg', 1)}"
-            f"{loop_tag(p.get('ring'), p.get('xring'))}")
-
-
-def _step_products(sweep: list[dict[str, Any]]) -> list[str]:
-    """--sweep-hot's products as a 27B decode step runs them (each STEP_COUNTS times): their time over their floor
-    together, a line for each row count whose every form has all five products timed."""
-    lines = []
-    for r in dict.fromkeys(p["rows"] for p in sweep):
-        together = []
-        for form in dict.fromkeys(p["form"] for p in sweep if p["rows"] == r):
-            timed = {p["shape"]: p for p in sweep if p["rows"] == r and p["form"] == form and "ms" in p}
-            if set(timed) == set(STEP_COUNTS):
-                ms = sum(STEP_COUNTS[n] * p["ms"] for n, p in timed.items())
-                floor = sum(STEP_COUNTS[n] * p["ms"] / p["x_floor"] for n, p in timed.items())
-                together.append(f"{form} x{ms / floor:.2f}")
-        if together:
-            lines.append(f"mma from DRAM, a decode step's products together, {r:2d} rows: " + ", ".join(together))
-    return lines
-
-
-def summary(result: dict[str, Any]) -> list[str]:
-    """The lines the issue's done-when asks for."""
-    lines = []
-    prods = result.get("products", [])
-    for r in ROWS:
-        at = {(p["shape"], p["form"]): p for p in prods if p["rows"] == r}
-        if not at:
-            continue
-        worst = max(p["x_floor"] for (_, form), p in at.items() if form == "int4")
-        vs = [at[sh, "bf16"]["ms"] / at[sh, "int4"]["ms"] for sh, form in at if form == "int4"]
-        vs8 = [at[sh, "bf16"]["ms"] / at[sh, "fp8"]["ms"] for sh, form in at if form == "fp8"]
-        lines.append(f"int4 GEMV, {r:2d} rows: worst x{worst:.2f} of its floor; bf16 time / int4 time "
-                     f"{min(vs):.2f}..{max(vs):.2f}; bf16 / fp8 {min(vs8):.2f}..{max(vs8):.2f}")
-        mma = [p for (_, form), p in at.items() if form == "int4 mma"]
-        if mma:
-            vm = [at[sh, "bf16"]["ms"] / at[sh, "int4 mma"]["ms"] for sh, form in at if form == "int4 mma"]
-            lines.append(f"int4 mma, {r:2d} rows: x{min(p['x_floor'] for p in mma):.2f}..x"
-                         f"{max(p['x_floor'] for p in mma):.2f} of its floor; bf16 time / mma time "
-                         f"{min(vm):.2f}..{max(vm):.2f}")
-        tri = [p for (_, form), p in at.items() if form == "int4 triton"]
-        if tri:
-            vt = [at[sh, "int4"]["ms"] / at[sh, "int4 triton"]["ms"] for sh, form in at if form == "int4 triton"]
-            lines.append(f"int4 Triton, {r:2d} rows: worst x{max(p['x_floor'] for p in tri):.2f} of its floor; numba "
-                         f"time / Triton time {min(vt):.2f}..{max(vt):.2f}")
-    best, tables = _fastest(result.get("sweep_triton", []), "table")
-    for (shape, r), p in best.items():
-        table = tables[shape, r]
-        lines.append(f"Triton sweep, {shape}, {r:2d} rows: best x{p['x_floor']:.2f} (bm {p['block_m']} bn "
-                     f"{p['block_n']} bk {p['block_k']} split {p['split_k']} warps {p['warps']} stages {p['stages']}), "
-                     f"the table's x{table.get('x_floor', float('nan')):.2f}")
-    fastest, chosen = _fastest(result.get("sweep_mma", []), "chosen")
-    for (shape, r), p in fastest.items():
-        mine = chosen.get((shape, r), {})
-        lines.append(f"mma sweep, {shape}, {r:2d} rows: best x{p['x_floor']:.2f} (ks {p['ks']} kw {p['kw']}), the "
-                     f"chosen x{mine.get('x_floor', float('nan')):.2f} (ks {mine.get('ks')} kw {mine.get('kw')})")
-    for key in ("sweep_mma", "sweep_mma_loads", "sweep_mma_deep"):
-        windowed = [{**p, "ms": p["ms_window"]} for p in result.get(key, []) if "ms_window" in p]
-        fastest, chosen = _fastest(windowed, "chosen")
-        sweep, nan = key.removeprefix("sweep_mma").lstrip("_") or "sweep", float("nan")
-        for (shape, r), p in fastest.items():
-            mine = chosen.get((shape, r), {})
-            lines.append(f"mma {sweep} windowed, {shape}, {r:2d} rows: best x{p['x_floor_window']:.2f} (cold "
-                         f"x{p['x_floor']:.2f}; {_launch_of(p)}), the chosen x{mine.get('x_floor_window', nan):.2f} "
-                         f"(cold x{mine.get('x_floor', nan):.2f})")
-    for key in ("sweep_mma_loads", "sweep_mma_deep"):
-        fastest, chosen = _fastest(result.get(key, []), "chosen")
-        for (shape, r), p in fastest.items():
-            mine = chosen.get((shape, r), {})
-            lines.append(f"mma {key[10:]}, {shape}, {r:2d} rows: best x{p['x_floor']:.2f} ({_launch_of(p)}), the "
-                         f"chosen x{mine.get('x_floor', float('nan')):.2f} (f {mine.get('f')} u {mine.get('u')} ahead "
-                         f"{mine.get('ahead')} rg {mine.get('rg', 1)}{loop_tag(mine.get('ring'), mine.get('xring'))})")
-    hot: dict[tuple[str, int], dict[str, float]] = {}
-    for p in result.get("sweep_hot", []):
-        if "ms" in p:
-            hot.setdefault((p["shape"], p["rows"]), {})[p["form"]] = p["x_floor"]
-    for (shape, r), forms in hot.items():
-        lines.append(f"mma from DRAM, one copy and windowed, {shape}, {r:2d} rows: "
-                     + ", ".join(f"{k} x{v:.2f}" for k, v in forms.items()))
-    lines += _step_products(result.get("sweep_hot", []))
-    cl: dict[tuple[str, int], dict[str, list[float]]] = {}
-    for p in result.get("sweep_cluster", []):
-        if "ms" in p:
-            form = p["form"] + (" windowed" if p["windowed"] else "") + ("" if p["same_bits"] else " (bits differ)")
-            cl.setdefault((p["shape"], p["rows"]), {}).setdefault(form, []).append(p["x_floor"])
-    for (shape, r), timed in cl.items():
-        lines.append(f"mma over clusters, {shape}, {r:2d} rows: "
-                     + ", ".join(f"{form} x{sum(xs) / len(xs):.2f}" for form, xs in timed.items()))
-    pol = result.get("policies")
-    if pol:
-        b, table = pol["best"], pol["sums"][0]
-        lines.append(f"Triton policies: best {tuple(b['policy'])} (block_n, warps, stages, programs a SM): a decode "
-                     f"step's int4 products {b['step_ms_1']:.3f} ms at 1 row and {b['step_ms_8']:.3f} at 8; the "
-                     f"table's {tuple(table['policy'])} {table['step_ms_1']:.3f} and {table['step_ms_8']:.3f}")
-    dec = result.get("decode")
-    if dec and "bf16" in dec:
-        lines.append(f"27B decode step, 1 lane, graphs: bf16 {dec['bf16']['graph_ms']:.2f} ms, int4 "
-                     f"{dec['int4']['graph_ms']:.2f} ms (x{dec['speedup_int4']:.2f}), int4 with the output head "
-                     f"{dec['int4_head']['graph_ms']:.2f} ms (x{dec['speedup_int4_head']:.2f})"
-                     + (f", fp8 {dec['fp8']['graph_ms']:.2f} ms (x{dec['speedup_fp8']:.2f})" if "fp8" in dec else ""))
-    q = result.get("quality")
-    if q:
-        lines.append(f"built-in perplexity: bf16 {q['int4']['ppl_reference']:.3f}, int4 "
-                     f"{q['int4']['ppl_quantized']:.3f}, int4 with the head {q['int4_head']['ppl_quantized']:.3f}, "
-                     f"fp8 {q['fp8']['ppl_quantized']:.3f}; dflash2 tokens a round: "
-                     + ", ".join(f"{k} {v:.2f}" for k, v in q["dflash2_tokens_per_round"].items()))
-    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -589,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="time one 27B product (a tools.quant_products.SHAPES name or its start) as int4_mma runs it "
                          "and without its shape's RING_LAUNCHES, SPLITS and SHAPE_TILES entries, 1 to 64 rows, twice "
                          "(tools.quant_launch)")
+    ap.add_argument("--candidate", default=None, metavar="U:AHEAD:XRING[:KS:KW]",
+                    help="with --shape-ab, its arms are the product as shipped and with this ring launch (and split), "
+                         "and the decode step's int4-head form is timed with each, shipped, candidate, twice")
     ap.add_argument("--sweep-fixed", action="store_true",
                     help="the time a 4-bit launch pays whatever its bytes: o_proj's launch over 3,072-24,576 columns, "
                          "PDL on and off, beside a copy and a bf16 GEMV of the same bytes (tools.quant_launch)")
@@ -636,18 +431,21 @@ def main(argv: list[str] | None = None) -> int:
         skip.add("shape_ab")
     else:
         product_shape(args.shape_ab)  # a name that is no product fails here, before any GPU work
+    candidate = None if args.candidate is None else Candidate.parse(args.candidate)
+    if candidate is not None and args.shape_ab is None:
+        raise ValueError("--candidate is tried on the product --shape-ab names")
     if not args.sweep_fixed:
         skip.add("sweep_fixed")
     if not args.sweep_cluster:
         skip.add("sweep_cluster")
     if args.cluster_ab is not None:
-        clusters(args.cluster_ab)  # a spec that names no product fails here, before any GPU work
+        arms.clusters(args.cluster_ab)  # a spec that names no product fails here, before any GPU work
     set_kernel(args.int4_kernel)
     rows = tuple(int(n) for n in args.sweep_rows.split(",")) if args.sweep_rows else None
     if args.ring_ab is not None:
-        ring_launches(args.ring_ab)  # a spec that names no product fails here, before any GPU work
+        arms.ring_launches(args.ring_ab)  # a spec that names no product fails here, before any GPU work
     if args.splits is not None:
-        mma_kernel.SPLITS = splits(args.splits)
+        mma_kernel.SPLITS = arms.splits(args.splits)
     t0 = time.perf_counter()
     bw = copy_bandwidth(torch.device("cuda"))
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}", flush=True)
@@ -662,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
              ("sweep_mma_deep", lambda: sweep_mma(bw, args.reps, deep=True, rows=rows, window=args.window)),
              ("sweep_hot", lambda: sweep_hot(bw, args.reps)),
              ("sweep_tile", lambda: sweep_tile(bw, args.reps)),
-             ("shape_ab", lambda: shape_ab(bw, args.reps, args.shape_ab)),
+             ("shape_ab", lambda: shape_ab(bw, args.reps, args.shape_ab, candidate)),
              ("sweep_fixed", lambda: sweep_fixed(bw, args.reps)),
              ("sweep_cluster", lambda: sweep_cluster(bw, args.reps)),
              ("tile_rounds", lambda: tile_rounds(bw, args.context, args.iters,
@@ -671,7 +469,8 @@ def main(argv: list[str] | None = None) -> int:
              ("layouts", lambda: layouts(bw, args.reps)),
              ("decode", lambda: decode_steps(bw, args.context, args.iters, args.swiglu_ab, args.graph_profile,
                                                   args.gdn_pdl_ab, args.trigger_ab, args.act_order_ab,
-                                                  args.ring_ab, frozenset(skip), args.cluster_ab)),
+                                                  args.ring_ab, frozenset(skip), args.cluster_ab,
+                                                  None if candidate is None else (args.shape_ab, candidate))),
              ("quality", lambda: quality(args.prompts, args.tokens, args.accept_prompts, args.max_tokens))]
     for name, step in steps:
         if name in skip:

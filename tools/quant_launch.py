@@ -2,8 +2,9 @@
 --sweep-fixed run:
 
 - `shape_ab`: one 27B product as int4_mma runs it, against the same call without its shape's own entries
-  (int4_mma.RING_LAUNCHES and SPLITS, int4_tile.SHAPE_TILES), at 1 to 64 rows, alternated twice. A split changes the
-  order of the sums, so the two arms' bits may differ; each arm's are its own at every row count (the GPU tests).
+  (int4_mma.RING_LAUNCHES and SPLITS, int4_tile.SHAPE_TILES) or against a candidate's (`Candidate`: a ring launch
+  and, if it names one, a split), at 1 to 64 rows, alternated twice. A split changes the order of the sums, so the
+  two arms' bits may differ; each arm's are its own at every row count (the GPU tests).
 - `sweep_cluster`: the 5,120-output products (o_proj, mlp down: 320 blocks of 8 warps, 2.42 an SM) with a block's
   warps spread over a thread-block cluster of CL blocks of threads (int4_mma's Shape.cl: the cluster's barrier, or
   st.async counted by an mbarrier), cold and windowed, against the shipped launch, twice, with their bits compared.
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -41,6 +42,36 @@ FIXED_COLUMNS = (3072, 6144, 12288, 24576)  # o_proj's 6,144 halved and doubled 
 O_PROJ = (5120, 6144)
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """A product's launch to try in place of its shipped one: its RING_LAUNCHES entry (U, AHEAD, XRING) and, if
+    given, its SPLITS entry (KS, KW), which then orders its sums at every row count."""
+
+    ring: tuple[int, int, bool]
+    split: tuple[int, int] | None = None
+
+    @classmethod
+    def parse(cls, spec: str) -> Candidate:
+        """--candidate's "U:AHEAD:XRING[:KS:KW]"."""
+        numbers = [int(n) for n in spec.split(":")] if spec.replace(":", "").isdigit() else []
+        if len(numbers) not in (3, 5):
+            raise ValueError(f"--candidate takes U:AHEAD:XRING[:KS:KW], got {spec!r}")
+        return cls((numbers[0], numbers[1], bool(numbers[2])), (numbers[3], numbers[4]) if len(numbers) == 5 else None)
+
+
+@contextmanager
+def trying(shape: tuple[int, int], candidate: Candidate) -> Iterator[None]:
+    """int4_mma's calls for a weight of `shape` with `candidate`'s ring launch and split in place of its own (a
+    split the candidate does not name: its shipped one); RING_LAUNCHES and SPLITS put back after."""
+    kept = mma_kernel.RING_LAUNCHES, mma_kernel.SPLITS
+    mma_kernel.RING_LAUNCHES = {**kept[0], shape: candidate.ring}
+    mma_kernel.SPLITS = kept[1] if candidate.split is None else {**kept[1], shape: candidate.split}
+    try:
+        yield
+    finally:
+        mma_kernel.RING_LAUNCHES, mma_kernel.SPLITS = kept
+
+
 @contextmanager
 def without(shape: tuple[int, int]) -> Iterator[None]:
     """int4_mma's calls for a weight of `shape` [out, in] as if RING_LAUNCHES, SPLITS and SHAPE_TILES did not name
@@ -54,9 +85,9 @@ def without(shape: tuple[int, int]) -> Iterator[None]:
         mma_kernel.RING_LAUNCHES, mma_kernel.SPLITS, int4_tile.SHAPE_TILES = kept
 
 
-def shape_ab(bw: float, reps: int, name: str) -> list[dict[str, Any]]:
-    """The product `name` without its shape's entries ("without") and as shipped, twice over, at each of AB_ROWS:
-    us and x floor each."""
+def shape_ab(bw: float, reps: int, name: str, candidate: Candidate | None = None) -> list[dict[str, Any]]:
+    """The product `name` without its shape's entries ("without") and as shipped, or with a candidate's launch
+    ("candidate", `trying`) and as shipped, twice over, at each of AB_ROWS: us and x floor each."""
     nout, ncols = product_shape(name)
     dev = torch.device("cuda")
     nm, cm = mma_copies(nout, ncols, dev)
@@ -65,9 +96,10 @@ def shape_ab(bw: float, reps: int, name: str) -> list[dict[str, Any]]:
         x = torch.randn(r, ncols, device=dev).bfloat16()
         floor = floor_ms(nm, r, nout, ncols, bw)
         said = []
-        for form in ("without", "shipped") * 2:
+        for form in ("without" if candidate is None else "candidate", "shipped") * 2:
             row: dict[str, Any] = {"shape": name, "rows": r, "form": form}
-            with without((nout, ncols)) if form == "without" else nullcontext():
+            arm = (without((nout, ncols)) if candidate is None else trying((nout, ncols), candidate))
+            with arm if form != "shipped" else nullcontext():
                 said.append(f"{form} {_timed(row, [partial(int4_mma, x, w) for w in cm], reps, floor).strip()}")
             rows_out.append(row)
         print(f"shape ab {name} rows {r:2d}: " + ", ".join(said), flush=True)
