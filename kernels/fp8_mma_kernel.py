@@ -198,7 +198,7 @@ fp8_mma(const unsigned char* __restrict__ w, const float* __restrict__ scale, co
                         ws[((size_t)blockIdx.y * Mall + row0 + row) * N + feature] = acc[f][n][i];
                 }
     }
-    if (!last_to_arrive(cnt, blockIdx.x, KS)) return;
+    if (!last_to_arrive(cnt, KS)) return;
     if (kw == 0) {
 #pragma unroll
         for (int f = 0; f < F; ++f)

@@ -3,8 +3,7 @@ repacked into the register order of mma.m16n8k16, for the 1 to 64 rows of decode
 
 Owns: `pack` (the format's codes, scales and zero points -> `MmaCodes`, on any device), `unpack` (back to the
 format's codes, for the dequantized reference and prefill), the launch shape `Shape`, `choose`, `split` (SPLITS'
-weights' own input splits), `ringed` (which weights' launches take the kernel's ring loop: RING_LAUNCHES) and
-`clustered` (which spread a block's warps over a thread-block cluster: CLUSTERS), and
+weights' own input splits) and `ringed` (which weights' launches take the kernel's ring loop: RING_LAUNCHES), and
 `int4_mma` (the launch on torch's current stream, capturable; from ignis.kernels.int4_tile.TILE_ROWS rows it may
 hand the call to that module's kernel, which stages x in shared memory and gives the same bits). Does not own: the
 format (ignis.quant.format), the kernel source and its layout's definition (ignis.kernels.int4_mma_kernel),
@@ -137,8 +136,6 @@ class Shape:
     rg: int = 1  # blocks of threads over the rows, NT / RG row tiles each (at most NT); choose's is NT 8's RG
     ring: bool = False  # the step loop unrolled over its AHEAD + 1 slots, each step's loads kept above its compute
     xring: bool = False  # with `ring`, x in the ring's slots too: each step's x loaded AHEAD steps ahead
-    cl: int = 1  # blocks of threads of a cluster (sm_90) sharing a block's KW warps, KW / CL each: the same sums
-    cl_async: bool = False  # with cl > 1: the other blocks send their sums with st.async, counted by an mbarrier
 
 
 def step_fits(unit: int, u: int, group: int) -> bool:
@@ -193,13 +190,6 @@ RING_LAUNCHES: dict[tuple[int, int], tuple[int, int, bool]] = {
 # --shape-ab), PDL on, us: 1 row 19.1 -> 18.0, 8 rows 20.9 -> 18.5, 16 rows 29.5 -> 26.7, 17 rows 42.3 -> 36.0,
 # 32 rows 51.6 -> 43.3, 64 rows 86 -> 84; the 27B int4-head decode step 6.58 -> 6.48 ms a replay (twice).
 SPLITS: dict[tuple[int, int], tuple[int, int]] = {(5120, 17408): (1, 8)}
-# 4-bit weight shapes [out, in] -> (CL, async) of their int4_mma launches on sm_90: a block's KW warps spread over CL
-# blocks of threads of a thread-block cluster, which meet in the first's shared memory in warp order (the kernel's CL
-# and CLASYNC), so the sums are the launch's without it. What it is for: the 27B's 5,120-output products run 320
-# blocks of 8 warps on 132 SMs, 2.42 an SM, so the SMs holding three carry 24% more than the mean; as 640 blocks of 4
-# warps they hold 4 or 5. None named until measured on the card it is for (tools.bench_quant --sweep-cluster, the
-# decode step with --cluster-ab).
-CLUSTERS: dict[tuple[int, int], tuple[int, bool]] = {}
 
 
 def split(nout: int, ncols: int, group: int, sms: int) -> Shape:
@@ -233,27 +223,7 @@ def _function(device: torch.device, nt: int, shape: Shape, gpc: int, dtype: torc
                ("SBF16", int(scale_dtype == torch.bfloat16)), ("SWIGLU", int(swiglu)), ("PDL", int(early)),
                ("TRIGGER", int(early and launches.EARLY_TRIGGER)), ("RING", int(shape.ring)),
                ("XRING", int(shape.xring))) + ((("WINDOW", window),) if window else ())
-    if shape.cl > 1:
-        defines += (("CL", shape.cl),) + ((("CLASYNC", 1),) if shape.cl_async else ())
     return load(SOURCE, "int4_mma", defines, device)
-
-
-def clustered(s: Shape, nout: int, ncols: int, device: torch.device) -> Shape:
-    """`s` with CLUSTERS's CL and async for the weight's shape where it names one and the device has clusters
-    (sm_90 on) and CL divides `s`'s KW; else `s`. At any row count: it does not change the sums."""
-    named = CLUSTERS.get((nout, ncols))
-    if named is None or s.kw % named[0] or torch.cuda.get_device_capability(device) < (9, 0):
-        return s
-    return replace(s, cl=named[0], cl_async=named[1])
-
-
-def _check_cluster(s: Shape, device: torch.device) -> None:
-    if s.cl == 1 and not s.cl_async:
-        return
-    if not 2 <= s.cl <= 8 or s.kw % s.cl or torch.cuda.get_device_capability(device) < (9, 0):
-        raise ValueError(f"int4_mma spreads a block's KW warps over CL blocks of a cluster with 2 <= CL <= 8 "
-                         f"dividing KW, on sm_90 on; got CL {s.cl} (async {s.cl_async}) for KW {s.kw} on "
-                         f"sm_{''.join(map(str, torch.cuda.get_device_capability(device)))}")
 
 
 def ringed(s: Shape, nt: int, nout: int, ncols: int, group: int, swiglu: bool = False) -> Shape:
@@ -323,21 +293,17 @@ def int4_mma(x: torch.Tensor, w: MmaCodes, shape: Shape | None = None, swiglu: b
             raise ValueError(f"int4_mma's SwiGLU does not fit {s} at {nrows} rows (swiglu_launch)")
         s = fused
     s = replace(s, rg=min(s.rg, nt))  # no block of threads without rows
-    if shape is None:
-        s = clustered(s, nout, ncols, x.device)
     if s.rg not in ROW_TILES:
         raise ValueError(f"int4_mma splits the rows over 1, 2, 4 or 8 blocks of threads, got RG {s.rg}")
-    _check_cluster(s, x.device)
     fn = _function(x.device, nt, s, w.group // 64, w.dtype, w.scale_dtype, early, swiglu, window)
-    blocks = math.ceil(width // 16 / (s.rb * (s.f // 2 if swiglu else s.f))) * s.rg  # each CL blocks of threads
-    grid = (blocks * s.cl, s.ks, 1)
+    grid = (math.ceil(width // 16 / (s.rb * (s.f // 2 if swiglu else s.f))) * s.rg, s.ks, 1)
     if s.ks > 1:
-        if blocks > SPLIT_COUNTERS:
-            raise ValueError(f"{blocks} blocks of threads split over the input exceed the {SPLIT_COUNTERS} counters")
+        if grid[0] > SPLIT_COUNTERS:
+            raise ValueError(f"{grid[0]} blocks of threads split over the input exceed the {SPLIT_COUNTERS} counters")
         ws = torch.empty((s.ks, nrows, nout), dtype=torch.float32, device=x.device)  # [ks, rows, out] partials
         cnt = split_counters(x.device)  # [SPLIT_COUNTERS] int32, zero between calls
     else:
         ws, cnt = out, out  # not read
-    fn(grid, 32 * s.kw // s.cl * s.rb,  # type: ignore[operator]
+    fn(grid, 32 * s.kw * s.rb,  # type: ignore[operator]
        (w.codes, w.zs, rows, out, ws, cnt, nrows, nout, ncols, rows.stride(0), s.unit), early)
     return out.reshape(*lead, width)

@@ -41,19 +41,15 @@ griddepcontrol.wait, x and every store after it, and the next kernel may launch 
 TRIGGER (with PDL, 1: the next kernel may launch as soon as the codes ahead are issued, before this kernel's own wait,
 ignis.kernels.launch.EARLY_TRIGGER; 0: once the loop is done), RING (1: the step loop unrolled over the AHEAD + 1
 slots of codes and scales, so no copies move them between slots, with each step's loads, x's among them, above a
-branch that always holds but that ptxas cannot resolve; 0, the default: the plain loop, whose loads ptxas moves: the
+branch that always holds but that ptxas cannot resolve, and issued only once the step's own codes have landed (ptxas
+gives every load of codes one scoreboard, and a wait on it waits for all of them: loads issued before that wait
+would hold it for their whole latency); 0, the default: the plain loop, whose loads ptxas moves: the
 next step's codes to the loop's end, where the copies between slots wait on them, and each x load next to the mma
 that reads it. The same sums either way; ignis.kernels.int4_mma.RING_LAUNCHES says which weights take it), XRING
 (with RING, where a step's x fits in registers: x in the ring's slots as well, each step's loaded AHEAD steps before
 its sums, with its codes; 0 by default), WINDOW (benchmarks only, 0 by default: every warp reads the codes and
 scales of its feature block modulo WINDOW, so a launch at its own grid and instructions reads its codes from L2, and
-its sums are not the product's; ignis.kernels.int4_mma's `window`), CL (1 by default: a block's KW warps in one
-block of threads; on sm_90, up to 8 dividing KW: spread over the CL blocks of threads of a thread-block cluster, KW /
-CL warps each, whose partial sums reach the first's shared memory through distributed shared memory and meet there in
-warp order: the same sums as CL 1, over CL times the blocks of threads, so that the SMs' shares of them are more even;
-ignis.kernels.int4_mma.CLUSTERS), CLASYNC (with CL > 1, 1: the other blocks send their sums with st.async, which the
-first's mbarrier counts as they land, and leave; 0, the default: they store them and the cluster meets at its
-barrier).
+its sums are not the product's; ignis.kernels.int4_mma's `window`).
 """
 
 # The macros' defaults, the types and the device functions the 4-bit kernels share (ignis.kernels.int4_tile_kernel
@@ -199,12 +195,12 @@ __device__ __forceinline__ void store_quad(u16* out, int No, int M, int row, int
 }
 
 // a split's meeting (the split-K semaphore of CUTLASS): once every thread's stores before it are visible, the block
-// of threads counts itself in at cnt[slot]; true for the last of `parts` to arrive, which then sees the others'
-__device__ __forceinline__ bool last_to_arrive(int* cnt, unsigned slot, int parts) {
+// of threads counts itself in at cnt[blockIdx.x]; true for the last of `parts` to arrive, which then sees the others'
+__device__ __forceinline__ bool last_to_arrive(int* cnt, int parts) {
     __shared__ int last;
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(cnt + slot, 1) == parts - 1;
+    if (threadIdx.x == 0) last = atomicAdd(cnt + blockIdx.x, 1) == parts - 1;
     __syncthreads();
     if (!last) return false;
     __threadfence();
@@ -222,40 +218,13 @@ SOURCE = PRELUDE + r"""
 #ifndef WINDOW
 #define WINDOW 0
 #endif
-#ifndef CL
-#define CL 1
-#endif
-#if KW % CL
-#error "CL blocks of threads of a cluster share a block's KW warps: CL divides KW"
-#endif
-#define WL (KW / CL)  /* warps along the input a block of threads */
-#ifndef CLASYNC
-#define CLASYNC 0
-#endif
-#if CL > 1
-#define CLUSTER_DIMS __cluster_dims__(CL, 1, 1)
-#else
-#define CLUSTER_DIMS
-#endif
-#if CLASYNC && !(CL > 1 && KW > 1)
-#error "CLASYNC is how a cluster's blocks of threads meet: CL > 1"
-#endif
-// with CLASYNC the first block of threads' mbarrier counts the bytes the others' warps send it with st.async
-#define CL_BYTES ((CL - 1) * WL * RB * F * NT * 4 * 32 * 4)
-
-// the shared-memory address `p` of this block of threads as the cluster's first block's
-__device__ __forceinline__ u32 in_first(const void* p) {
-    u32 to;
-    asm("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(to) : "r"((u32)__cvta_generic_to_shared(p)));
-    return to;
-}
 #if XRING && !(RING && XAHEAD)
 #error "XRING holds a step's x in the ring's slots: RING, and NT * U <= 8"
 #endif
 // A step's pieces as macros, so that both loops of the kernel (RING and the plain one) compile from the same tokens.
 // The codes and scales of step s + AHEAD (the last steps reload the last: no read past the weight) into slot SLOT
-#define LOAD_STEP(SLOT) \
-        const int d = min(s + AHEAD, s1 - 1) - s; \
+#define LOAD_STEP(SLOT, AFTER) \
+        const int d = min(s + AHEAD, s1 - 1) - s + (AFTER); \
         _Pragma("unroll") \
         for (int f = 0; f < F; ++f) { \
             _Pragma("unroll") \
@@ -274,6 +243,10 @@ __device__ __forceinline__ u32 in_first(const void* p) {
 #define LOAD_STEP_X(SLOT, D) \
         _Pragma("unroll") \
         for (int u = 0; u < U; ++u) load_xs(xr[SLOT][u], xp + ((D) * U + u) * 64, sx, g, M);
+// 0, from a word of codes and the launch's unit (> 0): what ptxas cannot fold, so what waits for the word's load
+__device__ __forceinline__ int landed(u32 word, int unit) {
+    return (word == 0x5EED5EEDu) & (unit < 0);
+}
 // the warp's pointers to the next step
 #define NEXT_STEP \
         _Pragma("unroll") \
@@ -320,34 +293,22 @@ __device__ __forceinline__ u32 in_first(const void* p) {
 // codes [N/16, K/64, 32] uint4 (ignis.kernels.int4_mma.pack); zs [N/16, K/group, 8] uint2: for lane group g, feature
 // g then g + 8, each (scale bits | -(magic + z) << 16); x [M, sx-strided rows of K] 16-bit; out [M, N] 16-bit, or
 // with SWIGLU [M, N/2]: silu(features 0..N/2-1) * features N/2..N-1
-extern "C" __global__ void __launch_bounds__(32 * RB * WL) CLUSTER_DIMS
+extern "C" __global__ void __launch_bounds__(32 * RB * KW)
 int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u16* __restrict__ x,
          u16* __restrict__ out, float* __restrict__ ws, int* __restrict__ cnt, int M, int N, int K, int sx, int unit)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    // with CL > 1 the cluster's rank (blockIdx.x % CL, the cluster being CL blocks of threads along x) holds warps
-    // rank * WL .. of the KW, and bx counts the clusters: everything below reads bx where CL 1 reads blockIdx.x
-    const unsigned rank = CL > 1 ? blockIdx.x % CL : 0, bx = blockIdx.x / CL;  // unsigned, as blockIdx.x
-    const int kw = rank * WL + warp % WL, r = warp / WL;
+    const int kw = warp % KW, r = warp / KW;
     const int blocks = N >> 4, chunks = K >> 6, groups = chunks / GPC, units = chunks / unit;
     const int half = SWIGLU ? blocks / 2 : blocks, No = half * 16;  // the output's feature blocks and width
-    const int rb0 = (bx / RG * RB + r) * FO;  // the warp's first output feature block; it owns FO of them
+    const int rb0 = (blockIdx.x / RG * RB + r) * FO;  // the warp's first output feature block; it owns FO of them
     // the weight's feature block of the warp's f-th: output block rb0 + f % FO (the warp's first where that is past
     // the output: its results are not stored) and, with SWIGLU, for f >= FO that block's up partner
 #define BLOCK_OF(f) ((rb0 + (f) % FO < half ? rb0 + (f) % FO : rb0) + (f) / FO * half)
     // the block's rows: row0 .. row0 + 8 NT - 1 of the call's M; x and out are moved to row0, M counts from it
-    const int row0 = bx % RG * NT * 8;
-    if (row0 >= M) return;  // the whole block (with CL > 1 the whole cluster): no rows of the call here
-#if CLASYNC
-    // the first block's mbarrier, ready before any warp of the cluster sends it sums (each waits on the cluster's
-    // barrier first, long after every block has arrived here)
-    __shared__ unsigned long long sent;
-    if (rank == 0 && threadIdx.x == 0)
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n\tfence.mbarrier_init.release.cluster;"
-                     :: "r"((u32)__cvta_generic_to_shared(&sent)) : "memory");
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#endif
+    const int row0 = blockIdx.x % RG * NT * 8;
+    if (row0 >= M) return;  // the whole block: no rows of the call here
     x += (size_t)row0 * sx;
     out += (size_t)row0 * No;
     M -= row0;
@@ -397,7 +358,10 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
         // the loop unrolled over the ring's AHEAD + 1 slots (step s's codes in slot (s - s0) % (AHEAD + 1), so no
         // copies between slots), and the step's compute behind a branch on `unit > 0`, which always holds but which
         // ptxas cannot resolve: the loads of the step AHEAD on and the step's x stay above it, issued before the
-        // step's first mma, where ptxas otherwise moves the codes to the loop's end (RING above)
+        // step's first mma, where ptxas otherwise moves the codes to the loop's end (RING above). Their addresses
+        // take a 0 computed from the step's own first word of codes (`landed`), so they issue after the wait for
+        // it: ptxas waits on one scoreboard for every load of codes, so a load issued ahead of that wait would
+        // hold the step for a whole latency, where issued after it, it has a step's compute to land in
         int s = s0;
 #if XRING
         // x in the ring too: step s + AHEAD's x loads with its codes (the first AHEAD steps' here, after the wait)
@@ -411,7 +375,7 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
 #pragma unroll
             for (int i = 0; i < AHEAD + 1; ++i) {
                 if (s >= s1) goto ring_done;
-                LOAD_STEP((i + AHEAD) % (AHEAD + 1))  // into the slot step s - 1 freed
+                LOAD_STEP((i + AHEAD) % (AHEAD + 1), landed(wq[i][0][0].x, unit))  // into the slot step s - 1 freed
 #if XRING
                 LOAD_STEP_X((i + AHEAD) % (AHEAD + 1), d)  // with its codes (LOAD_STEP's d)
                 if (unit > 0) {
@@ -430,7 +394,7 @@ int4_mma(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u1
 ring_done:;
 #else
         for (int s = s0; s < s1; ++s) {
-            LOAD_STEP(AHEAD)
+            LOAD_STEP(AHEAD, 0)
             LOAD_X
             STEP_SUMS(wq[0], zq[0], xs)
 #pragma unroll
@@ -453,60 +417,16 @@ ring_done:;
 
 #if KW > 1
     __shared__ float red[(KW - 1) * RB * F * NT * 4 * 32];
-#define RED(k, f, n, i) ((((((k) - 1) * RB + r) * F + (f)) * NT + (n)) * 4 + (i)) * 32 + lane
-#if CLASYNC
-    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // the first block's mbarrier is ready
-#endif
     if (kw > 0) {
-#if CL > 1
-        // into the cluster's first block of threads' red, through distributed shared memory
-        const u32 to = in_first(red);
-#if CLASYNC
-        const u32 bar = in_first(&sent);
-#endif
-#endif
 #pragma unroll
         for (int f = 0; f < F; ++f)
 #pragma unroll
             for (int n = 0; n < NT; ++n)
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-#if CLASYNC
-                    if (rank > 0)  // sent, and counted by the first block's mbarrier as it lands
-                        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
-                                     :: "r"(to + 4 * (RED(kw, f, n, i))), "r"(__float_as_uint(acc[f][n][i])),
-                                        "r"(bar) : "memory");
-                    else
-                        red[RED(kw, f, n, i)] = acc[f][n][i];
-#elif CL > 1
-                    asm volatile("st.shared::cluster.f32 [%0], %1;"
-                                 :: "r"(to + 4 * (RED(kw, f, n, i))), "f"(acc[f][n][i]) : "memory");
-#else
-                    red[RED(kw, f, n, i)] = acc[f][n][i];
-#endif
-                }
+                for (int i = 0; i < 4; ++i)
+                    red[(((((kw - 1) * RB + r) * F + f) * NT + n) * 4 + i) * 32 + lane] = acc[f][n][i];
     }
-#if CLASYNC
-    // the other blocks are done once their sums are sent; the first waits for all CL_BYTES of them to land
-    if (rank > 0) return;
-    if (threadIdx.x == 0)
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-                     :: "r"((u32)__cvta_generic_to_shared(&sent)), "n"(CL_BYTES) : "memory");
     __syncthreads();
-    if (kw == 0) {
-        u32 landed = 0;
-        while (!landed)
-            asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
-                         : "=r"(landed) : "r"((u32)__cvta_generic_to_shared(&sent)) : "memory");
-    }
-#elif CL > 1
-    // the cluster's barrier: every warp's stores above (release) are seen by the first block's (acquire), which alone
-    // goes on; the others have nothing left to do, and no one reads their shared memory
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-    if (rank > 0) return;
-#else
-    __syncthreads();
-#endif
     if (kw == 0) {
         for (int k = 1; k < KW; ++k) {  // warp order, whichever finished first
 #pragma unroll
@@ -515,7 +435,7 @@ ring_done:;
                 for (int n = 0; n < NT; ++n)
 #pragma unroll
                     for (int i = 0; i < 4; ++i)
-                        acc[f][n][i] += red[RED(k, f, n, i)];
+                        acc[f][n][i] += red[(((((k - 1) * RB + r) * F + f) * NT + n) * 4 + i) * 32 + lane];
         }
     }
 #endif
@@ -536,7 +456,7 @@ ring_done:;
                         ws[((size_t)blockIdx.y * Mall + row0 + row) * N + feature] = acc[f][n][i];
                 }
     }
-    if (!last_to_arrive(cnt, bx, KS)) return;
+    if (!last_to_arrive(cnt, KS)) return;
     if (kw == 0) {
 #pragma unroll
         for (int f = 0; f < F; ++f)
@@ -553,7 +473,7 @@ ring_done:;
                     }
                 }
     }
-    if (threadIdx.x == 0) cnt[bx] = 0;
+    if (threadIdx.x == 0) cnt[blockIdx.x] = 0;
 #endif
     if (kw > 0) return;
 #pragma unroll

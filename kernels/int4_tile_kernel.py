@@ -257,7 +257,7 @@ int4_tile(const uint4* __restrict__ codes, const uint2* __restrict__ zs, const u
                     if (rb0 + f % FO < half && row < M) ws[((size_t)part * M + row) * N + feature] = acc[f][n][i];
                 }
     }
-    if (!last_to_arrive(cnt, blockIdx.x, PARTS)) return;
+    if (!last_to_arrive(cnt, PARTS)) return;
     // the tile's outputs, a thread each in turn (consecutive threads, consecutive features): features f0 .. f0 + fw - 1
     const int f0 = blockIdx.x * RB * FO * 16, fw = min(RB * FO * 16, No - f0);
 #pragma unroll 4

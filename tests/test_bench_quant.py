@@ -342,49 +342,6 @@ def test_the_shape_ab_takes_one_shapes_entries_away_and_puts_them_back() -> None
     assert _line([(1.0, 3.0), (2.0, 5.0), (4.0, 9.0)]) == pytest.approx((1.0, 2.0))
 
 
-def test_the_cluster_ab_and_sweep_name_their_clusters_and_are_summarised(monkeypatch: pytest.MonkeyPatch) -> None:
-    """--cluster-ab's spec becomes int4_mma.CLUSTERS for its "on" arms and none for "off", the shipped dict in force
-    again after; a spec that names no product, or lacks a number, is refused before any GPU work. --sweep-cluster
-    tries the clusters that divide each product's KW (8 for o_proj and mlp down), and its summary averages both
-    passes of a form and says where a cluster's bits differed from the shipped launch's."""
-    from ignis.kernels import int4_mma
-    from tools.bench_quant import main
-    from tools.quant_arms import ab, clusters
-    from tools.quant_summary import summary
-    from tools.quant_launch import CLUSTER_FORMS, CLUSTER_PRODUCTS, product_shape
-    from tools.quant_products import shipped
-
-    named = clusters("o_proj:2:1,mlp down:4:0")
-    assert named == {(5120, 6144): (2, True), (5120, 17408): (4, False)}
-    kept = int4_mma.CLUSTERS
-    seen = []
-
-    def step(label: str) -> dict[str, float]:
-        seen.append(dict(int4_mma.CLUSTERS))
-        return {"graph_ms": 1.0, "replay_ms": 1.0}
-
-    ab(step, "int4_head_cluster", int4_mma, "CLUSTERS", ({}, named) * 2, "cluster", ("off", "on") * 2)
-    assert seen == [{}, named, {}, named] and int4_mma.CLUSTERS is kept
-    for bad in ("o_proj:2", "nothing:2:1"):
-        with pytest.raises(ValueError, match="--cluster-ab"):
-            main(["--out", "unused.json", "--cluster-ab", bad])
-    for name in CLUSTER_PRODUCTS:
-        s = shipped(*product_shape(name), 128, 132, 1)
-        assert s.kw == 8 and all(s.kw % cl == 0 for cl, _ in CLUSTER_FORMS)
-    rows = [{"shape": "o_proj", "rows": 1, "form": "shipped", "windowed": False, "same_bits": True, "ms": 1,
-             "x_floor": 1.30},
-            {"shape": "o_proj", "rows": 1, "form": "shipped", "windowed": False, "same_bits": True, "ms": 1,
-             "x_floor": 1.34},
-            {"shape": "o_proj", "rows": 1, "form": "cl 2 async", "windowed": True, "same_bits": True, "ms": 1,
-             "x_floor": 0.90},
-            {"shape": "o_proj", "rows": 1, "form": "cl 4 async", "windowed": False, "same_bits": False, "ms": 1,
-             "x_floor": 1.10},
-            {"shape": "o_proj", "rows": 1, "form": "cl 8 async", "windowed": False, "same_bits": True,
-             "error": "too many resources"}]
-    assert summary({"sweep_cluster": rows}) == [
-        "mma over clusters, o_proj,  1 rows: shipped x1.32, cl 2 async windowed x0.90, cl 4 async (bits differ) x1.10"]
-
-
 def test_a_candidate_launch_replaces_one_products_entries_for_its_arm_only() -> None:
     """--candidate "U:AHEAD:XRING[:KS:KW]": `trying` gives the product that ring launch (and split, where named; its
     shipped split where not) and leaves every other product's; both dicts are the shipped ones again after, also when

@@ -30,18 +30,20 @@ def _defines(s: Shape, pdl: int = 1) -> tuple[tuple[str, int], ...]:
     return (*int4_mma_defines(s, 1), ("PDL", pdl), ("TRIGGER", pdl), ("RING", int(s.ring)), ("XRING", int(s.xring)))
 
 
-def _sass(defines: tuple[tuple[str, int], ...], tmp: Path) -> str:
+def _sass(defines: tuple[tuple[str, int], ...], tmp: Path, encoded: bool = False) -> str:
     from cuda.pathfinder import find_nvidia_binary_utility
 
     nvdisasm = find_nvidia_binary_utility("nvdisasm")
     assert nvdisasm, "nvdisasm not found: install the test extra (nvidia-cuda-nvdisasm)"
     cubin = tmp / "int4_mma.cubin"
     cubin.write_bytes(compile_cubin(SOURCE, "int4_mma", "sm_90", defines).image)
-    return subprocess.run([nvdisasm, "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+    flags = ["-c", "-hex"] if encoded else ["-c"]
+    return subprocess.run([nvdisasm, *flags, str(cubin)], capture_output=True, text=True, check=True).stdout
 
 
-def _loop(sass: str) -> list[str]:
-    """The instructions of the loop that holds the mma (from the label a backward branch targets to that branch)."""
+def _span(sass: str) -> tuple[list[str], int, int]:
+    """The kernel's instructions and the span [start, stop) of the loop that holds the mma (from the label a backward
+    branch targets to that branch)."""
     labels: dict[str, int] = {}
     insns: list[str] = []
     for line in sass.splitlines():
@@ -53,8 +55,21 @@ def _loop(sass: str) -> list[str]:
         target = re.search(r"BRA `\((\.L_x_\d+)\)", insn)
         start = labels.get(target.group(1), i + 1) if target else i + 1
         if start <= i and any("HMMA" in x for x in insns[start:i]):
-            return insns[start : i + 1]
+            return insns, start, i + 1
     raise AssertionError("the kernel has no loop of mma")
+
+
+def _loop(sass: str) -> list[str]:
+    """The instructions of the loop that holds the mma."""
+    insns, start, stop = _span(sass)
+    return insns[start:stop]
+
+
+def _scoreboards(sass: str) -> list[tuple[int, int]]:
+    """Each instruction's scoreboards from its control bits (nvdisasm -hex; bits 41-61 of the second word on sm_70
+    on): (the one it sets when its result lands, 7 for none; the mask of those it waits on first)."""
+    words = [int(w, 16) >> 41 for w in re.findall(r"/\* (0x[0-9a-f]{16}) \*/", sass)]
+    return [((c >> 5) & 7, (c >> 11) & 0x3F) for c in words[1::2]]
 
 
 REGISTER = re.compile(r"(?<![A-Z])R(\d+)")
@@ -134,6 +149,28 @@ def test_the_ring_issues_each_steps_codes_well_before_their_first_use(tmp_path: 
         assert min(leads) >= ahead * len(loop) / (ahead + 1) / 2, (u, ahead, len(loop), leads)
     plain = _loop(_sass(_defines(base), tmp_path))
     assert max(_leads(plain)) < len(plain) / 4  # what the ring is for (ptxas 13's placement)
+
+
+def test_no_wait_for_the_codes_comes_within_half_a_step_of_a_load_of_them(tmp_path: Path) -> None:
+    """ptxas gives every load of codes one scoreboard, and an instruction that waits on it waits for all of them: a
+    step that waited for its own codes after issuing the loads of the step AHEAD on would hold for their whole
+    latency. On the ring each step's loads issue after that wait (`landed`), so every wait on the codes' scoreboard
+    comes at least half a step's instructions after the last load of codes, going round the loop; ptxas 13 put one 6
+    instructions after them before (a step of o_proj's ring launch took about 140)."""
+    for (u, ahead, pdl), shape in [((2, 2, 1), O_PROJ), ((2, 2, 0), O_PROJ), ((2, 1, 1), O_PROJ), ((4, 1, 1), O_PROJ),
+                                   ((2, 3, 1), O_PROJ), ((2, 2, 1), DOWN)]:
+        s = replace(launch(split(*shape, 128, SMS), 1), u=u, ahead=ahead, ring=True)
+        sass = _sass(_defines(s, pdl=pdl), tmp_path, encoded=True)
+        insns, start, stop = _span(sass)
+        boards = _scoreboards(sass)
+        assert len(boards) == len(insns)
+        loads = [i for i in range(start, stop) if re.search(r"\bLDG\.E\.NA\.128\b", insns[i])]
+        (board,) = {boards[i][0] for i in loads}  # one scoreboard for every load of codes
+        step = (stop - start) / (ahead + 1)
+        for i in range(start, stop):
+            if boards[i][1] >> board & 1:
+                since = min((i - k) % (stop - start) or stop - start for k in loads)
+                assert since >= step / 2, (u, ahead, pdl, insns[i], since, step)
 
 
 def test_x_in_the_ring_is_issued_well_before_its_first_use(tmp_path: Path) -> None:

@@ -118,68 +118,6 @@ def test_a_split_named_for_a_shape_gives_every_row_count_a_rows_own_bits(monkeyp
     assert _rel(alone, x, qw, s, z) < 1e-2
 
 
-@pytest.mark.skipif(torch.cuda.get_device_capability() < (9, 0), reason="thread-block clusters need sm_90")
-@pytest.mark.parametrize("rows", [1, 8, 16, 33])
-def test_a_launch_over_a_cluster_gives_the_launchs_own_bits(rows: int) -> None:
-    """A block's KW warps over CL blocks of threads of a cluster (the cluster's barrier or st.async) add their sums in
-    the same order: the bits of the launch without it, for o_proj and mlp down (KW 8, on the ring at 1-8 rows), down
-    on choose's KS 2 x KW 5 (the cluster's first block then meets the other split's through the workspace), and gate_up
-    (KW 3) with the SwiGLU store."""
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    nt = row_tiles(rows)
-    cases = [((5120, 6144), None, False), ((5120, 17408), None, False), ((5120, 17408), (2, 5), False),
-             ((34816, 5120), None, True)]
-    for (nout, ncols), ks_kw, swiglu in cases:
-        w = pack(*_int4_weight(nout, ncols, 128, seed=nout % 97), torch.bfloat16)
-        x = torch.randn(rows, ncols, device="cuda").bfloat16()
-        base = split(nout, ncols, 128, sms) if ks_kw is None else replace(split(nout, ncols, 128, sms),
-                                                                          ks=ks_kw[0], kw=ks_kw[1])
-        s = ringed(launch(base, nt), nt, nout, ncols, 128, swiglu)
-        alone = int4_mma(x, w, s, swiglu=swiglu)
-        for cl in [c for c in range(2, 9) if s.kw % c == 0]:
-            for asynchronous in (False, True):
-                got = int4_mma(x, w, replace(s, cl=cl, cl_async=asynchronous), swiglu=swiglu)
-                assert torch.equal(got, alone), (nout, ncols, ks_kw, rows, cl, asynchronous)
-
-
-@pytest.mark.skipif(torch.cuda.get_device_capability() < (9, 0), reason="thread-block clusters need sm_90")
-@pytest.mark.parametrize("asynchronous", [False, True])
-def test_a_shape_named_in_clusters_keeps_its_bits_replayed_aside_and_launched_ahead(
-        asynchronous: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """int4_mma.CLUSTERS puts o_proj's calls over clusters of 2 blocks of threads: the bits without it at 1, 8 and 16
-    rows, replayed from a CUDA graph, on a side stream, and in a PDL chain (o_proj then mlp down, the codes loaded
-    before each kernel's wait)."""
-    from ignis.kernels import int4_mma as module
-    from tests.pdl import same_bits_with_pdl
-
-    qw, s, z = _int4_weight(5120, 6144, 128, seed=13)
-    w = pack(qw, s, z, torch.bfloat16)
-    x = torch.randn(16, 6144, device="cuda").bfloat16()
-    plain = {rows: int4_mma(x[:rows], w) for rows in (1, 8, 16)}
-    monkeypatch.setattr(module, "CLUSTERS", {(5120, 6144): (2, asynchronous), (5120, 17408): (4, asynchronous)})
-    for rows in (1, 8, 16):
-        assert torch.equal(int4_mma(x[:rows], w), plain[rows]), rows
-
-    def check(out: torch.Tensor, xs: torch.Tensor) -> None:
-        monkeypatch.setattr(module, "CLUSTERS", {})
-        expected = int4_mma(xs, w)
-        monkeypatch.setattr(module, "CLUSTERS", {(5120, 6144): (2, asynchronous), (5120, 17408): (4, asynchronous)})
-        assert torch.equal(out, expected)
-
-    xs, _, side = _replayed_then_side(lambda xs, *_: int4_mma(xs, w), 8, qw, s, z, check)
-    check(side, xs)
-    w_down = pack(*_int4_weight(5120, 17408, 128, seed=2), torch.bfloat16)
-    g = torch.Generator(device="cuda").manual_seed(3)
-    x8 = torch.randn(8, 6144, device="cuda", generator=g).bfloat16()
-    inputs = [torch.randn(8, 6144, device="cuda", generator=g).bfloat16() for _ in range(3)]
-
-    def chain() -> tuple[torch.Tensor]:
-        o = int4_mma(x8, w)
-        return (int4_mma(torch.cat([o, o, o, o[:, :2048]], dim=1), w_down),)
-
-    same_bits_with_pdl(chain, x8, inputs, monkeypatch)
-
-
 def test_int4_mma_under_cuda_graph_replay_and_on_a_side_stream() -> None:
     from ignis.kernels.launch import _counters
 

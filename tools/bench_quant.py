@@ -25,14 +25,11 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
    --shape-ab NAME, one product as int4_mma runs it and without its shape's own launch entries (with --candidate,
    with that ring launch and split instead, and the decode step below with each), 1 to 64 rows, twice;
    --sweep-fixed, the fixed time of a launch (o_proj's over 3,072-24,576 columns, also windowed, beside a copy and
-   a bf16 GEMV). --sweep-cluster, o_proj's and mlp down's launches with a block's warps over a thread-block cluster
-   (int4_mma's Shape.cl), cold and windowed, against the shipped ones, bits compared.
+   a bf16 GEMV).
 3. A decode step of one lane at a 512-token context (random weights built on the GPU, as tools.bench_round does)
    through DeviceRound with CUDA graphs, bf16 then the same weights packed to int4 (group 128, products through the
    kernel --int4-kernel names), then with the output head packed too (`ignis quantize --head`), then converted to
    fp8; speed-ups are bf16 ms over int4 or fp8 ms, floors are each model's weight bytes plus the lane's state and K/V.
-   --cluster-ab "name:CL:ASYNC,...", the int4-head step with those products over clusters (int4_mma.CLUSTERS) and
-   without, off, on, off, on.
 4. The built-in model in bf16 on the GPU, as shipped, int4 (group 128; and with its head, `--head`) and fp8:
    perplexity, greedy agreement and logit error against bf16 (tools.quant_quality.compare) over held-out prompts, and
    dflash2 tokens a round (ignis.acceptance.measure, 7 drafts, greedy, eager rounds) with each target.
@@ -51,8 +48,6 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
     python -m tools.bench_quant --out c.json --skip products,tunings,quality,bf16,fp8 --shape-ab "gdn in_proj" \
         --candidate 2:2:1:1:2 --pdl on
     python -m tools.bench_quant --out fixed.json --skip products,tunings,decode,quality --sweep-fixed
-    python -m tools.bench_quant --out cluster.json --skip products,tunings,decode,quality --sweep-cluster --pdl on
-    python -m tools.bench_quant --out cab.json --skip products,tunings,quality,bf16,fp8 --cluster-ab "o_proj:2:1"
 """
 
 from __future__ import annotations
@@ -83,7 +78,7 @@ from tools.round_work import POSITION, build_backend, decodes, floor_bytes
 from tools.variants import PDL_SWITCH, TRIGGERS
 from tools.quant_rounds import LANES, tile_rounds
 from tools import quant_arms as arms
-from tools.quant_launch import Candidate, shape_ab, sweep_cluster, sweep_fixed
+from tools.quant_launch import Candidate, shape_ab, sweep_fixed
 from tools.quant_summary import summary
 from tools.quant_tile import sweep_tile
 from tools.quant_products import (C, GROUP, layouts, policies, product_shape, products, sweep_hot, sweep_mma,
@@ -189,14 +184,12 @@ def decode_step(label: str, model: HybridModel, bw: float, context: int, iters: 
 def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
                  profile: bool = False, gdn_pdl_ab: bool = False,
                  trigger_ab: bool = False, act_order_ab: bool = False, ring_ab: str | None = None,
-                 skip: frozenset[str] = frozenset(), cluster_ab: str | None = None,
-                 candidate: tuple[str, Candidate] | None = None) -> dict[str, Any]:
+                 skip: frozenset[str] = frozenset(), candidate: tuple[str, Candidate] | None = None) -> dict[str, Any]:
     """The 27B decode step in bf16, int4, int4 with the output head packed and fp8 (its products through the kernel
     ignis.quant.fp8.FP8_KERNEL names, then through the Triton one: "fp8_triton"); with `swiglu_ab` the int4-head
     step again with SwiGLU in the gate | up product's store (SWIGLU_ROWS 8) and without (0), on the same model; with
     `gdn_pdl_ab` the int4-head step with each of GDN_PDL_ARMS; with `trigger_ab` with launch.EARLY_TRIGGER off, on, off;
-    with `ring_ab` with its products' ring loop off, on, off, on (`ring_ab`); with `cluster_ab` with its products'
-    launches over thread-block clusters (int4_mma.CLUSTERS, `clusters`) off, on, off, on; with `candidate` (a
+    with `ring_ab` with its products' ring loop off, on, off, on (`ring_ab`); with `candidate` (a
     product's name and a quant_launch.Candidate) with that product as shipped and as the candidate has it, twice;
     with `act_order_ab` the int4-head step again with every projection act-order (`act_order`: a gather of x ahead of
     each product), after the int4-head step it is compared with. `skip` "bf16" and "fp8" leave out those forms' steps
@@ -232,10 +225,6 @@ def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
         out.update(arms.ring_ab(step, ring_ab))
     if candidate is not None:
         out.update(arms.candidate_ab(step, *candidate))
-    if cluster_ab:
-        named = arms.clusters(cluster_ab)
-        out.update(arms.ab(step, "int4_head_cluster", mma_kernel, "CLUSTERS", ({}, named) * 2, f"cluster {cluster_ab}",
-                       ("off", "on") * 2))
     if act_order_ab:  # last: it changes the model
         out["int4_head_act_order_packed"] = act_order(model)
         out["int4_head_act_order"] = step("int4 head, act-order")
@@ -387,12 +376,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-fixed", action="store_true",
                     help="the time a 4-bit launch pays whatever its bytes: o_proj's launch over 3,072-24,576 columns, "
                          "PDL on and off, beside a copy and a bf16 GEMV of the same bytes (tools.quant_launch)")
-    ap.add_argument("--sweep-cluster", action="store_true",
-                    help="o_proj's and mlp down's launches with a block's warps over a thread-block cluster, cold and "
-                         "windowed, against the shipped ones, 1, 8 and 16 rows (tools.quant_launch)")
-    ap.add_argument("--cluster-ab", default=None, metavar="SPEC",
-                    help="time the int4-head decode step with these products' launches over clusters "
-                         "(int4_mma.CLUSTERS; name:CL:ASYNC,...) and without, off, on, off, on (one model)")
     ap.add_argument("--splits", default=None,
                     help="4-bit products' input splits for the whole run (int4_mma.SPLITS; name:KS:KW,...)")
     ap.add_argument("--act-order-ab", action="store_true",
@@ -436,10 +419,6 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError("--candidate is tried on the product --shape-ab names")
     if not args.sweep_fixed:
         skip.add("sweep_fixed")
-    if not args.sweep_cluster:
-        skip.add("sweep_cluster")
-    if args.cluster_ab is not None:
-        arms.clusters(args.cluster_ab)  # a spec that names no product fails here, before any GPU work
     set_kernel(args.int4_kernel)
     rows = tuple(int(n) for n in args.sweep_rows.split(",")) if args.sweep_rows else None
     if args.ring_ab is not None:
@@ -462,14 +441,13 @@ def main(argv: list[str] | None = None) -> int:
              ("sweep_tile", lambda: sweep_tile(bw, args.reps)),
              ("shape_ab", lambda: shape_ab(bw, args.reps, args.shape_ab, candidate)),
              ("sweep_fixed", lambda: sweep_fixed(bw, args.reps)),
-             ("sweep_cluster", lambda: sweep_cluster(bw, args.reps)),
              ("tile_rounds", lambda: tile_rounds(bw, args.context, args.iters,
                                                  tuple(int(n) for n in (args.tile_rounds or "").split(",")))),
              ("policies", lambda: policies(bw, args.reps)),
              ("layouts", lambda: layouts(bw, args.reps)),
              ("decode", lambda: decode_steps(bw, args.context, args.iters, args.swiglu_ab, args.graph_profile,
                                                   args.gdn_pdl_ab, args.trigger_ab, args.act_order_ab,
-                                                  args.ring_ab, frozenset(skip), args.cluster_ab,
+                                                  args.ring_ab, frozenset(skip),
                                                   None if candidate is None else (args.shape_ab, candidate))),
              ("quality", lambda: quality(args.prompts, args.tokens, args.accept_prompts, args.max_tokens))]
     for name, step in steps:

@@ -1,6 +1,6 @@
 """The arms of tools.bench_quant's decode-step A/Bs: what each switch sets on the engine's modules for one arm and puts
 back after, and the "name:n:...,..." specs that name the products and launches an arm takes (--ring-ab, --splits,
---cluster-ab, --candidate's arm, --gdn-pdl-ab, and the single switches through `ab`). `step` is
+--candidate's arm, --gdn-pdl-ab, and the single switches through `ab`). `step` is
 tools.bench_quant.decode_step on one model: every arm times the same weights."""
 
 from __future__ import annotations
@@ -87,11 +87,6 @@ def candidate_ab(step: Callable[..., dict[str, Any]], name: str, candidate: Cand
                                                          f"{r['graph_ms']:.3f} ms (replay {r['replay_ms']:.3f})"
                                                          for k, r in out.items()), flush=True)
     return out
-
-
-def clusters(spec: str) -> dict[tuple[int, int], tuple[int, bool]]:
-    """--cluster-ab's "name:CL:ASYNC,..." as int4_mma.CLUSTERS."""
-    return {shape: (cl, bool(a)) for shape, (cl, a) in _items(spec, "--cluster-ab", "name:CL:ASYNC", (2,))}
 
 
 def splits(spec: str) -> dict[tuple[int, int], tuple[int, int]]:

@@ -5,9 +5,6 @@
   (int4_mma.RING_LAUNCHES and SPLITS, int4_tile.SHAPE_TILES) or against a candidate's (`Candidate`: a ring launch
   and, if it names one, a split), at 1 to 64 rows, alternated twice. A split changes the order of the sums, so the
   two arms' bits may differ; each arm's are its own at every row count (the GPU tests).
-- `sweep_cluster`: the 5,120-output products (o_proj, mlp down: 320 blocks of 8 warps, 2.42 an SM) with a block's
-  warps spread over a thread-block cluster of CL blocks of threads (int4_mma's Shape.cl: the cluster's barrier, or
-  st.async counted by an mbarrier), cold and windowed, against the shipped launch, twice, with their bits compared.
 - `sweep_fixed`: the time a launch pays whatever its bytes. o_proj's launch over weights of its 5,120 outputs and
   3,072 to 24,576 columns, launched programmatic-dependent and not, and windowed (its codes from L2, so what it pays
   without DRAM's wait), beside a device copy and a bf16 cuBLAS GEMV of the same bytes; a line through each form's
@@ -21,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -35,9 +32,6 @@ from tools.quant_products import (GROUP, WINDOW, _timed, floor_ms, mma_copies, p
                                    weight_copies)
 
 AB_ROWS = (1, 8, 16, 17, 24, 32, 48, 64)
-CLUSTER_PRODUCTS = ("o_proj", "mlp down")
-CLUSTER_FORMS = ((1, False), (2, False), (2, True), (4, True), (8, True))  # (CL, async); (1, False): as shipped
-CLUSTER_ROWS = (1, 8, 16)
 FIXED_COLUMNS = (3072, 6144, 12288, 24576)  # o_proj's 6,144 halved and doubled twice
 O_PROJ = (5120, 6144)
 
@@ -103,42 +97,6 @@ def shape_ab(bw: float, reps: int, name: str, candidate: Candidate | None = None
                 said.append(f"{form} {_timed(row, [partial(int4_mma, x, w) for w in cm], reps, floor).strip()}")
             rows_out.append(row)
         print(f"shape ab {name} rows {r:2d}: " + ", ".join(said), flush=True)
-    return rows_out
-
-
-def sweep_cluster(bw: float, reps: int) -> list[dict[str, Any]]:
-    """CLUSTER_PRODUCTS's launches as int4_mma takes them at CLUSTER_ROWS, as shipped and over each of CLUSTER_FORMS's
-    clusters that divide their KW, cold and windowed (WINDOW), the forms alternated twice: us and x floor each, and
-    whether a cluster's output is the shipped launch's bit for bit (it must be: the same sums)."""
-    dev = torch.device("cuda")
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    rows_out: list[dict[str, Any]] = []
-    for name in CLUSTER_PRODUCTS:
-        nout, ncols = product_shape(name)
-        nm, cm = mma_copies(nout, ncols, dev)
-        for r in CLUSTER_ROWS:
-            x = torch.randn(r, ncols, device=dev).bfloat16()
-            floor = floor_ms(nm, r, nout, ncols, bw)
-            s = shipped(nout, ncols, GROUP, sms, r)
-            forms = [(cl, a) for cl, a in CLUSTER_FORMS if s.kw % cl == 0]
-            alone = int4_mma(x, cm[0], s)
-            for again in (False, True):
-                said = []
-                for cl, asynchronous in forms:
-                    launch_ = replace(s, cl=cl, cl_async=asynchronous)
-                    form = "shipped" if cl == 1 else f"cl {cl}{' async' if asynchronous else ''}"
-                    same = bool(torch.equal(int4_mma(x, cm[0], launch_), alone))
-                    for window in (0, WINDOW):
-                        row: dict[str, Any] = {"shape": name, "rows": r, "form": form, "cl": cl,
-                                               "async": asynchronous, "windowed": bool(window), "again": again,
-                                               "same_bits": same, "kw": s.kw, "ks": s.ks}
-                        t = _timed(row, [partial(int4_mma, x, w, launch_, window=window) for w in cm], reps, floor)
-                        rows_out.append(row)
-                        said.append(f"{form}{' windowed' if window else ''} {t.strip()}"
-                                    + ("" if same else " BITS DIFFER"))
-                print(f"cluster {name} rows {r:2d}: " + ", ".join(said), flush=True)
-        del cm
-        torch.cuda.empty_cache()
     return rows_out
 
 

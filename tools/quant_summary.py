@@ -107,14 +107,6 @@ def summary(result: dict[str, Any]) -> list[str]:
         lines.append(f"mma from DRAM, one copy and windowed, {shape}, {r:2d} rows: "
                      + ", ".join(f"{k} x{v:.2f}" for k, v in forms.items()))
     lines += _step_products(result.get("sweep_hot", []))
-    cl: dict[tuple[str, int], dict[str, list[float]]] = {}
-    for p in result.get("sweep_cluster", []):
-        if "ms" in p:
-            form = p["form"] + (" windowed" if p["windowed"] else "") + ("" if p["same_bits"] else " (bits differ)")
-            cl.setdefault((p["shape"], p["rows"]), {}).setdefault(form, []).append(p["x_floor"])
-    for (shape, r), timed in cl.items():
-        lines.append(f"mma over clusters, {shape}, {r:2d} rows: "
-                     + ", ".join(f"{form} x{sum(xs) / len(xs):.2f}" for form, xs in timed.items()))
     pol = result.get("policies")
     if pol:
         b, table = pol["best"], pol["sums"][0]
