@@ -216,7 +216,8 @@ def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
     out["int4_head"] = decode_step("int4 head", model, bw, context, iters, profile)
     step = partial(decode_step, model=model, bw=bw, context=context, iters=iters, profile=profile)
     if swiglu_ab:
-        out.update(arms.ab(step, "int4_head_swiglu", quant_linear, "SWIGLU_ROWS", (8, 0), "SwiGLU in the store to rows"))
+        out.update(arms.ab(step, "int4_head_swiglu", quant_linear, "SWIGLU_ROWS", (8, 0),
+                           "SwiGLU in the store to rows"))
     if gdn_pdl_ab:
         out.update(arms.gdn_pdl_ab(step))
     if trigger_ab:

@@ -17,7 +17,7 @@ from tools.quant_products import product_shape
 
 
 def ab(step: Callable[..., dict[str, Any]], key: str, module: Any, switch: str | tuple[str, ...],
-        values: tuple[Any, ...], what: str, names: tuple[str, ...] | None = None) -> dict[str, Any]:
+       values: tuple[Any, ...], what: str, names: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The int4-head decode step once with each of `values` set on module.`switch` (the same model; with a tuple of
     switches, each value a tuple of theirs), the switches put back after: {f"{key}_{name}": the step's figures}, a
     value's name its `names` entry or the value itself (a name met again gets "_again")."""
@@ -72,7 +72,7 @@ def ring_ab(step: Callable[..., dict[str, Any]], spec: str) -> dict[str, Any]:
            {k: v for k, v in kept_splits.items() if k not in rings})
     on = ({**off[0], **rings}, {**off[1], **split_of})
     return ab(step, "int4_head_ring", mma_kernel, ("RING_LAUNCHES", "SPLITS"), (off, on) * 2, f"ring {spec}",
-               ("off", "on") * 2)
+              ("off", "on") * 2)
 
 
 def candidate_ab(step: Callable[..., dict[str, Any]], name: str, candidate: Candidate) -> dict[str, Any]:
@@ -95,7 +95,8 @@ def splits(spec: str) -> dict[tuple[int, int], tuple[int, int]]:
 
 
 # --gdn-pdl-ab's arms: (launch.GDN_PDL, gdn.CUDA_NORMED), None as shipped (the round decides); the first again last
-GDN_PDL_ARMS: tuple[tuple[bool | None, bool | None], ...] = ((False, False), (None, False), (None, None), (False, False))
+GDN_PDL_ARMS: tuple[tuple[bool | None, bool | None], ...] = (
+    (False, False), (None, False), (None, None), (False, False))
 
 
 def gdn_pdl_ab(step: Callable[..., dict[str, Any]]) -> dict[str, Any]:
