@@ -237,8 +237,11 @@ def test_a_huge_prompt_is_tokenized_off_the_event_loop(served: Served) -> None:
             time.sleep(0.02)
     worker.join()
     assert done and done[0] > 0.4, done  # long enough to matter
-    # On the event loop, one of these calls would have waited about as long as the whole tokenization.
-    assert len(waits) >= 5 and max(waits) < done[0] / 4, (max(waits), done)
+    # On the event loop, one of these calls would have waited about as long as the whole tokenization (less the 0.1 s
+    # before the first); off it, most answer at once, and the slowest waits on the GIL the tokenizer's thread takes
+    # turns with (0.35 s of a 1.1 s tokenization once, on a loaded two-core machine).
+    assert len(waits) >= 5 and max(waits) < done[0] / 2, (max(waits), done)
+    assert sorted(waits)[len(waits) // 2] < done[0] / 10, (waits, done)
 
 
 def test_an_unexpected_exception_is_a_500_in_openai_shape_with_a_request_id_and_keeps_the_connection(
