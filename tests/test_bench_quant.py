@@ -366,3 +366,24 @@ def test_a_candidate_launch_replaces_one_products_entries_for_its_arm_only() -> 
             Candidate.parse(bad)
     with pytest.raises(ValueError, match="--shape-ab"):
         main(["--out", "unused.json", "--candidate", "2:2:1"])
+
+
+def test_an_ab_keeps_every_arm_it_times_however_often_a_value_comes_back() -> None:
+    """`ab`'s arms alternated three times: six steps, six entries (a value met a third time got its own key, not the
+    second's), the switch put back after."""
+    import types
+
+    from tools.quant_arms import ab
+
+    module = types.SimpleNamespace(FLAG=False)
+    seen = []
+
+    def step(label: str) -> dict[str, float]:
+        seen.append(module.FLAG)
+        return {"graph_ms": float(len(seen)), "replay_ms": 1.0}
+
+    out = ab(step, "flag", module, "FLAG", (False, True) * 3, "flag")
+    assert list(out) == ["flag_False", "flag_True", "flag_False_again", "flag_True_again", "flag_False_again2",
+                         "flag_True_again2"]
+    assert [r["graph_ms"] for r in out.values()] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert seen == [False, True] * 3 and module.FLAG is False

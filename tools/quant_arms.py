@@ -20,16 +20,18 @@ def ab(step: Callable[..., dict[str, Any]], key: str, module: Any, switch: str |
        values: tuple[Any, ...], what: str, names: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The int4-head decode step once with each of `values` set on module.`switch` (the same model; with a tuple of
     switches, each value a tuple of theirs), the switches put back after: {f"{key}_{name}": the step's figures}, a
-    value's name its `names` entry or the value itself (a name met again gets "_again")."""
+    value's name its `names` entry or the value itself (a name met again gets "_again", then "_again2", ...)."""
     switches = (switch,) if isinstance(switch, str) else switch
-    kept, out = tuple(getattr(module, name) for name in switches), {}
+    kept = tuple(getattr(module, name) for name in switches)
+    out: dict[str, Any] = {}
     labels = names or tuple(str(v) for v in values)
     try:
         for v, label in zip(values, labels):
             for name, value, old in zip(switches, (v,) if isinstance(switch, str) else v, kept):
                 setattr(module, name, type(old)(value))
-            name = f"{key}_{label}" if f"{key}_{label}" not in out else f"{key}_{label}_again"
-            out[name] = step(f"int4 head, {what} {label}")
+            met = labels[:len(out)].count(label)
+            out[f"{key}_{label}" + ("" if not met else "_again" if met == 1 else f"_again{met}")] = step(
+                f"int4 head, {what} {label}")
     finally:
         for name, old in zip(switches, kept):
             setattr(module, name, old)
