@@ -6,13 +6,12 @@ tools.bench_quant.decode_step on one model: every arm times the same weights."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import nullcontext
 from typing import Any
 
 from ignis.kernels import int4_mma as mma_kernel
 from ignis.kernels import launch
 
-from tools.quant_launch import Candidate, trying
+from tools.quant_launch import Candidate
 from tools.quant_products import product_shape
 
 
@@ -78,17 +77,12 @@ def ring_ab(step: Callable[..., dict[str, Any]], spec: str) -> dict[str, Any]:
 
 
 def candidate_ab(step: Callable[..., dict[str, Any]], name: str, candidate: Candidate) -> dict[str, Any]:
-    """The int4-head decode step with the product `name` as shipped and with `candidate`'s launch (`trying`), twice,
-    on one model: {"int4_head_candidate_<arm>[_again]": the step's figures}."""
-    out = {}
-    for label in ("shipped", "candidate") * 2:
-        key = f"int4_head_candidate_{label}" + ("_again" if f"int4_head_candidate_{label}" in out else "")
-        with trying(product_shape(name), candidate) if label == "candidate" else nullcontext():
-            out[key] = step(f"int4 head, {name} {label}")
-    print(f"candidate {name} {candidate}: " + ", ".join(f"{k.removeprefix('int4_head_candidate_')}: "
-                                                         f"{r['graph_ms']:.3f} ms (replay {r['replay_ms']:.3f})"
-                                                         for k, r in out.items()), flush=True)
-    return out
+    """The int4-head decode step with the product `name` as shipped and with `candidate`'s launch
+    (`Candidate.launches`), twice, on one model: {"int4_head_candidate_<arm>[_again]": the step's figures}."""
+    shipped = (mma_kernel.RING_LAUNCHES, mma_kernel.SPLITS)
+    return ab(step, "int4_head_candidate", mma_kernel, ("RING_LAUNCHES", "SPLITS"),
+              (shipped, candidate.launches(product_shape(name))) * 2, f"candidate {name} {candidate}",
+              ("shipped", "candidate") * 2)
 
 
 def splits(spec: str) -> dict[tuple[int, int], tuple[int, int]]:

@@ -52,14 +52,20 @@ class Candidate:
             raise ValueError(f"--candidate takes U:AHEAD:XRING[:KS:KW], got {spec!r}")
         return cls((numbers[0], numbers[1], bool(numbers[2])), (numbers[3], numbers[4]) if len(numbers) == 5 else None)
 
+    def launches(self, shape: tuple[int, int]) -> tuple[dict[tuple[int, int], tuple[int, int, bool]],
+                                                        dict[tuple[int, int], tuple[int, int]]]:
+        """int4_mma.RING_LAUNCHES and SPLITS as they stand, with this candidate's entries for a weight of `shape` (a
+        split it does not name: the shipped one)."""
+        rings, splits = mma_kernel.RING_LAUNCHES, mma_kernel.SPLITS
+        return {**rings, shape: self.ring}, splits if self.split is None else {**splits, shape: self.split}
+
 
 @contextmanager
 def trying(shape: tuple[int, int], candidate: Candidate) -> Iterator[None]:
-    """int4_mma's calls for a weight of `shape` with `candidate`'s ring launch and split in place of its own (a
-    split the candidate does not name: its shipped one); RING_LAUNCHES and SPLITS put back after."""
+    """int4_mma's calls for a weight of `shape` with `candidate`'s ring launch and split in place of its own
+    (`Candidate.launches`); RING_LAUNCHES and SPLITS put back after."""
     kept = mma_kernel.RING_LAUNCHES, mma_kernel.SPLITS
-    mma_kernel.RING_LAUNCHES = {**kept[0], shape: candidate.ring}
-    mma_kernel.SPLITS = kept[1] if candidate.split is None else {**kept[1], shape: candidate.split}
+    mma_kernel.RING_LAUNCHES, mma_kernel.SPLITS = candidate.launches(shape)
     try:
         yield
     finally:
