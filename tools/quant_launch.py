@@ -17,7 +17,7 @@ Timed as tools.quant_products times the products: CUDA graphs cycling over weigh
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -60,29 +60,33 @@ class Candidate:
         return {**rings, shape: self.ring}, splits if self.split is None else {**splits, shape: self.split}
 
 
+# the tables int4_mma's launch for a weight's shape reads: its ring launch, its split, its tiled kernel's tiles
+TABLES = ((mma_kernel, "RING_LAUNCHES"), (mma_kernel, "SPLITS"), (int4_tile, "SHAPE_TILES"))
+
+
 @contextmanager
-def trying(shape: tuple[int, int], candidate: Candidate) -> Iterator[None]:
+def _tables(values: tuple[dict[Any, Any], ...]) -> Iterator[None]:
+    """TABLES set to `values` (in TABLES' order), the shipped ones put back after."""
+    kept = tuple(getattr(module, name) for module, name in TABLES)
+    for (module, name), value in zip(TABLES, values):
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for (module, name), value in zip(TABLES, kept):
+            setattr(module, name, value)
+
+
+def trying(shape: tuple[int, int], candidate: Candidate) -> AbstractContextManager[None]:
     """int4_mma's calls for a weight of `shape` with `candidate`'s ring launch and split in place of its own
     (`Candidate.launches`); RING_LAUNCHES and SPLITS put back after."""
-    kept = mma_kernel.RING_LAUNCHES, mma_kernel.SPLITS
-    mma_kernel.RING_LAUNCHES, mma_kernel.SPLITS = candidate.launches(shape)
-    try:
-        yield
-    finally:
-        mma_kernel.RING_LAUNCHES, mma_kernel.SPLITS = kept
+    return _tables((*candidate.launches(shape), int4_tile.SHAPE_TILES))
 
 
-@contextmanager
-def without(shape: tuple[int, int]) -> Iterator[None]:
+def without(shape: tuple[int, int]) -> AbstractContextManager[None]:
     """int4_mma's calls for a weight of `shape` [out, in] as if RING_LAUNCHES, SPLITS and SHAPE_TILES did not name
     it; the three put back after."""
-    kept = mma_kernel.RING_LAUNCHES, mma_kernel.SPLITS, int4_tile.SHAPE_TILES
-    mma_kernel.RING_LAUNCHES, mma_kernel.SPLITS, int4_tile.SHAPE_TILES = (
-        {k: v for k, v in d.items() if k != shape} for d in kept)
-    try:
-        yield
-    finally:
-        mma_kernel.RING_LAUNCHES, mma_kernel.SPLITS, int4_tile.SHAPE_TILES = kept
+    return _tables(tuple({k: v for k, v in getattr(module, name).items() if k != shape} for module, name in TABLES))
 
 
 def shape_ab(bw: float, reps: int, name: str, candidate: Candidate | None = None) -> list[dict[str, Any]]:
