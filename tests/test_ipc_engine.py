@@ -20,7 +20,7 @@ from ignis.client.process_client import ProcessClient
 from ignis.engine.process import EngineProcess
 from ignis.errors import ArtifactError, EngineDeadError
 from ignis.ipc.addresses import private_ipc_address
-from ignis.ipc.messages import EngineRequest, RequestDelta
+from ignis.ipc.messages import EngineRequest
 from ignis.params import SamplingParams
 from serving import config, tiny_artifact
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ignis.kernels.topk import topk_reference
 
 pytest.importorskip("triton")
 

@@ -13,7 +13,6 @@ import pytest
 from engines import Churn, make_engine, run
 from ignis.engine.core import Engine
 from ignis.engine.retain import Moves
-from ignis.ipc.messages import EngineRequest
 from ignis.params import SamplingParams
 from tiny import tiny_checkpoint
 
