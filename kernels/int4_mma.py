@@ -177,12 +177,14 @@ ROW_SPLIT_BELOW = 4  # feature blocks an SM
 # Weight shapes [out, in] -> (U, AHEAD, XRING) of their one-row-tile launches (1 to 8 rows) on the ring loop: the
 # step loop unrolled over its ring with each step's loads kept above its compute (the kernel's RING), x in the ring
 # too with XRING. On an H100 (BENCHMARKS.md, "x in the ring's slots"), the 27B's o_proj / gdn out_proj (5,120 x
-# 6,144) went from 1.49 to 1.34x its floor at one row and 1.72 to 1.35 at 8 at U 2 AHEAD 2, its gdn in_proj qkv+z
-# (16,384 x 5,120) from 1.11 to 1.07 and 1.18 to 1.09 with x in the ring at U 2 AHEAD 1, and the 27B int4-head
-# decode step with both 6.75 -> 6.68 ms a replay (twice, off and on). mlp down (5,120 x 17,408) takes U 2 AHEAD 2
-# on its SPLITS split. Attention qkv and gate_up (its 1-8 rows store SwiGLU) keep the plain loop, as fast or faster.
+# 6,144) went from 1.49 to 1.34x its floor at one row and 1.72 to 1.35 at 8 at U 2 AHEAD 2. The 27B's gdn in_proj
+# qkv+z (16,384 x 5,120) took x in the ring at U 2 AHEAD 1 on an H100 (1.11 -> 1.07, 1.18 -> 1.09); on an H200,
+# after the ring's loads waited for their own codes, U 2 AHEAD 2 without it is faster (BENCHMARKS.md, "The 4-bit
+# products on the H200 at e08bf8b": 1.40 -> 1.20 at 1 and 8 rows, the same from 16 rows, the int4-head decode step
+# 5.55 -> 5.49 ms a replay, twice). mlp down (5,120 x 17,408) takes U 2 AHEAD 2 on its SPLITS split. Attention qkv
+# and gate_up (its 1-8 rows store SwiGLU) keep the plain loop, as fast or faster.
 RING_LAUNCHES: dict[tuple[int, int], tuple[int, int, bool]] = {
-    (5120, 6144): (2, 2, False), (16384, 5120): (2, 1, True), (5120, 17408): (2, 2, False)}
+    (5120, 6144): (2, 2, False), (16384, 5120): (2, 2, False), (5120, 17408): (2, 2, False)}
 # 4-bit weight shapes [out, in] -> the input split (KS, KW) they take instead of choose's, at every row count (the
 # split orders a row's sums, so it cannot change with the rows; tools.bench_quant --splits sets it for a run,
 # --ring-ab's items may name one). mlp down on KS 1 x KW 8, its ring launch and its F 2 tiles against choose's KS 2 x
