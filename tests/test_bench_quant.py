@@ -387,3 +387,13 @@ def test_an_ab_keeps_every_arm_it_times_however_often_a_value_comes_back() -> No
                          "flag_True_again2"]
     assert [r["graph_ms"] for r in out.values()] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
     assert seen == [False, True] * 3 and module.FLAG is False
+
+
+def test_the_blocks_sweep_times_a_launch_at_one_two_and_three_blocks_an_sm_beside_its_own() -> None:
+    """--sweep-blocks: mlp down's and o_proj's launches at their own 5,120 outputs (2.42 blocks of threads an SM on
+    132 SMs) and at widths of exactly 1, 2 and 3 an SM; the products it names are the 27B's 5,120-output ones."""
+    from tools.quant_launch import BLOCK_PRODUCTS, block_widths, product_shape
+
+    assert block_widths(5120, 132) == [2112, 4224, 5120, 6336]
+    assert block_widths(4224, 132) == [2112, 4224, 6336]
+    assert [product_shape(name)[0] for name in BLOCK_PRODUCTS] == [5120, 5120]

@@ -25,7 +25,8 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
    --shape-ab NAME, one product as int4_mma runs it and without its shape's own launch entries (with --candidate,
    with that ring launch and split instead, and the decode step below with each), 1 to 64 rows, twice;
    --sweep-fixed, the fixed time of a launch (o_proj's over 3,072-24,576 columns, also windowed, beside a copy and
-   a bf16 GEMV).
+   a bf16 GEMV). --sweep-blocks, mlp down's and o_proj's launches over 1, 2 and 3 blocks of threads an SM of
+   outputs beside their own, cold and windowed (tools.quant_launch).
 3. A decode step of one lane at a 512-token context (random weights built on the GPU, as tools.bench_round does)
    through DeviceRound with CUDA graphs, bf16 then the same weights packed to int4 (group 128, products through the
    kernel --int4-kernel names), then with the output head packed too (`ignis quantize --head`), then converted to
@@ -48,6 +49,7 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
     python -m tools.bench_quant --out c.json --skip products,tunings,quality,bf16,fp8 --shape-ab "gdn in_proj" \
         --candidate 2:2:1:1:2 --pdl on
     python -m tools.bench_quant --out fixed.json --skip products,tunings,decode,quality --sweep-fixed
+    python -m tools.bench_quant --out blocks.json --skip products,tunings,decode,quality --sweep-blocks --pdl on
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ from tools.round_work import POSITION, build_backend, decodes, floor_bytes
 from tools.variants import PDL_SWITCH, TRIGGERS
 from tools.quant_rounds import LANES, tile_rounds
 from tools import quant_arms as arms
-from tools.quant_launch import Candidate, shape_ab, sweep_fixed
+from tools.quant_launch import Candidate, shape_ab, sweep_blocks, sweep_fixed
 from tools.quant_summary import summary
 from tools.quant_tile import sweep_tile
 from tools.quant_products import (C, GROUP, layouts, policies, product_shape, products, sweep_hot, sweep_mma,
@@ -377,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-fixed", action="store_true",
                     help="the time a 4-bit launch pays whatever its bytes: o_proj's launch over 3,072-24,576 columns, "
                          "PDL on and off, beside a copy and a bf16 GEMV of the same bytes (tools.quant_launch)")
+    ap.add_argument("--sweep-blocks", action="store_true",
+                    help="mlp down's and o_proj's launches over 1, 2 and 3 blocks of threads an SM of outputs beside "
+                         "their own 5,120, cold and windowed, 1 and 8 rows (tools.quant_launch)")
     ap.add_argument("--splits", default=None,
                     help="4-bit products' input splits for the whole run (int4_mma.SPLITS; name:KS:KW,...)")
     ap.add_argument("--act-order-ab", action="store_true",
@@ -420,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError("--candidate is tried on the product --shape-ab names")
     if not args.sweep_fixed:
         skip.add("sweep_fixed")
+    if not args.sweep_blocks:
+        skip.add("sweep_blocks")
     set_kernel(args.int4_kernel)
     rows = tuple(int(n) for n in args.sweep_rows.split(",")) if args.sweep_rows else None
     if args.ring_ab is not None:
@@ -442,6 +449,7 @@ def main(argv: list[str] | None = None) -> int:
              ("sweep_tile", lambda: sweep_tile(bw, args.reps)),
              ("shape_ab", lambda: shape_ab(bw, args.reps, args.shape_ab, candidate)),
              ("sweep_fixed", lambda: sweep_fixed(bw, args.reps)),
+             ("sweep_blocks", lambda: sweep_blocks(bw, args.reps)),
              ("tile_rounds", lambda: tile_rounds(bw, args.context, args.iters,
                                                  tuple(int(n) for n in (args.tile_rounds or "").split(",")))),
              ("policies", lambda: policies(bw, args.reps)),

@@ -1,5 +1,5 @@
-"""Two measurements of the 4-bit product's launches as the engine makes them, what tools.bench_quant --shape-ab and
---sweep-fixed run:
+"""Three measurements of the 4-bit product's launches as the engine makes them, what tools.bench_quant --shape-ab,
+--sweep-fixed and --sweep-blocks run:
 
 - `shape_ab`: one 27B product as int4_mma runs it, against the same call without its shape's own entries
   (int4_mma.RING_LAUNCHES and SPLITS, int4_tile.SHAPE_TILES) or against a candidate's (`Candidate`: a ring launch
@@ -10,6 +10,12 @@
   without DRAM's wait), beside a device copy and a bf16 cuBLAS GEMV of the same bytes; a line through each form's
   (floor, time) points, whose intercept is that fixed time and whose slope is how near the copy bandwidth the bytes
   stream.
+- `sweep_blocks`: what a 5,120-output product's launch waits on. mlp down's and o_proj's launches (as int4_mma takes
+  them at 1-8 rows) over weights of their own columns and 1, 2 and 3 blocks of threads an SM of outputs beside their
+  own 5,120 (2.42 an SM on 132 SMs), cold and windowed, at 1 and 8 rows. Where two and three blocks an SM take the
+  same time, the launch lasts one warp's chain of steps (what bounds it is each warp's latency, and only shorter runs
+  shorten it); where the time grows with the blocks, the SMs or DRAM share it out (more bytes in flight would not help
+  a launch that DRAM already keeps busy).
 
 Timed as tools.quant_products times the products: CUDA graphs cycling over weight copies that L2 cannot hold.
 """
@@ -169,3 +175,44 @@ def sweep_fixed(bw: float, reps: int) -> dict[str, Any]:
         print(f"fixed {form}{'' if nrows is None else f', {nrows} rows'}: {fixed:.2f} us + {slope:.3f} x floor ({at})",
               flush=True)
     return {"rows": rows_out, "fits": fits}
+
+
+BLOCK_PRODUCTS = ("mlp down", "o_proj")  # the 27B's products of 5,120 outputs: 320 blocks of threads
+BLOCKS_AN_SM = (1, 2, 3)
+
+
+def block_widths(nout: int, sms: int) -> list[int]:
+    """The outputs `sweep_blocks` times a launch of `nout` outputs over: its own, and 16 x `sms` x each of
+    BLOCKS_AN_SM (one feature block a block of threads: 1, 2 and 3 blocks an SM), ascending."""
+    return sorted({16 * sms * k for k in BLOCKS_AN_SM} | {nout})
+
+
+def sweep_blocks(bw: float, reps: int) -> list[dict[str, Any]]:
+    """Each of BLOCK_PRODUCTS' launches (its own split, ring and step, as `shipped` gives them for its 5,120 outputs)
+    over weights of its columns and 16 x SMs x BLOCKS_AN_SM outputs beside its own, 1 and 8 rows, cold and windowed:
+    us, x floor, and blocks an SM. The launch is the product's at every width (one block of threads a feature block,
+    so the width sets the blocks an SM); the floors are each weight's own bytes."""
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    rows_out: list[dict[str, Any]] = []
+    for name in BLOCK_PRODUCTS:
+        nout0, ncols = product_shape(name)
+        for nout in block_widths(nout0, sms):
+            nm, cm = mma_copies(nout, ncols, dev)
+            for r in (1, 8):
+                s = shipped(nout0, ncols, GROUP, sms, r)
+                x = torch.randn(r, ncols, device=dev).bfloat16()
+                floor = floor_ms(nm, r, nout, ncols, bw)
+                blocks = nout // 16 * s.ks / (s.rb * s.f) / sms
+                said = []
+                for form, window in (("cold", 0), ("windowed", WINDOW)):
+                    row: dict[str, Any] = {"product": name, "out": nout, "in": ncols, "rows": r, "form": form,
+                                           "blocks_an_sm": blocks, "floor_ms": floor}
+                    said.append(f"{form} " + _timed(row, [partial(int4_mma, x, w, s, window=window) for w in cm],
+                                                    reps, floor))
+                    rows_out.append(row)
+                print(f"blocks {name:9s} {nout:6d} x {ncols} ({blocks:4.2f} an SM) rows {r}  {'  '.join(said)}",
+                      flush=True)
+            del cm
+            torch.cuda.empty_cache()
+    return rows_out
