@@ -192,6 +192,11 @@ RING_LAUNCHES: dict[tuple[int, int], tuple[int, int, bool]] = {
 # --shape-ab), PDL on, us: 1 row 19.1 -> 18.0, 8 rows 20.9 -> 18.5, 16 rows 29.5 -> 26.7, 17 rows 42.3 -> 36.0,
 # 32 rows 51.6 -> 43.3, 64 rows 86 -> 84; the 27B int4-head decode step 6.58 -> 6.48 ms a replay (twice).
 SPLITS: dict[tuple[int, int], tuple[int, int]] = {(5120, 17408): (1, 8)}
+# Whether the lanes of the rows past a call's read row 0's x instead of zeros (the kernel's XPAD: the same bits, four
+# fewer instructions a chunk). On an H100 (BENCHMARKS.md, "Fewer instructions a chunk") it takes mlp down to 0.90 of
+# its windowed time at one row, the time an H200's cold launch tracks, and adds 2-9% to the H100's cold launches: off
+# until an H200 measures it (tools.bench_quant --x-pad row0, and --x-pad-ab for the decode step).
+X_PAD_ROW0 = False
 
 
 def split(nout: int, ncols: int, group: int, sms: int) -> Shape:
@@ -225,7 +230,7 @@ def _function(device: torch.device, nt: int, shape: Shape, gpc: int, dtype: torc
                ("SBF16", int(scale_dtype == torch.bfloat16)), ("SWIGLU", int(swiglu)), ("PDL", int(early)),
                ("TRIGGER", int(early and launches.EARLY_TRIGGER)), ("RING", int(shape.ring)),
                ("XRING", int(shape.xring))) + ((("WINDOW", window),) if window else ())
-    return load(SOURCE, "int4_mma", defines, device)
+    return load(SOURCE, "int4_mma", defines + ((("XPAD", 1),) if X_PAD_ROW0 else ()), device)
 
 
 def ringed(s: Shape, nt: int, nout: int, ncols: int, group: int, swiglu: bool = False) -> Shape:

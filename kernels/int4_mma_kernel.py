@@ -49,7 +49,10 @@ that reads it. The same sums either way; ignis.kernels.int4_mma.RING_LAUNCHES sa
 (with RING, where a step's x fits in registers: x in the ring's slots as well, each step's loaded AHEAD steps before
 its sums, with its codes; 0 by default), WINDOW (benchmarks only, 0 by default: every warp reads the codes and
 scales of its feature block modulo WINDOW, so a launch at its own grid and instructions reads its codes from L2, and
-its sums are not the product's; ignis.kernels.int4_mma's `window`).
+its sums are not the product's; ignis.kernels.int4_mma's `window`), XPAD (1: the lanes of the rows past the call's
+load row 0's x, as their addresses already say, instead of zeros; those rows' sums are never stored, so the bits are
+the same, and no register is zeroed nor load predicated: four fewer instructions a chunk; 0, the default;
+ignis.kernels.int4_mma.X_PAD_ROW0).
 """
 
 # The macros' defaults, the types and the device functions the 4-bit kernels share (ignis.kernels.int4_tile_kernel
@@ -66,6 +69,9 @@ PRELUDE = r"""
 #endif
 #ifndef TRIGGER
 #define TRIGGER 0
+#endif
+#ifndef XPAD
+#define XPAD 0
 #endif
 #define FO (SWIGLU ? F / 2 : F)  /* output feature blocks a warp: with SWIGLU FO gate blocks and their up partners */
 
@@ -104,11 +110,17 @@ __device__ __forceinline__ uint2 load_scales(const uint2* p) {
     return v;
 }
 
-__device__ __forceinline__ uint4 load_x(const u16* p, bool live) {  // zero for rows past the call's
+__device__ __forceinline__ uint4 load_x(const u16* p, bool live) {  // zero for rows past the call's (XPAD: p's)
+#if XPAD
+    uint4 v;  // a row past the call's has row 0's address: its sums are never stored
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+#else
     uint4 v = make_uint4(0, 0, 0, 0);
     asm volatile("{ .reg .pred p; setp.ne.b32 p, %5, 0;\n"
                  "@p ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4]; }"
                  : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w) : "l"(p), "r"((int)live));
+#endif
     return v;
 }
 

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from ignis.kernels import int4_mma
 from ignis.kernels.int4_mma import Shape, choose, launch, ringed, split
@@ -197,3 +198,40 @@ def test_a_split_named_for_a_shape_replaces_chooses_at_every_row_count(monkeypat
     for nt in (1, 2, 4, 8):
         s = launch(split(*DOWN, 128, SMS), nt)
         assert (s.ks, s.kw, s.unit) == (1, 8, 4)
+
+
+def _loop_of(source_defines: tuple[tuple[str, int], ...], tmp: Path) -> list[str]:
+    return _loop(_sass(source_defines, tmp))
+
+
+def test_padded_rows_reading_row_0s_x_zero_no_register_and_predicate_no_load(tmp_path: Path) -> None:
+    """XPAD (int4_mma.X_PAD_ROW0): the shipped 1-8-row launches compile without spills within 80 registers (3 blocks
+    of 8 warps an SM) and their loop of mma zeroes no register and predicates no load of x, where the default build
+    does both; the bits are the GPU tests' (tests/test_quant_mma_gpu.py)."""
+    x_load = re.compile(r"\bLDG\.E\.128\.CONSTANT\b")
+    for nout, ncols in (O_PROJ, DOWN, GATE_UP):
+        s = ringed(launch(split(nout, ncols, 128, SMS), 1), 1, nout, ncols, 128)
+        zero = _loop_of(_defines(s), tmp_path)
+        assert any(i.startswith("CS2R") for i in zero) and any(i.startswith("@") and x_load.search(i) for i in zero)
+        pad = (*_defines(s), ("XPAD", 1))
+        cubin = compile_cubin(SOURCE, "int4_mma", "sm_90", pad)
+        assert cubin.spills == 0 and cubin.registers <= 80, (nout, ncols, cubin.registers)
+        row0 = _loop_of(pad, tmp_path)
+        assert not any(i.startswith("CS2R") for i in row0), (nout, ncols)
+        assert [i for i in row0 if x_load.search(i)] and not [i for i in row0 if x_load.search(i) and "@" in i]
+        assert len(row0) < len(zero)
+
+
+def test_x_pad_row0_reaches_the_launch_only_when_switched_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """int4_mma._function passes XPAD 1 to the compiler with X_PAD_ROW0 on, and no XPAD at all with it off (the
+    default: the cubins the other tests read)."""
+    from ignis.kernels import nvrtc
+
+    seen: list[tuple[tuple[str, int], ...]] = []
+    monkeypatch.setattr(nvrtc, "load", lambda source, name, defines, device: seen.append(defines))
+    s = launch(split(*O_PROJ, 128, SMS), 1)
+    assert int4_mma.X_PAD_ROW0 is False
+    int4_mma._function(torch.device("cpu"), 1, s, 2, torch.bfloat16, torch.bfloat16)
+    monkeypatch.setattr(int4_mma, "X_PAD_ROW0", True)
+    int4_mma._function(torch.device("cpu"), 1, s, 2, torch.bfloat16, torch.bfloat16)
+    assert [dict(d).get("XPAD") for d in seen] == [None, 1]

@@ -164,6 +164,39 @@ def test_programmatic_dependent_launch_keeps_the_4bit_chain_bit_for_bit(rows: in
     assert bool((launches.split_counters(x.device) == 0).all())  # every split met and reset its counter
 
 
+@pytest.mark.parametrize("rows", [1, 3, 8, 13])
+def test_padded_rows_reading_row_0s_x_give_the_same_bits(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """int4_mma.X_PAD_ROW0 (the kernel's XPAD: the lanes of the rows past a call's load row 0's x instead of zeros)
+    changes no bit of any row at the 27B's products, on the ring and the plain loop, split over blocks of threads or
+    not, with the SwiGLU store, eagerly and replayed; x's row 0 holding inf and NaN leaves the other rows' bits too."""
+    from ignis.kernels import int4_mma as module
+
+    for nout, ncols in ((5120, 6144), (5120, 17408), (14336, 5120), (34816, 5120)):
+        w = pack(*_int4_weight(nout, ncols, 128, seed=nout), torch.bfloat16)
+        x = torch.randn(rows, ncols, device="cuda", generator=torch.Generator(device="cuda").manual_seed(rows))
+        x = x.bfloat16()
+        monkeypatch.setattr(module, "SPLITS", {})  # choose's split: mlp down over blocks of threads
+        zero = int4_mma(x, w), int4_mma(x, w, swiglu=nout == 34816)
+        monkeypatch.setattr(module, "X_PAD_ROW0", True)
+        assert all(torch.equal(a, b) for a, b in zip(zero, (int4_mma(x, w), int4_mma(x, w, swiglu=nout == 34816))))
+        monkeypatch.undo()
+        zero = int4_mma(x, w)
+        monkeypatch.setattr(module, "X_PAD_ROW0", True)
+        assert torch.equal(int4_mma(x, w), zero)  # SPLITS's split, the ring where RING_LAUNCHES names the shape
+        static = x.clone()
+        int4_mma(static, w)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            replayed = int4_mma(static, w)
+        graph.replay()
+        assert torch.equal(replayed, zero)
+        if rows > 1:  # a row's bits whatever row 0 holds
+            bad = x.clone()
+            bad[0, :7] = torch.tensor([float("inf"), float("nan")] * 3 + [float("-inf")], dtype=x.dtype)
+            assert torch.equal(int4_mma(bad, w)[1:], zero[1:])
+        monkeypatch.undo()
+
+
 @pytest.mark.parametrize("rows", [1, 8, 33])
 def test_a_windowed_launch_reads_its_blocks_codes_modulo_the_window(rows: int) -> None:
     """`window` (benchmarks) gives what the same launch gives on a weight whose every 16-feature block holds the

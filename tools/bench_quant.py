@@ -26,7 +26,9 @@ Qwen3.5-27B-shape decode step with int4, fp8 and bf16 weights, and the built-in 
    with that ring launch and split instead, and the decode step below with each), 1 to 64 rows, twice;
    --sweep-fixed, the fixed time of a launch (o_proj's over 3,072-24,576 columns, also windowed, beside a copy and
    a bf16 GEMV). --sweep-blocks, mlp down's and o_proj's launches over 1, 2 and 3 blocks of threads an SM of
-   outputs beside their own, cold and windowed (tools.quant_launch).
+   outputs beside their own, cold and windowed (tools.quant_launch). --x-pad row0 runs every step with the mma
+   kernel's padded rows reading row 0's x (the same bits), --x-pad-ab the int4-head decode step with it off and on,
+   twice.
 3. A decode step of one lane at a 512-token context (random weights built on the GPU, as tools.bench_round does)
    through DeviceRound with CUDA graphs, bf16 then the same weights packed to int4 (group 128, products through the
    kernel --int4-kernel names), then with the output head packed too (`ignis quantize --head`), then converted to
@@ -186,17 +188,18 @@ def decode_step(label: str, model: HybridModel, bw: float, context: int, iters: 
 def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
                  profile: bool = False, gdn_pdl_ab: bool = False,
                  trigger_ab: bool = False, act_order_ab: bool = False, ring_ab: str | None = None,
-                 skip: frozenset[str] = frozenset(), candidate: tuple[str, Candidate] | None = None) -> dict[str, Any]:
+                 skip: frozenset[str] = frozenset(), candidate: tuple[str, Candidate] | None = None,
+                 x_pad_ab: bool = False) -> dict[str, Any]:
     """The 27B decode step in bf16, int4, int4 with the output head packed and fp8 (its products through the kernel
     ignis.quant.fp8.FP8_KERNEL names, then through the Triton one: "fp8_triton"); with `swiglu_ab` the int4-head
     step again with SwiGLU in the gate | up product's store (SWIGLU_ROWS 8) and without (0), on the same model; with
     `gdn_pdl_ab` the int4-head step with each of GDN_PDL_ARMS; with `trigger_ab` with launch.EARLY_TRIGGER off, on, off;
     with `ring_ab` with its products' ring loop off, on, off, on (`ring_ab`); with `candidate` (a
     product's name and a quant_launch.Candidate) with that product as shipped and as the candidate has it, twice;
-    with `act_order_ab` the int4-head step again with every projection act-order (`act_order`: a gather of x ahead of
-    each product), after the int4-head step it is compared with. `skip` "bf16" and "fp8" leave out those forms' steps
-    (and the speed-ups over bf16): without bf16's step the model is packed before it is fused, so the 27B fits an
-    80 GB card."""
+    with `x_pad_ab` with int4_mma.X_PAD_ROW0 off, on, off, on; with `act_order_ab` the int4-head step again with
+    every projection act-order (`act_order`: a gather of x ahead of each product), after the int4-head step it is
+    compared with. `skip` "bf16" and "fp8" leave out those forms' steps (and the speed-ups over bf16): without bf16's
+    step the model is packed before it is fused, so the 27B fits an 80 GB card."""
     from ignis.model.random import random_model
 
     dev = torch.device("cuda")
@@ -228,6 +231,9 @@ def decode_steps(bw: float, context: int, iters: int, swiglu_ab: bool = False,
         out.update(arms.ring_ab(step, ring_ab))
     if candidate is not None:
         out.update(arms.candidate_ab(step, *candidate))
+    if x_pad_ab:
+        out.update(arms.ab(step, "int4_head_x_pad", mma_kernel, "X_PAD_ROW0", (0, 1, 0, 1), "x of the padded rows",
+                           ("zero", "row0", "zero", "row0")))
     if act_order_ab:  # last: it changes the model
         out["int4_head_act_order_packed"] = act_order(model)
         out["int4_head_act_order"] = step("int4 head, act-order")
@@ -390,11 +396,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trigger", default="early" if launch.EARLY_TRIGGER else "late", choices=list(TRIGGERS),
                     help="where products launched programmatic-dependent let the next kernel launch, for the whole run "
                          "(ignis.kernels.launch.EARLY_TRIGGER: early, before their own wait; late, after their loop)")
+    ap.add_argument("--x-pad", default="row0" if mma_kernel.X_PAD_ROW0 else "zero", choices=["zero", "row0"],
+                    help="what the 4-bit mma kernel's lanes of the rows past a call's load, for the whole run "
+                         "(int4_mma.X_PAD_ROW0: zeros, or row 0's x, whose sums are never stored; the same bits)")
+    ap.add_argument("--x-pad-ab", action="store_true",
+                    help="time the int4-head decode step with int4_mma.X_PAD_ROW0 off, on, off, on (one model)")
     ap.add_argument("--graph-profile", action="store_true",
                     help="also profile each decode step's graph replay: its own kernels' times")
     args = ap.parse_args(argv)
     launch.PDL = PDL_SWITCH[args.pdl]
     launch.EARLY_TRIGGER = TRIGGERS[args.trigger]
+    mma_kernel.X_PAD_ROW0 = args.x_pad == "row0"
     if args.swiglu_rows is not None:
         quant_linear.SWIGLU_ROWS = args.swiglu_rows
     skip = set(filter(None, args.skip.split(",")))
@@ -438,7 +450,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}", flush=True)
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                               "copy_tb_s": bw / 1e12, "group": GROUP, "int4_kernel": args.int4_kernel,
-                              "pdl": args.pdl, "swiglu_rows": quant_linear.SWIGLU_ROWS, "splits": args.splits}
+                              "pdl": args.pdl, "swiglu_rows": quant_linear.SWIGLU_ROWS, "splits": args.splits,
+                              "x_pad": args.x_pad}
     out = Path(args.out)
     steps = [("products", lambda: products(bw, args.reps)), ("tunings", lambda: tunings(bw, args.reps)),
              ("sweep_triton", lambda: sweep_triton(bw, args.reps)),
@@ -457,7 +470,8 @@ def main(argv: list[str] | None = None) -> int:
              ("decode", lambda: decode_steps(bw, args.context, args.iters, args.swiglu_ab, args.graph_profile,
                                                   args.gdn_pdl_ab, args.trigger_ab, args.act_order_ab,
                                                   args.ring_ab, frozenset(skip),
-                                                  None if candidate is None else (args.shape_ab, candidate))),
+                                                  None if candidate is None else (args.shape_ab, candidate),
+                                                  args.x_pad_ab)),
              ("quality", lambda: quality(args.prompts, args.tokens, args.accept_prompts, args.max_tokens))]
     for name, step in steps:
         if name in skip:
