@@ -3,12 +3,12 @@ repacked into the register order of mma.m16n8k16, for the 1 to 64 rows of decode
 
 Owns: `pack` (the format's codes, scales and zero points -> `MmaCodes`, on any device), `unpack` (back to the
 format's codes, for the dequantized reference and prefill), the launch shape `Shape`, `choose`, `split` (SPLITS'
-weights' own input splits) and `ringed` (which weights' launches take the kernel's ring loop: RING_LAUNCHES), and
-`int4_mma` (the launch on torch's current stream, capturable; from ignis.kernels.int4_tile.TILE_ROWS rows it may
-hand the call to that module's kernel, which stages x in shared memory and gives the same bits). Does not own: the
-format (ignis.quant.format), the kernel source and its layout's definition (ignis.kernels.int4_mma_kernel),
-compiling (ignis.kernels.nvrtc), or when this kernel runs (ignis.quant.linear). docs/adr/0005-int4-gemv.md has the
-why and the measurements.
+weights' own input splits) and `ringed` (which weights' launches take the kernel's ring loop: RING_LAUNCHES),
+X_PAD_ROW0 (what the lanes of the rows past a call's load), and `int4_mma` (the launch on torch's current stream,
+capturable; from ignis.kernels.int4_tile.TILE_ROWS rows it may hand the call to that module's kernel, which stages x
+in shared memory and gives the same bits). Does not own: the format (ignis.quant.format), the kernel source and its
+layout's definition (ignis.kernels.int4_mma_kernel), compiling (ignis.kernels.nvrtc), or when this kernel runs
+(ignis.quant.linear). docs/adr/0005-int4-gemv.md has the why and the measurements.
 
 Numerics: q - z and x are exact bf16/fp16 operands, every product exact and every sum fp32 (tensor cores within a
 group of the weight, then fp32 fused multiply-adds by the group's scale); the result is rounded once to x's dtype. It
