@@ -194,8 +194,9 @@ RING_LAUNCHES: dict[tuple[int, int], tuple[int, int, bool]] = {
 SPLITS: dict[tuple[int, int], tuple[int, int]] = {(5120, 17408): (1, 8)}
 # Whether the lanes of the rows past a call's read row 0's x instead of zeros (the kernel's XPAD: the same bits, four
 # fewer instructions a chunk). On an H100 (BENCHMARKS.md, "Fewer instructions a chunk") it takes mlp down to 0.90 of
-# its windowed time at one row, the time an H200's cold launch tracks, and adds 2-9% to the H100's cold launches: off
-# until an H200 measures it (tools.bench_quant --x-pad row0, and --x-pad-ab for the decode step).
+# its windowed time at one row, the time an H200's cold launch tracks, and adds 2-9% to the H100's cold launches (its
+# 27B int4-head decode step 6.418 -> 6.575 ms a replay, twice): off until an H200 measures it (tools.bench_quant
+# --x-pad row0, and --x-pad-ab for the decode step).
 X_PAD_ROW0 = False
 
 
