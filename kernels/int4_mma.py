@@ -230,8 +230,9 @@ def _function(device: torch.device, nt: int, shape: Shape, gpc: int, dtype: torc
                ("GPC", gpc), ("F16", int(dtype == torch.float16)),
                ("SBF16", int(scale_dtype == torch.bfloat16)), ("SWIGLU", int(swiglu)), ("PDL", int(early)),
                ("TRIGGER", int(early and launches.EARLY_TRIGGER)), ("RING", int(shape.ring)),
-               ("XRING", int(shape.xring))) + ((("WINDOW", window),) if window else ())
-    return load(SOURCE, "int4_mma", defines + ((("XPAD", 1),) if X_PAD_ROW0 else ()), device)
+               ("XRING", int(shape.xring))) + ((("WINDOW", window),) if window else ()) + (
+               (("XPAD", 1),) if X_PAD_ROW0 else ())
+    return load(SOURCE, "int4_mma", defines, device)
 
 
 def ringed(s: Shape, nt: int, nout: int, ncols: int, group: int, swiglu: bool = False) -> Shape:

@@ -200,10 +200,6 @@ def test_a_split_named_for_a_shape_replaces_chooses_at_every_row_count(monkeypat
         assert (s.ks, s.kw, s.unit) == (1, 8, 4)
 
 
-def _loop_of(source_defines: tuple[tuple[str, int], ...], tmp: Path) -> list[str]:
-    return _loop(_sass(source_defines, tmp))
-
-
 def test_padded_rows_reading_row_0s_x_zero_no_register_and_predicate_no_load(tmp_path: Path) -> None:
     """XPAD (int4_mma.X_PAD_ROW0): the shipped 1-8-row launches compile without spills within 80 registers (3 blocks
     of 8 warps an SM) and their loop of mma zeroes no register and predicates no load of x, where the default build
@@ -211,12 +207,12 @@ def test_padded_rows_reading_row_0s_x_zero_no_register_and_predicate_no_load(tmp
     x_load = re.compile(r"\bLDG\.E\.128\.CONSTANT\b")
     for nout, ncols in (O_PROJ, DOWN, GATE_UP):
         s = ringed(launch(split(nout, ncols, 128, SMS), 1), 1, nout, ncols, 128)
-        zero = _loop_of(_defines(s), tmp_path)
+        zero = _loop(_sass(_defines(s), tmp_path))
         assert any(i.startswith("CS2R") for i in zero) and any(i.startswith("@") and x_load.search(i) for i in zero)
         pad = (*_defines(s), ("XPAD", 1))
         cubin = compile_cubin(SOURCE, "int4_mma", "sm_90", pad)
         assert cubin.spills == 0 and cubin.registers <= 80, (nout, ncols, cubin.registers)
-        row0 = _loop_of(pad, tmp_path)
+        row0 = _loop(_sass(pad, tmp_path))
         assert not any(i.startswith("CS2R") for i in row0), (nout, ncols)
         assert [i for i in row0 if x_load.search(i)] and not [i for i in row0 if x_load.search(i) and "@" in i]
         assert len(row0) < len(zero)
