@@ -197,11 +197,11 @@ def sweep_blocks(bw: float, reps: int) -> list[dict[str, Any]]:
     rows_out: list[dict[str, Any]] = []
     for name in BLOCK_PRODUCTS:
         nout0, ncols = product_shape(name)
+        calls = {r: (shipped(nout0, ncols, GROUP, sms, r), torch.randn(r, ncols, device=dev).bfloat16())
+                 for r in (1, 8)}  # the launch and x are the product's at every width
         for nout in block_widths(nout0, sms):
             nm, cm = mma_copies(nout, ncols, dev)
-            for r in (1, 8):
-                s = shipped(nout0, ncols, GROUP, sms, r)
-                x = torch.randn(r, ncols, device=dev).bfloat16()
+            for r, (s, x) in calls.items():
                 floor = floor_ms(nm, r, nout, ncols, bw)
                 blocks = nout // 16 * s.ks / (s.rb * s.f) / sms
                 said = []
